@@ -1,0 +1,35 @@
+# make demo / make test / make lint / make bench. Each sets up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: venv test lint demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml backends/cuda/pyproject.toml backends/ascend/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[test]' -e backends/cuda -e backends/ascend
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check spec_backend backends tests benchmarks
+	$(VENV)/bin/ruff format --check spec_backend backends tests benchmarks
+	$(VENV)/bin/mypy
+
+demo: $(STAMP)
+	$(VENV)/bin/spec-backend backends
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_sampler.py
+	$(PY) benchmarks/bench_proposers.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

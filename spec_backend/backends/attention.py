@@ -1,0 +1,67 @@
+"""Reference ragged attention for transformers' ``AttentionInterface``.
+
+The engine runs one batched forward in which request ``b`` carries ``query_lens[b]`` new tokens
+(K+1 while verifying, padded up to the batch's longest) and its KV cache holds ``kv_lens[b]`` tokens
+*including* the new ones. Query ``i`` of request ``b`` sits at absolute position
+``kv_lens[b] - query_lens[b] + i`` and sees every key at a position ``<=`` its own (causal within the
+request's new tokens, full over its cached prefix). Padding query rows attend only to key 0 so they
+stay finite; their outputs are ignored by the engine.
+
+Glossary: *query tokens* — the tokens whose hidden states are computed this step; *kv length* — how
+many cached positions of a request are valid after this step's keys were written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class RaggedAttentionMetadata:
+    """Per-request lengths, passed to the model's forward as ``spec_attn_metadata=...``."""
+
+    query_lens: torch.Tensor  # [B] int64, new tokens per request this step
+    kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
+
+
+def ragged_causal_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int) -> torch.Tensor:
+    """Boolean mask ``[B, 1, q_len, kv_len]``: True where a query may attend a key."""
+    device = meta.query_lens.device
+    q_idx = torch.arange(q_len, device=device)  # [Q]
+    k_idx = torch.arange(kv_len, device=device)  # [L]
+    q_pos = (meta.kv_lens - meta.query_lens)[:, None] + q_idx[None, :]  # [B, Q] absolute positions
+    mask = k_idx[None, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+    mask &= k_idx[None, None, :] < meta.kv_lens[:, None, None]
+    padding = q_idx[None, :] >= meta.query_lens[:, None]  # [B, Q]
+    mask |= padding[:, :, None] & (k_idx[None, None, :] == 0)
+    return mask[:, None]
+
+
+def sdpa_ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA with an explicit ragged causal mask; returns ``[B, Q, Hq, D]`` as transformers expects."""
+    meta = kwargs.get("spec_attn_metadata")
+    if not isinstance(meta, RaggedAttentionMetadata):
+        raise ValueError(
+            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
+            f"kwargs, got {type(meta).__name__}"
+        )
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:  # grouped-query attention: share each kv head across n_rep query heads
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    mask = ragged_causal_mask(meta, query.shape[2], key.shape[2])  # [B, 1, Q, L]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)  # [B, Hq, Q, D]
+    return out.transpose(1, 2).contiguous(), None

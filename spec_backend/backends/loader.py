@@ -1,0 +1,107 @@
+"""Backend discovery: the only module that talks to stevedore.
+
+``load_backend(name=None)`` picks, in order: an explicit name, the ``SPEC_BACKEND`` environment
+variable, the single available hardware backend, else ``reference``. Errors are raised, never
+swallowed: an unknown name lists the installed backends, a plugin that fails to import is named with
+its cause, and two plugins registered under one name are rejected.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from stevedore import ExtensionManager
+
+from spec_backend.backends.base import Backend, BackendError
+
+NAMESPACE = "spec_backend.backends"
+ENV_VAR = "SPEC_BACKEND"
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """An installed backend and whether it can run here."""
+
+    name: str
+    device_type: str
+    available: bool
+    reason: str
+    backend: Backend
+
+
+def _check_unique_names() -> None:
+    names = [ep.name for ep in entry_points(group=NAMESPACE)]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise BackendError(
+            f"two or more installed plugins register the backend name(s) {dupes} in entry-point group "
+            f"{NAMESPACE!r}; uninstall one of them"
+        )
+
+
+def _raise_load_failure(manager: ExtensionManager, entrypoint: object, exc: Exception) -> None:
+    name = getattr(entrypoint, "name", entrypoint)
+    raise BackendError(
+        f"backend plugin {name!r} ({getattr(entrypoint, 'value', '?')}) failed to load: "
+        f"{type(exc).__name__}: {exc}"
+    ) from exc
+
+
+def _manager(names: list[str] | None = None) -> ExtensionManager:
+    _check_unique_names()
+    if names is None:
+        return ExtensionManager(
+            NAMESPACE, invoke_on_load=True, on_load_failure_callback=_raise_load_failure
+        )
+    from stevedore import NamedExtensionManager
+
+    return NamedExtensionManager(
+        NAMESPACE,
+        names=names,
+        invoke_on_load=True,
+        on_load_failure_callback=_raise_load_failure,
+        name_order=True,
+    )
+
+
+def installed_backend_names() -> list[str]:
+    """Names registered under the entry-point group, without importing any plugin."""
+    return sorted({ep.name for ep in entry_points(group=NAMESPACE)})
+
+
+def list_backends() -> list[BackendInfo]:
+    """Every installed backend (each plugin imported and probed), sorted by name."""
+    infos = []
+    for ext in _manager():
+        backend: Backend = ext.obj
+        status = backend.probe()
+        infos.append(BackendInfo(ext.name, backend.device_type, status.available, status.reason, backend))
+    return sorted(infos, key=lambda i: i.name)
+
+
+def _load_named(name: str) -> Backend:
+    installed = installed_backend_names()
+    if name not in installed:
+        raise BackendError(f"unknown backend {name!r}; installed backends: {', '.join(installed) or 'none'}")
+    extensions = list(_manager([name]))
+    backend: Backend = extensions[0].obj
+    return backend
+
+
+def load_backend(name: str | None = None) -> Backend:
+    """Return the backend to use (see module docstring for the order of preference)."""
+    chosen = name or os.environ.get(ENV_VAR) or None
+    if chosen is not None:
+        return _load_named(chosen)
+    hardware = [i for i in list_backends() if i.available and i.name != REFERENCE]
+    if len(hardware) == 1:
+        return hardware[0].backend
+    if len(hardware) > 1:
+        names = ", ".join(i.name for i in hardware)
+        raise BackendError(
+            f"several hardware backends are available ({names}); choose one with backend=... or {ENV_VAR}"
+        )
+    return _load_named(REFERENCE)

@@ -1,0 +1,59 @@
+"""The reference backend: pure torch on CPU. It is the specification the other backends must match."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from spec_backend.backends.attention import sdpa_ragged_attention
+from spec_backend.backends.base import (
+    AttentionFn,
+    Availability,
+    Backend,
+    CapturePolicy,
+    GraphRunner,
+    SamplerTuning,
+    TokenLimits,
+)
+from spec_backend.sampling.ops import SamplerOps
+
+
+class EagerGraphRunner(GraphRunner):
+    """Runs the callable eagerly at the real size: 'capture' only records the planned sizes."""
+
+    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
+        del example_inputs  # nothing to capture: eager execution
+
+    def run(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.fn(**inputs)
+
+
+class ReferenceBackend(Backend):
+    """Pure-torch backend: eager graph runner, SDPA attention, torch sampler ops."""
+
+    name = "reference"
+    device_type = "cpu"
+
+    def probe(self) -> Availability:
+        return Availability(True)
+
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(max_query_tokens_per_request=None)
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        return CapturePolicy(max_capture_size=512, graph_budget=None, enabled=False)
+
+    def graph_runner(self, fn: Callable[..., torch.Tensor], capture_sizes: Sequence[int]) -> GraphRunner:
+        return EagerGraphRunner(fn, capture_sizes)
+
+    def attention_function(self) -> AttentionFn:
+        return sdpa_ragged_attention
+
+    def sampler_ops(self) -> SamplerOps:
+        from spec_backend.sampling.torch_ops import TorchSamplerOps
+
+        return TorchSamplerOps()
+
+    def sampler_tuning(self) -> SamplerTuning:
+        return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True)

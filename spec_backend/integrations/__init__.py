@@ -1,0 +1,1 @@
+"""Host-engine integrations (vLLM)."""
