@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
-from stevedore import ExtensionManager
+from stevedore import ExtensionManager, NamedExtensionManager
 
 from spec_backend.backends.base import Backend, BackendError
 
@@ -42,21 +42,21 @@ def _check_unique_names() -> None:
         )
 
 
-def _raise_load_failure(manager: ExtensionManager, entrypoint: object, exc: Exception) -> None:
-    name = getattr(entrypoint, "name", entrypoint)
+def _raise_load_failure(
+    manager: ExtensionManager[Backend], entrypoint: EntryPoint, exc: BaseException
+) -> None:
     raise BackendError(
-        f"backend plugin {name!r} ({getattr(entrypoint, 'value', '?')}) failed to load: "
-        f"{type(exc).__name__}: {exc}"
+        f"backend plugin {entrypoint.name!r} ({entrypoint.value}) failed to load: {type(exc).__name__}: {exc}"
     ) from exc
 
 
-def _manager(names: list[str] | None = None) -> ExtensionManager:
+def _manager(names: list[str] | None = None) -> ExtensionManager[Backend]:
     _check_unique_names()
+    # stevedore memoises entry points per namespace for the process; drop that so a plugin installed
+    # (or removed) after the first scan is seen, and so it agrees with importlib.metadata above.
+    ExtensionManager.ENTRY_POINT_CACHE.pop(NAMESPACE, None)
     if names is None:
-        return ExtensionManager(
-            NAMESPACE, invoke_on_load=True, on_load_failure_callback=_raise_load_failure
-        )
-    from stevedore import NamedExtensionManager
+        return ExtensionManager(NAMESPACE, invoke_on_load=True, on_load_failure_callback=_raise_load_failure)
 
     return NamedExtensionManager(
         NAMESPACE,
@@ -76,7 +76,7 @@ def list_backends() -> list[BackendInfo]:
     """Every installed backend (each plugin imported and probed), sorted by name."""
     infos = []
     for ext in _manager():
-        backend: Backend = ext.obj
+        backend = _instance(ext.obj, ext.name)
         status = backend.probe()
         infos.append(BackendInfo(ext.name, backend.device_type, status.available, status.reason, backend))
     return sorted(infos, key=lambda i: i.name)
@@ -87,8 +87,18 @@ def _load_named(name: str) -> Backend:
     if name not in installed:
         raise BackendError(f"unknown backend {name!r}; installed backends: {', '.join(installed) or 'none'}")
     extensions = list(_manager([name]))
-    backend: Backend = extensions[0].obj
-    return backend
+    if not extensions:
+        raise BackendError(f"backend plugin {name!r} is registered but stevedore could not load it")
+    return _instance(extensions[0].obj, name)
+
+
+def _instance(obj: object, name: str) -> Backend:
+    if not isinstance(obj, Backend):
+        raise BackendError(
+            f"backend plugin {name!r} must provide a spec_backend.backends.base.Backend subclass, "
+            f"got {type(obj).__name__}"
+        )
+    return obj
 
 
 def load_backend(name: str | None = None) -> Backend:

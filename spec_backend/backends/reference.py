@@ -53,7 +53,8 @@ class ReferenceBackend(Backend):
     def sampler_ops(self) -> SamplerOps:
         from spec_backend.sampling.torch_ops import TorchSamplerOps
 
-        return TorchSamplerOps()
+        ops: SamplerOps = TorchSamplerOps()
+        return ops
 
     def sampler_tuning(self) -> SamplerTuning:
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True)

@@ -57,10 +57,12 @@ class AscendBackend(Backend):
 
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch_npu") is None:
-            return Availability(False, "torch_npu is not installed (needs CANN; pip install spec-backend-ascend[npu])")
+            return Availability(
+                False, "torch_npu is not installed (needs CANN; pip install spec-backend-ascend[npu])"
+            )
         try:
             importlib.import_module("torch_npu")
-        except BaseException as exc:  # noqa: BLE001 - e.g. OSError: libhccl.so missing; report, never raise
+        except BaseException as exc:  # e.g. OSError: libhccl.so missing; report, never raise
             return Availability(False, f"torch_npu failed to import: {type(exc).__name__}: {exc}")
         npu = getattr(torch, "npu", None)
         if npu is None or not npu.is_available():

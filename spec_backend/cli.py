@@ -1,0 +1,70 @@
+"""The ``spec-backend`` command: ``backends`` here; ``generate``, ``bench`` and ``demo`` from the engine."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from spec_backend.backends import list_backends
+
+
+def _limit(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    """Print every installed backend: availability and reason, device and token limits."""
+    rows = [("backend", "device", "status", "max query tokens/request", "max spec tokens")]
+    for info in list_backends():
+        limits = info.backend.token_limits()
+        status = "available" if info.available else f"unavailable: {info.reason}"
+        rows.append(
+            (
+                info.name,
+                info.device_type,
+                status,
+                _limit(limits.max_query_tokens_per_request),
+                str(limits.max_speculative_tokens),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _add_engine_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Engine subcommands live with the engine; they are skipped only if the engine is not built."""
+    try:
+        engine_cli = importlib.import_module("spec_backend.engine.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "spec_backend.engine.cli":
+            raise
+        return
+    for hook in ("add_generate_parser", "add_bench_parser", "add_demo_parser"):
+        add = getattr(engine_cli, hook, None)
+        if add is not None:
+            add(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spec-backend", description="Speculative decoding on CUDA, Ascend and CPU"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    backends = sub.add_parser("backends", help="list installed backends, their availability and token limits")
+    backends.set_defaults(func=cmd_backends)
+    _add_engine_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

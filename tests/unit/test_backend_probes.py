@@ -1,0 +1,79 @@
+"""Probes are cheap and never raise; the cuda probe never imports torch_npu; limits are enforced."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from spec_backend_ascend import MAX_QUERY_TOKENS_PER_REQUEST, AscendBackend, stream_graph_budget
+from spec_backend_cuda import CudaBackend, memory_capped_capture_size
+
+from spec_backend.backends import BackendNotImplementedError, load_backend
+from spec_backend.backends.reference import ReferenceBackend
+
+
+@pytest.fixture
+def broken_torch_npu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch_npu that fails like it does without CANN."""
+    (tmp_path / "torch_npu.py").write_text(
+        "raise OSError('libhccl.so: cannot open shared object file: No such file or directory')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+
+
+def test_ascend_probe_turns_import_failure_into_unavailable(broken_torch_npu: None) -> None:
+    status = AscendBackend().probe()
+    assert not status.available
+    assert str(status).startswith("unavailable: torch_npu failed to import: OSError: libhccl.so")
+
+
+def test_cuda_probe_never_imports_torch_npu(broken_torch_npu: None) -> None:
+    CudaBackend().probe()
+    assert "torch_npu" not in sys.modules
+
+
+def test_probes_without_hardware() -> None:
+    assert ReferenceBackend().probe().available
+    assert "no CUDA" in str(CudaBackend().probe()) or "without CUDA" in str(CudaBackend().probe())
+    assert "torch_npu is not installed" in str(AscendBackend().probe())
+
+
+def test_ascend_token_limit_rejects_k_16_and_accepts_k_15() -> None:
+    backend = AscendBackend()
+    assert MAX_QUERY_TOKENS_PER_REQUEST == 16
+    backend.check_num_speculative_tokens(15)
+    with pytest.raises(ValueError, match=r"backend 'ascend' allows at most 16 query tokens .* K\+1=17"):
+        backend.check_num_speculative_tokens(16)
+
+
+def test_sampler_limit_of_128_draft_tokens() -> None:
+    ReferenceBackend().check_num_speculative_tokens(128)
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=129 exceeds .* at most 128"):
+        ReferenceBackend().check_num_speculative_tokens(129)
+
+
+def test_unbuilt_hardware_parts_refuse_loudly() -> None:
+    for backend in (CudaBackend(), AscendBackend()):
+        with pytest.raises(
+            BackendNotImplementedError, match=f"not implemented yet for backend '{backend.name}'"
+        ):
+            backend.attention_function()
+        with pytest.raises(BackendNotImplementedError, match="not implemented yet"):
+            backend.graph_runner(lambda: None, [2])  # type: ignore[arg-type,return-value]
+        with pytest.raises(BackendNotImplementedError, match="not implemented yet"):
+            backend.sampler_ops()
+
+
+def test_capture_policies() -> None:
+    assert memory_capped_capture_size(None) == 512
+    assert memory_capped_capture_size(2 << 30) == 128  # 2 GiB free -> 128 tokens
+    assert memory_capped_capture_size(80 << 30) == 512
+    assert memory_capped_capture_size(0) == 16
+    assert stream_graph_budget(32) == 1800 // 33
+    assert AscendBackend().capture_policy(num_hidden_layers=59).graph_budget == 30
+    with pytest.raises(ValueError, match="num_hidden_layers must be >= 1, got 0"):
+        stream_graph_budget(0)
+    assert not load_backend("reference").capture_policy().enabled
+    assert AscendBackend().sampler_tuning().vocab_block == 2048

@@ -1,0 +1,43 @@
+"""The `spec-backend backends` command and the vLLM plugin hook's safety without vLLM."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from spec_backend import cli
+from spec_backend.integrations import vllm as vllm_plugin
+
+
+def test_backends_command_lists_all_with_status_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["backends"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["backend", "device", "status"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == {"ascend", "cuda", "reference"}
+    assert "available" in rows["reference"] and "unavailable" not in rows["reference"]
+    assert "unavailable: torch_npu is not installed" in rows["ascend"] and rows["ascend"].split()[-2:] == [
+        "16",
+        "128",
+    ]
+    assert "unavailable:" in rows["cuda"] and "unlimited" in rows["cuda"]
+
+
+def test_console_script_is_installed() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "spec_backend.cli", "backends"], capture_output=True, text=True, check=True
+    )
+    assert "reference" in out.stdout
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
+    assert scripts["spec-backend"] == "spec_backend.cli:main"
+
+
+def test_vllm_plugin_entry_point_and_idempotent_register() -> None:
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert eps["spec_backend"] == "spec_backend.integrations.vllm:register"
+    vllm_plugin.register()
+    vllm_plugin.register()  # second call is a no-op
+    assert vllm_plugin.is_registered()
