@@ -14,7 +14,7 @@ __all__ = ["LLM", "RejectionSamplerConfig", "SamplingParams", "SpeculativeConfig
 def __getattr__(name: str) -> Any:
     # Lazy: the engine pulls in transformers; the config models are cheap but live in their own module.
     if name == "SpeculativeConfig":
-        from spec_backend.config import SpeculativeConfig  # type: ignore[attr-defined]
+        from spec_backend.config import SpeculativeConfig
 
         return SpeculativeConfig
     if name in ("LLM", "SamplingParams"):

@@ -58,14 +58,14 @@ class RejectionSamplerConfig(BaseModel):
 
     @classmethod
     def from_mapping(cls, value: Any) -> RejectionSamplerConfig:
-        """Validate a ``rejection_sampler_config`` mapping (unknown keys are rejected with the allowed list)."""
+        """Validate a ``rejection_sampler_config`` mapping; unknown keys fail listing the allowed ones."""
         if value is None:
             return cls()
         if not isinstance(value, Mapping):
             raise ValueError(
                 f"{ADDITIONAL_CONFIG_KEY} must be a mapping (dict), got {type(value).__name__}: {value!r}"
             )
-        unknown = sorted(set(value) - set(cls.model_fields))
+        unknown = sorted(set(value) - set(cls.model_fields), key=str)
         if unknown:
             raise ValueError(
                 f"unknown {ADDITIONAL_CONFIG_KEY} key(s) {unknown}; allowed keys: {sorted(cls.model_fields)}"
@@ -74,14 +74,16 @@ class RejectionSamplerConfig(BaseModel):
 
     @classmethod
     def from_additional_config(cls, additional_config: Any) -> RejectionSamplerConfig:
-        """Read ``rejection_sampler_config`` from a whole ``additional_config`` (dict, JSON string or None)."""
+        """Read ``rejection_sampler_config`` from a whole ``additional_config`` (dict, JSON text or None)."""
         if additional_config is None:
             return cls()
         if isinstance(additional_config, str):
             try:
                 additional_config = json.loads(additional_config) if additional_config.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"additional_config is not valid JSON: {exc}: {additional_config!r}") from exc
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, int digit limit, deep nesting
+                raise ValueError(
+                    f"additional_config is not valid JSON: {exc}: {additional_config!r}"
+                ) from exc
         if not isinstance(additional_config, Mapping):
             raise ValueError(
                 "additional_config must be a mapping, a JSON object string or None, "
@@ -93,7 +95,10 @@ class RejectionSamplerConfig(BaseModel):
 def _strict_number(field: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ValueError(f"{field} must be a number, got {type(v).__name__}: {v!r}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{field} is out of range, got {v!r}") from None
 
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "RejectionSamplerConfig", "ValidationError"]

@@ -1,0 +1,81 @@
+"""Speculative token trees: a string such as ``"[(0,), (0, 0), (1,)]"``.
+
+Each node is a tuple of child indices from the root: ``(0,)`` is the root's first child, ``(0, 1)`` the
+second child of ``(0,)``. A chain of K tokens is ``[(0,), (0, 0), ..., (0,) * K]``. Trees are stored
+sorted breadth-first (by depth, then lexicographically), as vLLM does.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+TokenTree = list[tuple[int, ...]]
+
+#: Refuse tree strings longer than this before parsing them (a tree of a few thousand nodes).
+MAX_TREE_STRING_LENGTH = 200_000
+
+
+def chain_tree(num_speculative_tokens: int) -> str:
+    """The default tree: a single chain of ``num_speculative_tokens`` nodes."""
+    return str([(0,) * (i + 1) for i in range(num_speculative_tokens)])
+
+
+def tree_to_string(value: Any) -> Any:
+    """Accept a tree given as a JSON list of lists (``[[0], [0, 0]]``) and turn it into the string form.
+
+    Anything else is returned unchanged for the type check.
+    """
+    if isinstance(value, list | tuple) and all(isinstance(node, list | tuple) for node in value):
+        return str([tuple(node) for node in value])
+    return value
+
+
+def parse_token_tree(text: str) -> TokenTree:
+    """Parse and validate a tree string; raise ``ValueError`` saying what is wrong.
+
+    Rules: a non-empty list of non-empty tuples of non-negative ints, no duplicate nodes, and every
+    node's parent (the tuple without its last index) is present too.
+    """
+    if len(text) > MAX_TREE_STRING_LENGTH:
+        raise ValueError(
+            f"speculative_token_tree is too long ({len(text)} characters, at most {MAX_TREE_STRING_LENGTH})"
+        )
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(
+            f"speculative_token_tree must be a Python literal list of tuples such as "
+            f"'[(0,), (0, 0), (1,)]', got {text!r} ({type(exc).__name__})"
+        ) from None
+    if not isinstance(parsed, list | tuple) or not parsed:
+        raise ValueError(f"speculative_token_tree must be a non-empty list of tuples, got {text!r}")
+    nodes: TokenTree = []
+    for node in parsed:
+        if (
+            not isinstance(node, tuple | list)
+            or not node
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in node)
+        ):
+            raise ValueError(
+                "every speculative_token_tree node must be a non-empty tuple of non-negative ints "
+                f"(child indices from the root), got node {node!r} in {text!r}"
+            )
+        nodes.append(tuple(node))
+    seen = set(nodes)
+    if len(seen) != len(nodes):
+        raise ValueError(f"speculative_token_tree has duplicate nodes: {text!r}")
+    for node in nodes:
+        if len(node) > 1 and node[:-1] not in seen:
+            raise ValueError(
+                f"speculative_token_tree node {node} has no parent {node[:-1]} in the tree {text!r}"
+            )
+    return nodes
+
+
+def sort_token_tree(text: str) -> str:
+    """Validate ``text`` and return it sorted breadth-first."""
+    return str(sorted(parse_token_tree(text), key=lambda t: (len(t), t)))
+
+
+__all__ = ["TokenTree", "chain_tree", "parse_token_tree", "sort_token_tree", "tree_to_string"]
