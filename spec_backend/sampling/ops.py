@@ -1,9 +1,142 @@
-"""Placeholder: the sampler-ops protocol is defined by the rejection-sampler work."""
+"""``SamplerOps``: the kernels behind the rejection sampler, one method per kernel.
+
+The granularity is chosen so that a triton implementation can match the torch reference
+(``spec_backend.sampling.torch_ops.TorchSamplerOps``) method for method, and so that two
+implementations can be compared "identical when fed the same uniforms":
+
+* acceptance uniforms are explicit tensor arguments (made by ``uniforms``);
+* per-vocabulary noise (recovered / bonus sampling) is generated *inside* ``sample_residual`` from
+  (seed, position, ``rng.STREAM_SAMPLE``, vocabulary index) with ``spec_backend.sampling.rng``'s hash, so
+  a kernel can make it in registers instead of reading a [T, V] noise tensor.
+
+Conventions: T = draft tokens in the batch, B = requests, N = logits rows (T + B), V = vocabulary.
+``cu_num_draft_tokens`` [B] is vLLM's inclusive cumulative sum of draft counts; request b's drafts are
+``[cu[b] - K_b, cu[b])``. ``max_spec_len`` is a host int (max K_b). Counts of accepted drafts are int64.
+Probabilities are float32; per-token scalars (ratios, block weights, uniforms, thresholds) are float64.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import torch
 
 
+@runtime_checkable
 class SamplerOps(Protocol):
     """The kernels behind the rejection sampler on one device."""
+
+    def target_probs(
+        self,
+        logits: torch.Tensor,  # [N, V] float
+        temperature: torch.Tensor,  # [N] float32 (0 = greedy row: treated as 1)
+        top_k: torch.Tensor,  # [N] int64 (0 or >= V: off)
+        top_p: torch.Tensor,  # [N] float32 in (0, 1]
+        apply_top_k: bool,
+        apply_top_p: bool,
+    ) -> torch.Tensor:  # [N, V] float32
+        """Temperature, then top-k, then top-p; softmax. See ``spec_backend.sampling.probs``."""
+        ...
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
+        """Greedy tokens from the raw logits (first index on ties)."""
+        ...
+
+    def entropy_thresholds(
+        self, logits: torch.Tensor, alpha: float, threshold: float
+    ) -> torch.Tensor:  # [N, V] raw logits -> [N] float64
+        """Entropy verify: τ = min(exp(−α·H(softmax(raw logits))), θ)."""
+        ...
+
+    def uniforms(
+        self,
+        seeds: torch.Tensor,  # [M] int64 >= 0
+        positions: torch.Tensor,  # [M] int64
+        counters: torch.Tensor,  # [M] int64
+        stream: int,
+    ) -> torch.Tensor:  # [M] float64 in [0, 1)
+        """``rng.uniform_f64``: 53-bit uniforms keyed by (seed, position, stream, counter)."""
+        ...
+
+    def greedy_verify(
+        self,
+        draft_ids: torch.Tensor,  # [T] int
+        target_argmax: torch.Tensor,  # [T] int64, argmax of each draft's target row
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> torch.Tensor:  # [B] int64 accepted drafts
+        """Accept while draft == argmax."""
+        ...
+
+    def standard_verify(
+        self,
+        draft_ids: torch.Tensor,  # [T] int
+        draft_probs: torch.Tensor | None,  # [T, V] float (None: point-mass drafts)
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_rows: torch.Tensor,  # [T] int, row of target_probs for each draft
+        uniforms: torch.Tensor,  # [T] float64 in [0, 1)
+        thresholds: torch.Tensor | None,  # [T] float64 entropy thresholds τ (None: plain)
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> torch.Tensor:  # [B] int64 accepted drafts
+        """Token-level test: accept x_i iff u_i·τ_i < ρ_i = p_i(x_i)/q_i(x_i) (τ = 1 without entropy);
+        the count is the leading run of accepted drafts."""
+        ...
+
+    def cumulative_verify(
+        self,
+        draft_ids: torch.Tensor,  # [T] int
+        draft_probs: torch.Tensor | None,  # [T, V] float
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_rows: torch.Tensor,  # [T] int
+        uniforms: torch.Tensor,  # [T] float64
+        thresholds: torch.Tensor | None,  # [T] float64
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> torch.Tensor:  # [B] int64 accepted drafts
+        """vllm-ascend's cumulative block rule (lossy): the count is the largest i with
+        Π_{j<i} τ_j·u_j < Π_{j<i} min(1, ρ_j) (0 if none)."""
+        ...
+
+    def block_verify(
+        self,
+        draft_ids: torch.Tensor,  # [T] int
+        draft_probs: torch.Tensor | None,  # [T, V] float
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_rows: torch.Tensor,  # [T] int
+        uniforms: torch.Tensor,  # [T] float64: η_1..η_K of each request
+        thresholds: torch.Tensor | None,  # [T] float64 (None: lossless; else ρ → ρ/τ, lossy)
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B] int64 accepted drafts τ, [B] float64 weight b_τ)
+        """Sun et al. 2024, Alg. 2. Returns τ and the weight b_τ that scales the residual."""
+        ...
+
+    def synthetic_verify(
+        self,
+        uniforms: torch.Tensor,  # [B] float64, one per request
+        rates: torch.Tensor,  # [R] float64 non-increasing, R >= max_spec_len
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> torch.Tensor:  # [B] int64 accepted drafts = #{i < K_b : u_b < rates[i]}
+        """Synthetic acceptance for benchmarking."""
+        ...
+
+    def sample_residual(
+        self,
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_rows: torch.Tensor,  # [R] int, row of target_probs per output
+        draft_probs: torch.Tensor | None,  # [T, V] float (None: point masses at draft_ids)
+        draft_ids: torch.Tensor,  # [T] int
+        draft_rows: torch.Tensor,  # [R] int, draft index per output; -1: no draft (q = 0, bonus)
+        scale: torch.Tensor,  # [R] float64 weight b applied to p (1 for standard)
+        seeds: torch.Tensor,  # [R] int64 >= 0
+        positions: torch.Tensor,  # [R] int64 absolute position of the emitted token
+    ) -> torch.Tensor:  # [R] int64 tokens
+        """Sample from norm(max(b·p − q, 0)) (falls back to p when that mass is 0) by the exponential
+        race argmax_v w_v / E_v, E_v = −log(u_v),
+        u_v = rng.vocab_uniform_f32(seed, position, STREAM_SAMPLE)[v]; w in float32."""
+        ...
+
+
+__all__ = ["SamplerOps"]

@@ -1,0 +1,297 @@
+"""``RejectionSampler``: verifies a batch of draft blocks against the target model's logits.
+
+Modes (``mode_name``):
+
+* ``standard`` — token-level speculative sampling; lossless.
+* ``block-lossless`` — Sun et al. 2024 (arXiv 2403.10444, Alg. 2); lossless, never fewer expected
+  tokens than ``standard`` (equal for point-mass drafts).
+* ``block-cumulative`` — vllm-ascend's rule: the longest prefix whose cumulative test
+  Π min(1, ρ_j) > Π u_j passes (the *last* such prefix, not the first failure); **lossy**.
+* ``entropy`` / ``block-cumulative+entropy`` / ``block-lossless+entropy`` — entropy verify with
+  τ_i = min(exp(−α·H(p_i)), θ), H over the raw target logits. One rule everywhere: the test uses ρ/τ
+  instead of ρ — token-level: accept iff τ_i·u_i < ρ_i; cumulative: Π τ_j·u_j < Π min(1, ρ_j);
+  lossless block: the weights become b_i = min(1, b_{i−1}·ρ_i/τ_i) and the residuals use those weights.
+  All **lossy**; with α = 0 and θ = 1 each reduces exactly to its lossless/cumulative counterpart.
+* ``synthetic`` — accept counts from configured rates (benchmarking); **lossy**.
+
+Greedy requests (temperature 0) are always verified by argmax (bit-exact with argmax decoding), in
+every mode except ``synthetic``, whose accept count applies to all requests.
+
+Randomness: see ``spec_backend.sampling.rng``. Acceptance uniforms of a step are keyed by (seed,
+first draft position, ``STREAM_ACCEPT``, slot); the recovered/bonus token's noise by (seed, absolute
+position of that token, ``STREAM_SAMPLE``, vocab id). Step keys never repeat because every step emits
+at least one token, so uniforms observed by one step (block verification looks at all of them) are
+never reused by the next.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spec_backend.config.rejection import RejectionSamplerConfig
+from spec_backend.sampling import rng
+from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.ops import SamplerOps
+from spec_backend.sampling.output import build_output
+from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
+
+logger = logging.getLogger("spec_backend.sampling")
+
+METHODS = ("standard", "synthetic")
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(message, *args)
+
+
+def _check_rates(rates: Sequence[float] | None) -> torch.Tensor:
+    if rates is None or len(rates) == 0:
+        raise ValueError("method='synthetic' needs synthetic_acceptance_rates (a non-empty list of floats)")
+    values = [float(r) for r in rates]
+    if any(not 0.0 <= r <= 1.0 for r in values):
+        raise ValueError(f"synthetic_acceptance_rates must lie in [0, 1], got {values}")
+    if any(b > a for a, b in itertools.pairwise(values)):
+        raise ValueError(
+            "synthetic_acceptance_rates[i] is P(first i+1 drafts accepted) and must be non-increasing, "
+            f"got {values}"
+        )
+    return torch.tensor(values, dtype=torch.float64)
+
+
+class RejectionSampler:
+    """``sampler(metadata, draft_probs [T, V] | None, logits [T+B, V], sampling) -> [B, max_K+1] int32``.
+
+    Row b of the output holds request b's accepted drafts, then its recovered or bonus token, padded
+    with ``PLACEHOLDER_TOKEN_ID``. ``draft_probs`` are the drafter's already processed probabilities
+    (temperature / top-k / top-p applied by the drafter); None means point-mass drafts.
+    ``debug=True`` adds checks that read the data back (NaN in logits, draft ids outside [0, V) when
+    the metadata was not built from Python lists): one pass over the logits and a device sync per call.
+    """
+
+    def __init__(
+        self,
+        config: RejectionSamplerConfig | None = None,
+        method: str = "standard",
+        backend: Any = None,
+        synthetic_acceptance_rates: Sequence[float] | None = None,
+        debug: bool = False,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown rejection sampler method {method!r}; allowed: {', '.join(METHODS)}")
+        self.config = config if config is not None else RejectionSamplerConfig()
+        self.method = method
+        self.debug = debug
+        self._rates: torch.Tensor | None = None
+        self._rates_cache: dict[torch.device, torch.Tensor] = {}
+        if method == "synthetic":
+            if self.config.enable_block_verify or self.config.enable_entropy_verify:
+                raise ValueError(
+                    "method='synthetic' cannot be combined with enable_block_verify / enable_entropy_verify"
+                )
+            self._rates = _check_rates(synthetic_acceptance_rates)
+        elif synthetic_acceptance_rates is not None:
+            raise ValueError(
+                f"synthetic_acceptance_rates is only used with method='synthetic', not {method!r}"
+            )
+        if backend is None or isinstance(backend, str):
+            from spec_backend.backends import load_backend
+
+            backend = load_backend(backend)
+        self.backend = backend
+        self.ops: SamplerOps = backend.sampler_ops()
+        self.max_spec_tokens: int = backend.token_limits().max_speculative_tokens
+        if not self.lossless:
+            _warn_once(
+                self.mode_name,
+                "rejection sampler mode %r is LOSSY: its output distribution differs from the target "
+                "model's (use it for compatibility or benchmarking only)",
+                self.mode_name,
+            )
+
+    @property
+    def mode_name(self) -> str:
+        if self.method == "synthetic":
+            return "synthetic"
+        cfg = self.config
+        base = f"block-{cfg.block_verify_mode}" if cfg.enable_block_verify else "standard"
+        if cfg.enable_entropy_verify:
+            return "entropy" if base == "standard" else f"{base}+entropy"
+        return base
+
+    @property
+    def lossless(self) -> bool:
+        return self.method == "standard" and self.config.lossless
+
+    def __repr__(self) -> str:
+        return f"RejectionSampler(mode={self.mode_name!r}, lossless={self.lossless})"
+
+    def __call__(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,
+        logits: torch.Tensor,
+        sampling: SamplingMetadata,
+    ) -> torch.Tensor:
+        return self.forward(metadata, draft_probs, logits, sampling)
+
+    def forward(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,  # [T, V]
+        logits: torch.Tensor,  # [T + B, V]
+        sampling: SamplingMetadata,
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
+        check_inputs(
+            metadata, draft_probs, logits, sampling, self.max_spec_tokens, getattr(self.backend, "name", "?")
+        )
+        if self._rates is not None and metadata.max_spec_len > self._rates.numel():
+            raise SamplerInputError(
+                f"a request has K={metadata.max_spec_len} draft tokens but synthetic_acceptance_rates has "
+                f"only {self._rates.numel()} entries"
+            )
+        if self.debug:
+            check_values(metadata, draft_probs, logits)
+        ops, device = self.ops, logits.device
+        batch, total, steps = metadata.batch_size, metadata.num_tokens, metadata.max_spec_len
+        if batch == 0:
+            return torch.empty(0, steps + 1, dtype=torch.int32, device=device)
+        cu = metadata.cu_num_draft_tokens  # [B]
+        draft_ids = metadata.draft_token_ids  # [T]
+        target_rows = metadata.target_logits_indices.to(torch.int64)  # [T]
+        bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
+        assert metadata.request_index is not None and metadata.slot_index is not None
+        req_of, slot_of = metadata.request_index, metadata.slot_index  # [T], [T]
+        seeds, positions = self._seeds_and_positions(sampling, batch, device)  # [B], [B]
+        greedy_rows = sampling.temperature == 0  # [B]
+
+        argmax = None if sampling.all_random else ops.argmax(logits)  # [N]
+        probs = None
+        if not sampling.all_greedy:
+            row_req = self._row_requests(target_rows, bonus_rows, req_of, logits.shape[0])  # [N]
+            probs = ops.target_probs(
+                logits,
+                sampling.temperature[row_req],
+                sampling.top_k[row_req],
+                sampling.top_p[row_req],
+                sampling.apply_top_k,
+                sampling.apply_top_p,
+            )  # [N, V]
+
+        scale = torch.ones(batch, dtype=torch.float64, device=device)  # [B]
+        if self._rates is not None:
+            u = ops.uniforms(seeds, positions, torch.zeros_like(seeds), rng.STREAM_SYNTHETIC)  # [B]
+            num_accepted = ops.synthetic_verify(u, self._rates_on(device), cu, steps)
+        else:
+            num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+            if argmax is not None:
+                num_accepted = ops.greedy_verify(draft_ids, argmax[target_rows], cu, steps)
+            if probs is not None:
+                n_random, scale = self._verify_random(
+                    draft_ids,
+                    draft_probs,
+                    logits,
+                    probs,
+                    target_rows,
+                    seeds,
+                    positions,
+                    req_of,
+                    slot_of,
+                    cu,
+                    steps,
+                )
+                num_accepted = (
+                    torch.where(greedy_rows, num_accepted, n_random) if argmax is not None else n_random
+                )
+
+        counts = cu.to(torch.int64) - torch.cat([cu.new_zeros(1, dtype=torch.int64), cu[:-1].to(torch.int64)])
+        is_bonus = num_accepted >= counts  # [B]
+        if total:
+            draft_at = torch.clamp(cu.to(torch.int64) - counts + num_accepted, max=total - 1)  # [B]
+            final_rows = torch.where(is_bonus, bonus_rows, target_rows[draft_at])  # [B]
+            draft_rows = torch.where(is_bonus, torch.full_like(draft_at, -1), draft_at)  # [B]
+        else:
+            final_rows, draft_rows = bonus_rows, torch.full_like(bonus_rows, -1)
+        if self._rates is not None:
+            draft_rows = torch.full_like(draft_rows, -1)  # synthetic: the target's own token
+
+        final = torch.zeros(batch, dtype=torch.int64, device=device)
+        if probs is not None:
+            final = ops.sample_residual(
+                probs, final_rows, draft_probs, draft_ids, draft_rows, scale, seeds, positions + num_accepted
+            )
+        if argmax is not None:
+            final = (
+                torch.where(greedy_rows, argmax[final_rows], final)
+                if probs is not None
+                else argmax[final_rows]
+            )
+        return build_output(draft_ids, cu, num_accepted, final, steps)
+
+    def _verify_random(
+        self,
+        draft_ids: torch.Tensor,  # [T]
+        draft_probs: torch.Tensor | None,  # [T, V]
+        logits: torch.Tensor,  # [N, V]
+        probs: torch.Tensor,  # [N, V]
+        target_rows: torch.Tensor,  # [T]
+        seeds: torch.Tensor,  # [B]
+        positions: torch.Tensor,  # [B]
+        req_of: torch.Tensor,  # [T]
+        slot_of: torch.Tensor,  # [T]
+        cu: torch.Tensor,  # [B]
+        steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B] int64, residual weight [B] float64
+        ops, cfg = self.ops, self.config
+        u = ops.uniforms(seeds[req_of], positions[req_of], slot_of, rng.STREAM_ACCEPT)  # [T]
+        thresholds = None
+        if cfg.enable_entropy_verify:
+            thresholds = ops.entropy_thresholds(logits, cfg.posterior_alpha, cfg.posterior_threshold)[
+                target_rows
+            ]
+        args = (draft_ids, draft_probs, probs, target_rows, u, thresholds, cu, steps)
+        ones = torch.ones(seeds.shape[0], dtype=torch.float64, device=seeds.device)
+        if not cfg.enable_block_verify:
+            return ops.standard_verify(*args), ones
+        if cfg.block_verify_mode == "cumulative":
+            return ops.cumulative_verify(*args), ones
+        return ops.block_verify(*args)
+
+    def _rates_on(self, device: torch.device) -> torch.Tensor:  # [R] float64, copied once per device
+        assert self._rates is not None
+        if device not in self._rates_cache:
+            self._rates_cache[device] = self._rates.to(device)
+        return self._rates_cache[device]
+
+    @staticmethod
+    def _row_requests(
+        target_rows: torch.Tensor, bonus_rows: torch.Tensor, req_of: torch.Tensor, num_rows: int
+    ) -> torch.Tensor:  # [N] int64 request of each logits row
+        rows = torch.zeros(num_rows, dtype=torch.int64, device=bonus_rows.device)
+        rows = rows.scatter(0, target_rows, req_of.to(torch.int64))
+        return rows.scatter(0, bonus_rows, torch.arange(bonus_rows.shape[0], device=bonus_rows.device))
+
+    def _seeds_and_positions(
+        self, sampling: SamplingMetadata, batch: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        fresh = rng.random_seeds(batch, device)  # [B] unseeded requests: new seed per call
+        seeds = fresh if sampling.seeds is None else torch.where(sampling.seeds >= 0, sampling.seeds, fresh)
+        if sampling.positions is None:
+            if sampling.has_seeds:
+                _warn_once(
+                    "positions",
+                    "SamplingMetadata has seeds but no positions: every step of a seeded request reuses "
+                    "the same random numbers; pass positions (absolute position of the first draft token)",
+                )
+            return seeds, torch.zeros(batch, dtype=torch.int64, device=device)
+        return seeds, sampling.positions.to(torch.int64)
+
+
+__all__ = ["METHODS", "RejectionSampler"]
