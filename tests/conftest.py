@@ -48,5 +48,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reasons = _skip_reasons()
     for item in items:
         for marker, reason in reasons.items():
-            if reason and marker in item.keywords:
+            if reason and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,207 @@
+"""Ragged attention on Ascend through ``torch_npu.npu_fused_infer_attention_score`` (FIA).
+
+Same contract as the reference (``spec_backend.backends.attention.sdpa_ragged_attention``): request
+``b`` carries ``query_lens[b]`` real query rows (right-padded to ``Q``), its cache holds ``kv_lens[b]``
+valid keys including this step's, and real query ``i`` sits at position ``kv_lens[b] - query_lens[b] + i``.
+
+Two documented FIA variants are used:
+
+* **verification / decode** (``Q <= 16``), the path that ACLGraphs capture: ``input_layout="TND"``
+  with the keys presented as a *paged* cache (``block_table``), ``sparse_mode=3`` (right-down causal)
+  and the fixed 2048x2048 mask. Every request contributes all ``Q`` rows (padding rows included), so
+  the token count ``T = B*Q`` and the cumulative ``actual_seq_lengths`` are static; only
+  ``actual_seq_lengths_kv`` changes per step (``kv - q + Q``: the padding rows sit after the real ones
+  and the real rows keep their true positions). That single per-step parameter is what the graph
+  runner re-issues before every replay (see :mod:`spec_backend_ascend.graph_params`).
+* **prefill** (``Q > 16``, beyond the TND decode path's 16-token limit): ``input_layout="BNSD_BSND"``
+  over the padded cache with per-request ``actual_seq_lengths`` / ``actual_seq_lengths_kv``.
+
+FIA accepts float16 and bfloat16 only: float32 models run the op in float16 and cast back.
+``torch_npu`` is imported lazily, on the first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
+from spec_backend_ascend.limits import (
+    MAX_QUERY_TOKENS_PER_REQUEST,
+    PAGE_BLOCK_SIZE,
+    SPARSE_MASK_SIZE,
+    SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+)
+from spec_backend_ascend.npu import npu_namespace, torch_npu_module
+
+_OP_DTYPES = (torch.float16, torch.bfloat16)
+_MASKS: dict[torch.device, torch.Tensor] = {}
+
+
+def op_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype FIA computes in for a model in ``dtype`` (float32 is not supported by the op)."""
+    return dtype if dtype in _OP_DTYPES else torch.float16
+
+
+def causal_mask(device: torch.device) -> torch.Tensor:
+    """The compressed mask sparse_mode 3 requires: ``[2048, 2048]`` int8, 1 above the diagonal."""
+    mask = _MASKS.get(device)
+    if mask is None:
+        mask = torch.ones(SPARSE_MASK_SIZE, SPARSE_MASK_SIZE, dtype=torch.int8, device=device).triu_(1)
+        _MASKS[device] = mask
+    return mask
+
+
+def paged_cache(cache: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Present a padded cache ``[B, H, L, D]`` as pages ``[B*n, H, bs, D]`` plus ``block_table [B, n]``.
+
+    ``capacity`` (a multiple of the block size, >= L) is the page span per request; positions beyond
+    ``L`` are zero. Request ``b`` owns pages ``b*n .. b*n+n-1``. This is one copy of the cache per
+    layer per step; an engine that allocates its cache in pages natively avoids it.
+    """
+    batch, heads, length, dim = cache.shape
+    blocks = capacity // PAGE_BLOCK_SIZE
+    padded = F.pad(cache.to(dtype), (0, 0, 0, capacity - length))  # [B, H, capacity, D]
+    pages = padded.view(batch, heads, blocks, PAGE_BLOCK_SIZE, dim).permute(0, 2, 1, 3, 4)  # [B, n, H, bs, D]
+    pages = pages.reshape(batch * blocks, heads, PAGE_BLOCK_SIZE, dim)  # [B*n, H, bs, D] contiguous
+    table = torch.arange(batch * blocks, dtype=torch.int32, device=cache.device).view(batch, blocks)
+    return pages, table
+
+
+def _metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
+    meta = kwargs.get("spec_attn_metadata")
+    if not isinstance(meta, RaggedAttentionMetadata):
+        raise ValueError(
+            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
+            f"kwargs, got {type(meta).__name__}"
+        )
+    return meta
+
+
+def _decode_tnd(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
+    batch, heads, q_len, dim = query.shape
+    dtype = op_dtype(query.dtype)
+    capacity = -(-(key.shape[2] + q_len) // PAGE_BLOCK_SIZE) * PAGE_BLOCK_SIZE
+    k_pages, table = paged_cache(key, capacity, dtype)
+    v_pages, _ = paged_cache(value, capacity, dtype)
+    tokens = query.transpose(1, 2).to(dtype).reshape(batch * q_len, heads, dim).contiguous()  # [T, Hq, D]
+    call: dict[str, Any] = {
+        "query": tokens,
+        "key": k_pages,
+        "value": v_pages,
+        "atten_mask": causal_mask(query.device),
+        "block_table": table,
+        "actual_seq_lengths": [q_len * (b + 1) for b in range(batch)],  # cumulative, static
+        "num_heads": heads,
+        "num_key_value_heads": key.shape[1],
+        "scale": scale,
+        "input_layout": "TND",
+        "block_size": PAGE_BLOCK_SIZE,
+        "sparse_mode": SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+    }
+    record = active_capture()
+    if record is not None:
+        out = _captured_call(record, call, batch, q_len, capacity)
+    else:
+        q_list = [int(v) for v in meta.query_lens.tolist()]
+        kv_list = [int(v) for v in meta.kv_lens.tolist()]
+        kv_shifted = [kv - q + q_len for q, kv in zip(q_list, kv_list, strict=True)]
+        out, _ = torch_npu_module().npu_fused_infer_attention_score(**call, actual_seq_lengths_kv=kv_shifted)
+    return out.view(batch, q_len, heads, dim)
+
+
+def _captured_call(
+    record: CaptureRecord, call: dict[str, Any], batch: int, q_len: int, capacity: int
+) -> torch.Tensor:  # [T, Hq, D]
+    """Issue FIA as a named task group inside the graph being captured, and register it for updates.
+
+    The kv lengths used here are placeholders (the largest possible): no host sync happens while
+    capturing, and the runner re-issues the task with the real lengths before every replay.
+    """
+    torch_npu, npu = torch_npu_module(), npu_namespace()
+    placeholder = [capacity] * batch
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+        **call, actual_seq_lengths_kv=placeholder
+    )
+    tokens = call["query"]
+    out = [torch.empty_like(tokens), torch.zeros(1, dtype=torch.float32, device=tokens.device)]
+    stream = npu.current_stream()
+    event = npu.ExternalEvent()
+    event.wait(stream)  # captured: replay blocks here until the host has updated this task
+    event.reset(stream)
+    npu.graph_task_group_begin(stream)
+    torch_npu.npu_fused_infer_attention_score.out(
+        **call, actual_seq_lengths_kv=placeholder, workspace=workspace, out=out
+    )
+    handle = npu.graph_task_group_end(stream)
+    record.attentions.append(
+        CapturedAttention(handle, event, call, workspace, out, q_len, batch, max_kv_len=capacity)
+    )
+    return out[0]
+
+
+def _prefill_bnsd(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
+    if active_capture() is not None:
+        raise RuntimeError(
+            f"ACLGraph capture covers verification steps of at most {MAX_QUERY_TOKENS_PER_REQUEST} "
+            f"query tokens per request, got {query.shape[2]}"
+        )
+    dtype = op_dtype(query.dtype)
+    out, _ = torch_npu_module().npu_fused_infer_attention_score(
+        query.to(dtype).contiguous(),
+        key.to(dtype).contiguous(),
+        value.to(dtype).contiguous(),
+        atten_mask=causal_mask(query.device),
+        actual_seq_lengths=[int(v) for v in meta.query_lens.tolist()],
+        actual_seq_lengths_kv=[int(v) for v in meta.kv_lens.tolist()],
+        num_heads=query.shape[1],
+        num_key_value_heads=key.shape[1],
+        scale=scale,
+        input_layout="BNSD_BSND",
+        sparse_mode=SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+    )
+    return out  # type: ignore[no-any-return]
+
+
+def ascend_ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal ragged attention with FIA; returns ``[B, Q, Hq, D]`` in the query's dtype.
+
+    ``attention_mask`` is ignored (the lengths in ``spec_attn_metadata`` define the mask, as in the
+    reference); ``dropout`` must be 0 (inference op). Padding query rows hold unspecified values.
+    """
+    del module, attention_mask
+    if dropout:
+        raise ValueError(
+            f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
+        )
+    meta = _metadata(kwargs)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if query.shape[2] <= MAX_QUERY_TOKENS_PER_REQUEST:
+        out = _decode_tnd(query, key, value, meta, scale)
+    else:
+        out = _prefill_bnsd(query, key, value, meta, scale)
+    return out.to(query.dtype), None

@@ -1,0 +1,90 @@
+"""The Ascend backend class: probe, limits, capture policy, and the device parts (loaded lazily)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.backends.base import (
+    AttentionFn,
+    Availability,
+    Backend,
+    CapturePolicy,
+    GraphRunner,
+    SamplerTuning,
+    TokenLimits,
+)
+from spec_backend_ascend.limits import (
+    DEFAULT_NUM_LAYERS,
+    MAX_CAPTURE_SIZE,
+    MAX_QUERY_TOKENS_PER_REQUEST,
+    stream_graph_budget,
+)
+
+if TYPE_CHECKING:
+    from spec_backend.sampling.ops import SamplerOps
+
+#: Vector cores on Atlas A2/A3 (Ascend 910B/910C) devices: the sampler kernels' grid cap.
+VECTOR_CORES = 40
+
+
+class AscendBackend(Backend):
+    """Huawei Ascend NPUs through torch_npu: fused attention, ACLGraph, triton-ascend sampler kernels."""
+
+    name = "ascend"
+    device_type = "npu"
+
+    def probe(self) -> Availability:
+        if importlib.util.find_spec("torch_npu") is None:
+            return Availability(
+                False, "torch_npu is not installed (needs CANN; pip install spec-backend-ascend[npu])"
+            )
+        try:
+            importlib.import_module("torch_npu")
+        except BaseException as exc:  # e.g. OSError: libhccl.so missing; report, never raise
+            return Availability(False, f"torch_npu failed to import: {type(exc).__name__}: {exc}")
+        npu = getattr(torch, "npu", None)
+        try:
+            visible = npu is not None and bool(npu.is_available())
+        except Exception as exc:  # a probe reports, it never raises
+            return Availability(False, f"torch.npu.is_available() failed: {type(exc).__name__}: {exc}")
+        if not visible:
+            return Availability(False, "torch_npu imported but no NPU device is visible")
+        return Availability(True)
+
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(max_query_tokens_per_request=MAX_QUERY_TOKENS_PER_REQUEST)
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        budget = stream_graph_budget(num_hidden_layers or DEFAULT_NUM_LAYERS)
+        return CapturePolicy(max_capture_size=MAX_CAPTURE_SIZE, graph_budget=budget)
+
+    def graph_runner(
+        self,
+        fn: Callable[..., torch.Tensor],
+        capture_sizes: Sequence[int],
+        num_hidden_layers: int | None = None,
+    ) -> GraphRunner:
+        """An :class:`AclGraphRunner` bounded by the stream budget for ``num_hidden_layers`` layers."""
+        from spec_backend_ascend.graph_runner import AclGraphRunner
+
+        budget = self.capture_policy(num_hidden_layers).graph_budget
+        return AclGraphRunner(fn, capture_sizes, graph_budget=budget)
+
+    def attention_function(self) -> AttentionFn:
+        from spec_backend_ascend.attention import ascend_ragged_attention
+
+        return ascend_ragged_attention
+
+    def sampler_ops(self) -> SamplerOps:
+        from spec_backend_ascend.sampler import ascend_sampler_ops
+
+        return ascend_sampler_ops(self.sampler_tuning())
+
+    def sampler_tuning(self) -> SamplerTuning:
+        # Grid capped at the vector-core count; no float64 random on the device: uniforms are passed in.
+        return SamplerTuning(vocab_block=2048, max_grid=VECTOR_CORES, device_uniforms=False)

@@ -1,0 +1,31 @@
+"""Ascend device limits: the fused-attention query-token cap and the ACLGraph stream budget.
+
+Pure constants and arithmetic: importing this module never touches ``torch_npu``.
+"""
+
+from __future__ import annotations
+
+#: npu_fused_infer_attention_score's TND decode path handles at most 16 query tokens per request, so
+#: verification (K draft tokens + 1 bonus position) needs K+1 <= 16.
+MAX_QUERY_TOKENS_PER_REQUEST = 16
+#: Hardware streams usable for captured graphs (each graph takes one stream per layer plus one).
+GRAPH_STREAM_BUDGET = 1800
+#: Layers assumed when the model is not known yet.
+DEFAULT_NUM_LAYERS = 32
+#: Largest capture size in tokens.
+MAX_CAPTURE_SIZE = 512
+#: KV positions per page when the engine's padded cache is presented to the op as a paged cache
+#: (the documented page-attention block sizes are multiples of 128 in [128, 512]).
+PAGE_BLOCK_SIZE = 128
+#: Side of the compressed causal mask that sparse_mode 2/3/4 require (a fixed 2048 x 2048 matrix).
+SPARSE_MASK_SIZE = 2048
+#: sparse_mode 3: "rightDownCausal", causal aligned to the bottom-right corner of each request's
+#: (query length x kv length) block — query i of a request sees keys at positions <= kv - q + i.
+SPARSE_MODE_RIGHT_DOWN_CAUSAL = 3
+
+
+def stream_graph_budget(num_hidden_layers: int) -> int:
+    """How many graphs fit in the stream budget when each needs ``num_hidden_layers + 1`` streams."""
+    if num_hidden_layers < 1:
+        raise ValueError(f"num_hidden_layers must be >= 1, got {num_hidden_layers}")
+    return max(1, GRAPH_STREAM_BUDGET // (num_hidden_layers + 1))

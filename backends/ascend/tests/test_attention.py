@@ -1,0 +1,125 @@
+"""Ascend ragged attention (through the fake FIA) equals the reference attention; the fake rejects
+what the documented op rejects."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+from helpers import ragged_batch, real_rows, reference
+from spec_backend_ascend import AscendBackend
+from spec_backend_ascend.attention import ascend_ragged_attention
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+
+#: FIA returns float16 for a float32 model (the op has no float32): outputs carry float16 rounding.
+FP16_OUT_TOL = {"atol": 2e-3, "rtol": 2e-3}
+
+
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: RaggedAttentionMetadata) -> torch.Tensor:
+    out, weights = ascend_ragged_attention(torch.nn.Module(), q, k, v, None, spec_attn_metadata=meta)
+    assert weights is None and out.dtype == q.dtype
+    return out
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "q_len"),
+    [(4, 4, 16, 1), (4, 2, 32, 4), (8, 1, 16, 16), (6, 3, 64, 7), (4, 2, 16, 24)],
+)
+def test_matches_reference_on_random_ragged_batches(
+    fake_npu: ModuleType, heads: int, kv_heads: int, dim: int, q_len: int
+) -> None:
+    gen = torch.Generator().manual_seed(heads * 100 + dim + q_len)
+    for batch in (1, 3):
+        q, k, v, meta = ragged_batch(gen, batch, q_len, heads, kv_heads, dim)
+        got, want = _run(q, k, v, meta), reference(q, k, v, meta)
+        rows = real_rows(meta, q_len)
+        torch.testing.assert_close(got[rows], want[rows], **FP16_OUT_TOL)
+    layouts = [c[1]["input_layout"] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+    assert layouts == ["TND" if q_len <= 16 else "BNSD_BSND"] * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(fake_npu: ModuleType, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, meta = ragged_batch(gen, 4, 5, 8, 2, 32, dtype=dtype)
+    got, want = _run(q, k, v, meta), reference(q, k, v, meta).to(dtype)
+    rows = real_rows(meta, 5)
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(got[rows], want[rows], atol=tol, rtol=tol)
+
+
+def test_decode_call_is_tnd_with_pages_and_right_down_causal(fake_npu: ModuleType) -> None:
+    q = torch.randn(2, 4, 3, 16)
+    k = v = torch.randn(2, 2, 10, 16)
+    meta = RaggedAttentionMetadata(torch.tensor([3, 1]), torch.tensor([10, 6]))
+    _run(q, k, v, meta)
+    (call,) = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+    assert call["input_layout"] == "TND" and call["sparse_mode"] == 3 and call["block_size"] == 128
+    assert call["actual_seq_lengths"] == [3, 6]  # cumulative over the padded rows
+    assert call["actual_seq_lengths_kv"] == [10, 8]  # kv - q + Q: padding rows after the real ones
+    assert call["block_table"].dtype == torch.int32 and call["num_key_value_heads"] == 2
+
+
+def test_backend_hands_out_the_fused_attention(fake_npu: ModuleType) -> None:
+    assert AscendBackend().attention_function() is ascend_ragged_attention
+    with pytest.raises(ValueError, match="spec_attn_metadata"):
+        ascend_ragged_attention(
+            torch.nn.Module(),
+            torch.zeros(1, 1, 1, 16),
+            torch.zeros(1, 1, 1, 16),
+            torch.zeros(1, 1, 1, 16),
+            None,
+        )
+
+
+def _fia_kwargs(fake: ModuleType, q_len: int = 4, batch: int = 2) -> dict[str, object]:
+    return {
+        "query": torch.zeros(batch * q_len, 4, 16, dtype=torch.float16),
+        "key": torch.zeros(batch, 2, 128, 16, dtype=torch.float16),
+        "value": torch.zeros(batch, 2, 128, 16, dtype=torch.float16),
+        "atten_mask": torch.ones(2048, 2048, dtype=torch.int8).triu(1),
+        "block_table": torch.arange(batch, dtype=torch.int32).view(batch, 1),
+        "actual_seq_lengths": [q_len * (b + 1) for b in range(batch)],
+        "actual_seq_lengths_kv": [q_len] * batch,
+        "num_heads": 4,
+        "num_key_value_heads": 2,
+        "input_layout": "TND",
+        "block_size": 128,
+        "sparse_mode": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({}, None),
+        ({"_q_len": 17}, "1..16 query tokens per request"),
+        ({"query": torch.zeros(8, 4, 16)}, "float16 or bfloat16"),
+        ({"query": torch.zeros(4, 8, 16, dtype=torch.float16).transpose(0, 1)}, "contiguous"),
+        ({"actual_seq_lengths": [4, 7]}, "cumulative"),
+        ({"actual_seq_lengths": torch.tensor([4, 8])}, "list of ints"),
+        ({"block_size": 64}, "multiple of 128"),
+        ({"block_table": torch.zeros(2, 1, dtype=torch.int64)}, "int32"),
+        ({"atten_mask": None}, "sparse_mode=3 with atten_mask"),
+        ({"atten_mask": torch.ones(16, 16, dtype=torch.int8).triu(1)}, "2048"),
+        ({"sparse_mode": 2}, "TND supports"),
+        ({"num_key_value_heads": 3}, "N % Nkv"),
+        ({"actual_seq_lengths_kv": [2, 4]}, "query length <= kv length"),
+        ({"actual_seq_lengths_kv": [4, 300]}, "needs 3 blocks"),
+        ({"scale_value": 0.5}, "unexpected keyword argument 'scale_value'"),
+    ],
+)
+def test_fake_fia_validates_like_the_documented_op(
+    fake_npu: ModuleType, change: dict[str, object], error: str | None
+) -> None:
+    kwargs = _fia_kwargs(fake_npu, q_len=int(change.pop("_q_len", 4)))  # type: ignore[call-overload]
+    kwargs.update(change)
+    query, key, value = kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value")
+    if error is None:
+        out, lse = fake_npu.npu_fused_infer_attention_score(query, key, value, **kwargs)
+        assert out.shape == query.shape and lse.shape == (1,)  # type: ignore[union-attr]
+        return
+    with pytest.raises((RuntimeError, TypeError), match=error):
+        fake_npu.npu_fused_infer_attention_score(query, key, value, **kwargs)

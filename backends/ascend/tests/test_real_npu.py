@@ -1,0 +1,67 @@
+"""Real-hardware checks (``ascend`` marker): run on the Ascend CI runner, skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ragged_batch, real_rows, reference
+from spec_backend_ascend import AscendBackend
+from spec_backend_ascend.attention import ascend_ragged_attention
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+
+pytestmark = pytest.mark.ascend
+
+
+@pytest.fixture
+def npu() -> torch.device:
+    status = AscendBackend().probe()
+    if not status.available:
+        pytest.skip(str(status))
+    return torch.device("npu")
+
+
+@pytest.mark.parametrize(
+    ("q_len", "dtype"), [(1, torch.float16), (4, torch.bfloat16), (16, torch.float16), (40, torch.float16)]
+)
+def test_fused_attention_matches_reference_on_device(
+    npu: torch.device, q_len: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(q_len)
+    q, k, v, meta = ragged_batch(gen, 5, q_len, 8, 2, 128, dtype=dtype, max_prefix=300)
+    on_device = RaggedAttentionMetadata(meta.query_lens.to(npu), meta.kv_lens.to(npu))
+    out, _ = ascend_ragged_attention(
+        torch.nn.Module(), q.to(npu), k.to(npu), v.to(npu), None, spec_attn_metadata=on_device
+    )
+    rows = real_rows(meta, q_len)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    torch.testing.assert_close(out.cpu()[rows].float(), reference(q, k, v, meta)[rows], atol=tol, rtol=tol)
+
+
+def test_graph_replay_with_updated_lengths_on_device(npu: torch.device) -> None:
+    heads, kv_heads, dim, q_len, slots, length = 8, 2, 128, 4, 4, 256
+    gen = torch.Generator().manual_seed(0)
+    cache_k = torch.randn(slots, kv_heads, length, dim, generator=gen).half().to(npu)
+    cache_v = torch.randn(slots, kv_heads, length, dim, generator=gen).half().to(npu)
+
+    def fn(query: torch.Tensor) -> torch.Tensor:
+        batch = query.shape[0] // q_len
+        q = query.view(batch, q_len, heads, dim).transpose(1, 2)
+        full = torch.full((batch,), q_len)
+        meta = RaggedAttentionMetadata(full, torch.full((batch,), length))
+        out, _ = ascend_ragged_attention(
+            torch.nn.Module(), q, cache_k[:batch], cache_v[:batch], None, spec_attn_metadata=meta
+        )
+        return out.reshape(batch * q_len, heads, dim)
+
+    runner = AscendBackend().graph_runner(fn, [q_len * n for n in (1, 2, 4)], num_hidden_layers=1)
+    runner.capture({"query": torch.zeros(4 * q_len, heads, dim, dtype=torch.float16, device=npu)})
+    meta = RaggedAttentionMetadata(torch.tensor([4, 1, 3]), torch.tensor([100, 7, 256]))
+    runner.set_update_hook(lambda size, inputs: runner.update_attention(size, meta.query_lens, meta.kv_lens))  # type: ignore[attr-defined]
+    query = torch.randn(3 * q_len, heads, dim, generator=gen).half()
+    got = runner.run({"query": query.to(npu)}).cpu().view(3, q_len, heads, dim)
+    want = reference(
+        query.view(3, q_len, heads, dim).transpose(1, 2), cache_k[:3].cpu(), cache_v[:3].cpu(), meta
+    )
+    rows = real_rows(meta, q_len)
+    torch.testing.assert_close(got[rows].float(), want[rows], atol=5e-3, rtol=5e-3)
