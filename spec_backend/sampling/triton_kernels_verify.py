@@ -1,0 +1,302 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
+"""Shared triton kernels of the rejection sampler, part 2: the accept/reject scans and the residual
+sampler (see ``triton_kernels`` for the conventions: persistent grids, ``div_rn``, no FMA contraction).
+
+Precision (constexpr ``F64``): with ``F64=True`` (CUDA) every per-token scalar — ratios ρ, thresholds τ,
+uniforms, block weights b_i, the cumulative products — is float64, as in the torch reference, so the
+scans are bit-exact. With ``F64=False`` (Ascend: ``SamplerTuning.device_uniforms=False``, no float64 on
+the vector cores) the host side hands the kernels float32 copies of the uniforms / thresholds / scales
+and the scans run in float32: decisions then differ from the reference only when a comparison is
+within float32 rounding (relative 2^-24) of a tie.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from spec_backend.sampling.triton_kernels import request_span, row_key, vocab_uniform
+
+
+@triton.jit
+def _scalar(x, F64: tl.constexpr):
+    if F64:
+        return x.to(tl.float64)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _div(x, y, F64: tl.constexpr):  # IEEE round-to-nearest division (float64 '/' is always IEEE)
+    if F64:
+        return x / y
+    else:
+        return tl.math.div_rn(x, y)
+
+
+@triton.jit
+def draft_ratio(
+    t,  # draft index
+    draft_ptr,
+    dprobs_ptr,
+    dp_stride,
+    tprobs_ptr,
+    tp_stride,
+    trow_ptr,
+    HAS_Q: tl.constexpr,
+    F64: tl.constexpr,
+):
+    """``torch_ops.draft_ratios`` for one draft: ρ = p(x)/q(x) (0 where p(x) = 0; point mass: p(x))."""
+    x = tl.load(draft_ptr + t).to(tl.int64)
+    row = tl.load(trow_ptr + t).to(tl.int64)
+    p = _scalar(tl.load(tprobs_ptr + row * tp_stride + x), F64)
+    if HAS_Q:
+        q = _scalar(tl.load(dprobs_ptr + tl.cast(t, tl.int64) * dp_stride + x), F64)
+        return tl.where(p > 0, _div(p, q, F64), 0.0)
+    else:
+        return p
+
+
+@triton.jit
+def scan_verify_kernel(
+    draft_ptr,  # [T] int
+    dprobs_ptr,  # [T, V] float (unused without HAS_Q)
+    dp_stride,
+    tprobs_ptr,  # [N, V] float32
+    tp_stride,
+    trow_ptr,  # [T] int
+    u_ptr,  # [T] float64 (F64) / float32
+    thr_ptr,  # [T] float64 / float32 (unused without HAS_THR)
+    cu_ptr,  # [B] int
+    out_ptr,  # [B] int64 accepted drafts
+    B,
+    HAS_Q: tl.constexpr,
+    HAS_THR: tl.constexpr,
+    CUMULATIVE: tl.constexpr,
+    F64: tl.constexpr,
+):
+    """Token-level (``CUMULATIVE=False``: leading run of τ·u < ρ) or cumulative (largest i with
+    Π τ·u < Π min(1, ρ)) verification. Grid: min(B, max_grid) programs, persistent over requests;
+    each scans its K_b slots sequentially (the products associate left to right, like torch.cumprod on
+    CPU). No vocabulary pass: ρ needs p(x) and q(x) only, 2 gathered elements per draft."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for b in tl.range(pid, B, nprog):
+        start, n = request_span(cu_ptr, b)
+        count = tl.zeros([], tl.int64)
+        alive = tl.full([], 1, tl.int1)
+        lhs = _scalar(tl.full([], 1.0, tl.float32), F64)
+        rhs = _scalar(tl.full([], 1.0, tl.float32), F64)
+        for j in range(0, n):
+            t = start + j
+            rho = draft_ratio(
+                t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64
+            )
+            su = _scalar(tl.load(u_ptr + t), F64)
+            if HAS_THR:
+                su = su * _scalar(tl.load(thr_ptr + t), F64)
+            if CUMULATIVE:
+                lhs = lhs * tl.minimum(rho, 1.0)
+                rhs = rhs * su
+                count = tl.where(rhs < lhs, j + 1, count)
+            else:
+                alive = alive & (su < rho)
+                count += alive.to(tl.int64)
+        tl.store(out_ptr + b, count)
+
+
+@triton.jit
+def residual_mass(
+    weight,  # float32 b
+    t,  # draft index
+    draft_ptr,
+    dprobs_ptr,
+    dp_stride,
+    tprobs_ptr,
+    tp_stride,
+    trow_ptr,
+    V,
+    HAS_Q: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Σ_v max(b·p(v) − q(v), 0) over one draft row, float32, in BLOCK_V blocks (one read of p and q)."""
+    row = tl.load(trow_ptr + t).to(tl.int64)
+    x = tl.load(draft_ptr + t).to(tl.int32)
+    p_row = tprobs_ptr + row * tp_stride
+    q_row = dprobs_ptr + tl.cast(t, tl.int64) * dp_stride
+    acc = tl.zeros([BLOCK_V], tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        mask = offs < V
+        w = weight * tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_Q:
+            w = w - tl.load(q_row + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            w = w - tl.where(offs == x, 1.0, 0.0)
+        acc += tl.maximum(w, 0.0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def block_verify_kernel(
+    draft_ptr,  # [T] int
+    dprobs_ptr,  # [T, V] float
+    dp_stride,
+    tprobs_ptr,  # [N, V] float32
+    tp_stride,
+    trow_ptr,  # [T] int
+    u_ptr,  # [T] float64 / float32: η of each slot
+    thr_ptr,  # [T] float64 / float32
+    cu_ptr,  # [B] int
+    tau_ptr,  # [B] int64 out
+    weight_ptr,  # [B] float64 / float32 out: b_τ
+    B,
+    V,
+    HAS_Q: tl.constexpr,
+    HAS_THR: tl.constexpr,
+    F64: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Sun et al. 2024 Alg. 2 (``TorchSamplerOps.block_verify``). Grid: min(B, max_grid) programs,
+    persistent over requests. Slot j (i = j + 1): b_i = min(1, b_{i-1}·ρ_i) (0 once 0);
+    h_i = r_i / (r_i + 1 − b_i) for i < K with r_i = Σ_v max(b_i·p_{i+1} − q_{i+1}, 0) fused here as a
+    BLOCK_V pass over draft row i's p and q; h_K = b_K; τ = last i with η_i < h_i. Traffic: rows
+    1..K-1 of each request's p and q read once each (p only for point-mass drafts), i.e. at most the
+    floor; the r_0 pass of the reference is skipped (it is never used)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for b in tl.range(pid, B, nprog):
+        start, n = request_span(cu_ptr, b)
+        weight = _scalar(tl.full([], 1.0, tl.float32), F64)  # b_{i-1}
+        tau = tl.zeros([], tl.int64)
+        b_tau = weight
+        for j in range(0, n):
+            t = start + j
+            rho = draft_ratio(
+                t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64
+            )
+            if HAS_THR:
+                rho = tl.where(rho > 0, _div(rho, _scalar(tl.load(thr_ptr + t), F64), F64), 0.0)
+            weight = tl.where(weight > 0, tl.minimum(weight * rho, 1.0), 0.0)  # b_i
+            h = weight
+            if j + 1 < n:
+                r = residual_mass(
+                    weight.to(tl.float32),
+                    t + 1,
+                    draft_ptr,
+                    dprobs_ptr,
+                    dp_stride,
+                    tprobs_ptr,
+                    tp_stride,
+                    trow_ptr,
+                    V,
+                    HAS_Q,
+                    BLOCK_V,
+                )
+                r = _scalar(r, F64)
+                denom = r + (1.0 - weight)
+                h = tl.where(denom > 0, _div(r, tl.where(denom > 0, denom, 1.0), F64), 1.0)
+            eta = _scalar(tl.load(u_ptr + t), F64)
+            hit = eta < h
+            tau = tl.where(hit, j + 1, tau)
+            b_tau = tl.where(hit, weight, b_tau)
+        tl.store(tau_ptr + b, tau)
+        tl.store(weight_ptr + b, b_tau)
+
+
+@triton.jit
+def synthetic_verify_kernel(
+    u_ptr,  # [B] float64 / float32
+    rates_ptr,  # [R] float64 / float32
+    cu_ptr,  # [B] int
+    out_ptr,  # [B] int64
+    B,
+):
+    """#{i < K_b : u_b < rates[i]}. Grid: min(B, max_grid), persistent over requests; K_b loads each."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for b in tl.range(pid, B, nprog):
+        _, n = request_span(cu_ptr, b)
+        u = tl.load(u_ptr + b)
+        count = tl.zeros([], tl.int64)
+        for i in range(0, n):
+            count += (u < tl.load(rates_ptr + i)).to(tl.int64)
+        tl.store(out_ptr + b, count)
+
+
+@triton.jit
+def sample_residual_kernel(
+    tprobs_ptr,  # [N, V] float32
+    tp_stride,
+    trow_ptr,  # [R] int
+    dprobs_ptr,  # [T, V] float (unused without HAS_Q)
+    dp_stride,
+    draft_ptr,  # [T] int (unused without HAS_DRAFTS)
+    drow_ptr,  # [R] int, -1: no draft
+    scale_ptr,  # [R] float32 weight b (the reference applies it in float32)
+    seed_ptr,  # [R] int64
+    pos_ptr,  # [R] int64
+    out_ptr,  # [R] int64
+    R,
+    V,
+    HAS_DRAFTS: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    STREAM: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Exponential race argmax_v w_v / E_v over w = max(b·p − q, 0) (p when w ≡ 0), E_v = −log(u_v),
+    with u_v hashed in registers from (seed, position, STREAM, v): no noise tensor exists. Grid:
+    min(R, max_grid), persistent over output rows; ONE pass over the row: the races of w and of p run
+    side by side and the final ``any(w > 0)`` picks one, so the fallback costs no second read.
+    Traffic: p row + q row (p only for point masses / bonus rows) per output."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for r in tl.range(pid, R, nprog):
+        row = tl.load(trow_ptr + r).to(tl.int64)
+        d = tl.load(drow_ptr + r).to(tl.int64)
+        has = d >= 0
+        d = tl.maximum(d, 0)
+        scale = tl.load(scale_ptr + r).to(tl.float32)
+        key = row_key(tl.load(seed_ptr + r), tl.load(pos_ptr + r), STREAM)
+        x = tl.full([], -1, tl.int32)
+        if HAS_DRAFTS:
+            x = tl.where(has, tl.load(draft_ptr + d).to(tl.int32), -1)
+        p_row = tprobs_ptr + row * tp_stride
+        q_row = dprobs_ptr + d * dp_stride
+        w_any = tl.full([], 0, tl.int1)
+        best_w = tl.full([], -1.0, tl.float32)
+        idx_w = tl.zeros([], tl.int32)
+        best_p = tl.full([], -1.0, tl.float32)
+        idx_p = tl.zeros([], tl.int32)
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            mask = offs < V
+            p = tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
+            w = scale * p
+            if HAS_DRAFTS:
+                if HAS_Q:
+                    q = tl.load(q_row + offs, mask=mask & (offs < V * has), other=0.0).to(tl.float32)
+                else:
+                    q = tl.where(offs == x, 1.0, 0.0)
+                w = tl.maximum(w - q, 0.0)
+            w_any = w_any | (tl.max(tl.where(mask & (w > 0), 1, 0), axis=0) > 0)
+            e = -tl.log(vocab_uniform(key, offs))
+            kw = tl.where(mask, tl.math.div_rn(w, e), -1.0)
+            kp = tl.where(mask, tl.math.div_rn(p, e), -1.0)
+            mw, iw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            mp, ip = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            idx_w = tl.where(mw > best_w, v0 + iw, idx_w)
+            best_w = tl.maximum(mw, best_w)
+            idx_p = tl.where(mp > best_p, v0 + ip, idx_p)
+            best_p = tl.maximum(mp, best_p)
+        tl.store(out_ptr + r, tl.where(w_any, idx_w, idx_p).to(tl.int64))
+
+
+__all__ = [
+    "block_verify_kernel",
+    "draft_ratio",
+    "residual_mass",
+    "sample_residual_kernel",
+    "scan_verify_kernel",
+    "synthetic_verify_kernel",
+]
