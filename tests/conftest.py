@@ -7,14 +7,9 @@ Tiers: ``statistical`` (Monte-Carlo, fixed seeds), ``e2e`` (the bundled SmolLM2 
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
-
-# triton kernels run under the interpreter on machines without a GPU; it must be set before triton loads.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 MARKERS = {
     "statistical": "Monte-Carlo distribution tests with fixed seeds and a stated noise floor",
