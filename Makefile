@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench clean test-vllm
+
+VLLM_VENV := .venv-vllm
 
 venv: $(STAMP)
 
@@ -28,6 +30,11 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/spec-backend backends
+
+# vLLM integration tier: a separate venv with vLLM 0.32.0 (~6 GB, several minutes on first use).
+test-vllm:
+	scripts/setup_vllm_env.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py

@@ -29,12 +29,18 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _installed(module: str) -> bool:
+    """A real installed module, not a same-named test folder (``tests/vllm`` is a namespace package)."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.origin is not None
+
+
 def _skip_reasons() -> dict[str, str | None]:
     return {
-        "vllm": None if importlib.util.find_spec("vllm") else "vLLM is not installed (run make test-vllm)",
+        "vllm": None if _installed("vllm") else "vLLM is not installed (run make test-vllm)",
         "cuda": None if _cuda_available() else "no CUDA GPU on this machine",
         "ascend": None
-        if importlib.util.find_spec("torch_npu")
+        if _installed("torch_npu")
         else "no Ascend NPU software (torch_npu) on this machine",
     }
 

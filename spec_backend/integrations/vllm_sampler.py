@@ -1,0 +1,194 @@
+"""Verification hook: our rejection sampler inside vLLM's V1 ``RejectionSampler``.
+
+vLLM 0.32 has no hook for a custom rejection rule in the V1 model runner, so this module installs one
+contained patch on ``vllm.v1.sample.rejection_sampler``:
+
+* ``RejectionSampler.__init__`` is wrapped to build a ``Verifier`` (our sampler) when the engine's
+  ``additional_config`` (read via ``get_current_vllm_config_or_none()``; the worker builds the model
+  runner inside ``set_current_vllm_config``) carries ``rejection_sampler_config``;
+* ``RejectionSampler.forward`` is wrapped only to make that instance's ``Verifier`` visible to
+* the module function ``rejection_sample`` — the one step that runs vLLM's verification kernels —
+  which is replaced by a dispatcher: our ``Verifier`` when set, vLLM's function otherwise.
+
+Everything else stays vLLM's: logits processors, penalties, bad words, temperature / top-k / top-p
+(``apply_sampling_constraints``), the bonus token (vLLM's ``Sampler`` with its seeded generators),
+logprobs and output parsing. ``rejection_sample`` receives the *processed* target logits, so our
+sampler runs with temperature 1 (0 for greedy requests), top-k off and top-p 1; the bonus token
+enters as a one-hot logits row, which every mode samples exactly.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from spec_backend.integrations.vllm_config_hook import resolve
+
+logger = logging.getLogger("spec_backend.integrations.vllm")
+
+_MARK = "_spec_backend_wrapped"
+VERIFIER_ATTR = "spec_backend_verifier"
+_ACTIVE: contextvars.ContextVar[Verifier | None] = contextvars.ContextVar(
+    "spec_backend_verifier", default=None
+)
+_SEED_HIGH = 2**62
+
+
+class Verifier:
+    """Adapts vLLM's ``rejection_sample`` arguments to ``spec_backend.sampling.RejectionSampler``."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler  # spec_backend.sampling.RejectionSampler
+
+    @property
+    def mode_name(self) -> str:
+        return str(self.sampler.mode_name)
+
+    def __repr__(self) -> str:
+        return f"Verifier({self.sampler!r})"
+
+    def __call__(
+        self,
+        draft_token_ids: torch.Tensor,  # [T]
+        num_draft_tokens: list[int],  # [B]
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        draft_probs: torch.Tensor | None,  # [T, V]
+        target_logits: torch.Tensor,  # [T, V], vLLM-processed
+        bonus_token_ids: torch.Tensor,  # [B, 1]
+        sampling_metadata: Any,  # vllm.v1.sample.metadata.SamplingMetadata
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32, -1 padded
+        from spec_backend.sampling import SamplingMetadata, SpecDecodeMetadata
+
+        nums = [int(n) for n in num_draft_tokens]
+        batch, total = len(nums), int(draft_token_ids.shape[0])
+        device, vocab = target_logits.device, target_logits.shape[-1]
+        bonus_rows = torch.full((batch, vocab), float("-inf"), dtype=target_logits.dtype, device=device)
+        bonus_rows.scatter_(1, bonus_token_ids.reshape(batch, 1).to(torch.int64), 0.0)  # one-hot logits
+        logits = torch.cat([target_logits, bonus_rows])  # [T + B, V]
+        i32 = functools.partial(torch.arange, dtype=torch.int32, device=device)
+        metadata = SpecDecodeMetadata(
+            draft_token_ids=draft_token_ids.to(torch.int32),
+            num_draft_tokens=nums,
+            cu_num_draft_tokens=cu_num_draft_tokens.to(torch.int32),
+            target_logits_indices=i32(total),
+            bonus_logits_indices=i32(total, total + batch),
+            logits_indices=i32(total + batch),
+        )
+        sampling = SamplingMetadata(
+            temperature=self._temperature(sampling_metadata, batch, device),
+            top_k=torch.zeros(batch, dtype=torch.int64, device=device),  # applied by vLLM already
+            top_p=torch.ones(batch, dtype=torch.float32, device=device),
+            seeds=self._seeds(sampling_metadata.generators, nums, device),
+            positions=torch.zeros(batch, dtype=torch.int64, device=device),
+        )
+        out: torch.Tensor = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max K + 1]
+        width = max_spec_len + 1
+        if out.shape[1] < width:
+            out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=-1)
+        return out.to(torch.int32)
+
+    @staticmethod
+    def _temperature(sampling_metadata: Any, batch: int, device: torch.device) -> torch.Tensor:
+        temp: torch.Tensor | None = sampling_metadata.temperature
+        if sampling_metadata.all_greedy or temp is None:
+            return torch.zeros(batch, dtype=torch.float32, device=device)
+        # vLLM divided the logits by the temperature already: 1 for sampled requests, 0 for greedy.
+        return (temp != 0).to(torch.float32)
+
+    @staticmethod
+    def _seeds(generators: dict[int, torch.Generator], nums: list[int], device: torch.device) -> torch.Tensor:
+        """Seeded vLLM requests (those with a generator) draw this step's seed from their generator, so
+        reruns reproduce; the others get -1 (fresh randomness). Like vLLM, requests without drafts
+        leave their generator untouched."""
+        seeds = torch.full((len(nums),), -1, dtype=torch.int64, device=device)
+        for req, gen in generators.items():
+            if nums[req] > 0:
+                seeds[req : req + 1] = torch.randint(
+                    0, _SEED_HIGH, (1,), generator=gen, device=gen.device
+                ).to(device)
+        return seeds
+
+
+def build_verifier(spec_config: Any) -> Verifier | None:
+    """Our verifier for a vLLM ``RejectionSampler`` being built, or ``None`` to keep vLLM's."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is None:
+        return None
+    resolved = resolve(vllm_config.additional_config, spec_config)
+    if resolved is None:
+        return None
+    if resolved.speculative is not None and resolved.speculative.rejection_sample_method == "synthetic":
+        logger.info("spec_backend: rejection_sample_method='synthetic' stays with vLLM's own sampler")
+        return None
+    from spec_backend.sampling import RejectionSampler
+
+    sampler = RejectionSampler(resolved.rejection, method="standard")
+    logger.info("spec_backend: %r replaces vLLM's rejection sampling", sampler)
+    return Verifier(sampler)
+
+
+def install() -> None:
+    """Install the patch once per process (see the module docstring)."""
+    import vllm.v1.sample.rejection_sampler as mod
+
+    cls = mod.RejectionSampler
+    if getattr(cls.forward, _MARK, False):
+        return
+    init, forward, vllm_rejection_sample = cls.__init__, cls.forward, mod.rejection_sample
+
+    @functools.wraps(init)
+    def __init__(self: Any, sampler: Any, spec_config: Any = None, *args: Any, **kwargs: Any) -> None:
+        init(self, sampler, spec_config, *args, **kwargs)
+        object.__setattr__(self, VERIFIER_ATTR, build_verifier(spec_config))
+
+    @functools.wraps(forward)
+    def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _ACTIVE.set(getattr(self, VERIFIER_ATTR, None))
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _ACTIVE.reset(token)
+
+    @functools.wraps(vllm_rejection_sample)
+    def rejection_sample(*args: Any, **kwargs: Any) -> torch.Tensor:
+        verifier = _ACTIVE.get()
+        if verifier is None or kwargs.get("synthetic_mode", False):
+            result: torch.Tensor = vllm_rejection_sample(*args, **kwargs)
+            return result
+        for name in ("synthetic_mode", "synthetic_conditional_rates", "use_fp64_gumbel"):
+            kwargs.pop(name, None)
+        return verifier(*args, **kwargs)
+
+    for fn in (__init__, forward_, rejection_sample):
+        setattr(fn, _MARK, True)
+    _ORIGINALS.update(init=init, forward=forward, rejection_sample=vllm_rejection_sample)
+    cls.__init__ = __init__
+    cls.forward = forward_
+    mod.rejection_sample = rejection_sample
+
+
+_ORIGINALS: dict[str, Any] = {}
+
+
+def uninstall() -> None:
+    """Undo ``install()`` (tests)."""
+    import vllm.v1.sample.rejection_sampler as mod
+
+    if not _ORIGINALS:
+        return
+    mod.RejectionSampler.__init__ = _ORIGINALS["init"]
+    mod.RejectionSampler.forward = _ORIGINALS["forward"]
+    mod.rejection_sample = _ORIGINALS["rejection_sample"]
+    _ORIGINALS.clear()
+
+
+def active_verifier(vllm_rejection_sampler: Any) -> Verifier | None:
+    """The ``Verifier`` attached to a vLLM ``RejectionSampler`` (``None``: vLLM's own rule runs)."""
+    return getattr(vllm_rejection_sampler, VERIFIER_ATTR, None)
