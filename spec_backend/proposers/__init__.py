@@ -1,0 +1,86 @@
+"""Drafting methods behind one interface, and the factory that builds one from a speculative config.
+
+``create_proposer(config, device=None)`` reads only the attributes it needs (vLLM's field names) with
+``getattr``, so any object carrying them works: ``method``, ``num_speculative_tokens``,
+``prompt_lookup_min/max`` (ngram, ngram_gpu) and ``suffix_decoding_*`` (suffix).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spec_backend.proposers.base import Proposer
+from spec_backend.proposers.ngram import NgramProposer
+from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+from spec_backend.proposers.suffix import SuffixProposer
+
+__all__ = [
+    "IMPLEMENTED_METHODS",
+    "KNOWN_METHODS",
+    "NgramGpuProposer",
+    "NgramProposer",
+    "Proposer",
+    "SuffixProposer",
+    "create_proposer",
+]
+
+IMPLEMENTED_METHODS: tuple[str, ...] = ("ngram", "ngram_gpu", "suffix")
+_PLANNED_METHODS: tuple[str, ...] = (
+    "eagle",
+    "eagle3",
+    "draft_model",
+    "mtp",
+    "medusa",
+    "dflash",
+    "mlp_speculator",
+    "extract_hidden_states",
+)
+KNOWN_METHODS: tuple[str, ...] = IMPLEMENTED_METHODS + _PLANNED_METHODS
+_ALIASES = {"[ngram]": "ngram"}
+_NGRAM_DEFAULT = 5  # window size when neither prompt_lookup_min nor prompt_lookup_max is given
+
+
+def _lookup_window(config: Any) -> tuple[int, int]:
+    """(prompt_lookup_min, prompt_lookup_max); a missing bound takes the other's value."""
+    lo: int | None = getattr(config, "prompt_lookup_min", None)
+    hi: int | None = getattr(config, "prompt_lookup_max", None)
+    if lo is None and hi is None:
+        return _NGRAM_DEFAULT, _NGRAM_DEFAULT
+    lo_, hi_ = (hi if lo is None else lo), (lo if hi is None else hi)
+    assert lo_ is not None and hi_ is not None
+    return int(lo_), int(hi_)
+
+
+def create_proposer(config: Any, device: Any = None) -> Proposer:
+    """Build the proposer for ``config.method``.
+
+    ``device`` is used by device-side proposers (``ngram_gpu``); host proposers ignore it.
+    Raises ``ValueError`` for an unknown or missing method (listing the known ones) and
+    ``NotImplementedError`` for a known method that has no proposer yet.
+    """
+    method = getattr(config, "method", None)
+    if isinstance(method, str):
+        method = "mtp" if method.endswith("_mtp") else _ALIASES.get(method, method)  # vLLM's MTP names
+    if method not in KNOWN_METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; known methods: {', '.join(KNOWN_METHODS)}")
+    if method not in IMPLEMENTED_METHODS:
+        raise NotImplementedError(
+            f"speculative method {method!r} is not implemented yet "
+            f"(available: {', '.join(IMPLEMENTED_METHODS)})"
+        )
+    k = getattr(config, "num_speculative_tokens", None)
+    if method == "suffix":
+        depth = int(getattr(config, "suffix_decoding_max_tree_depth", 24))
+        return SuffixProposer(
+            num_speculative_tokens=int(k) if k is not None else depth,
+            max_tree_depth=depth,
+            max_cached_requests=int(getattr(config, "suffix_decoding_max_cached_requests", 10000)),
+            max_spec_factor=float(getattr(config, "suffix_decoding_max_spec_factor", 1.0)),
+            min_token_prob=float(getattr(config, "suffix_decoding_min_token_prob", 0.1)),
+        )
+    if k is None:
+        raise ValueError(f"num_speculative_tokens is required for speculative method {method!r}")
+    lo, hi = _lookup_window(config)
+    if method == "ngram":
+        return NgramProposer(int(k), lo, hi)
+    return NgramGpuProposer(int(k), lo, hi, device=device)

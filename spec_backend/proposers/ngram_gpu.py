@@ -1,0 +1,178 @@
+"""Batched n-gram proposer as tensor ops on any torch device (identical results to ``ngram``).
+
+Histories live on the device in one padded buffer ``tokens [slots, capacity]`` with host-side lengths.
+Step updates are queued on the host and written with one scatter per :meth:`NgramGpuProposer.propose`;
+one proposal is a fixed sequence of batched ops over ``[B, L]`` and a single device-to-host copy of the
+result (no per-request synchronisation).
+
+Matching aligns candidate n-grams by their END position ``e``: ``eq_j[b, e] = tokens[b, e-j] ==
+tokens[b, len_b-1-j]``; the n-gram ending at ``e`` matches the length-n suffix iff ``eq_0 & ... &
+eq_{n-1}``, so all n share one running AND. A match is usable when ``n-1 <= e <= len_b-2`` (it has a
+next token); the latest usable ``e`` of the largest matching ``n`` in ``[prompt_lookup_min,
+prompt_lookup_max]`` wins and the draft is ``tokens[b, e+1 : e+1+k]`` clipped at ``len_b``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spec_backend.proposers.base import Proposer, draft_limits
+
+__all__ = ["NgramGpuProposer"]
+
+
+class NgramGpuProposer(Proposer):
+    """Prompt-lookup drafting as batched tensor ops on ``device`` (CPU works too)."""
+
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        prompt_lookup_min: int,
+        prompt_lookup_max: int,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens={num_speculative_tokens} must be >= 1")
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min={prompt_lookup_min} <= prompt_lookup_max={prompt_lookup_max}"
+            )
+        self.num_speculative_tokens = num_speculative_tokens
+        self.prompt_lookup_min = prompt_lookup_min
+        self.prompt_lookup_max = prompt_lookup_max
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._tokens = torch.zeros((0, 256), dtype=torch.int32, device=self.device)  # [slots, capacity]
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []
+        self._length: list[int] = []  # per slot, including queued tokens
+        self._pending: dict[int, tuple[int, list[int]]] = {}  # slot -> (first position, queued tokens)
+
+    # ----------------------------------------------------------------------------------------- state
+    def add_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Copy the prompt into a free row (one host-to-device copy)."""
+        self.remove_request(req_id)
+        prompt = torch.as_tensor(list(prompt_token_ids), dtype=torch.int32).reshape(-1)  # [P]
+        slot = self._free.pop() if self._free else self._new_slot()
+        self._ensure_capacity(prompt.shape[0])
+        self._tokens[slot, : prompt.shape[0]] = prompt.to(self.device)
+        self._length[slot] = int(prompt.shape[0])
+        self._slot[req_id] = slot
+
+    def update(self, req_id: str, new_token_ids: Sequence[int]) -> None:
+        """Queue the tokens on the host; they reach the device with the next proposal's scatter."""
+        if not new_token_ids:
+            return
+        slot = self._slot[req_id]
+        _, queued = self._pending.setdefault(slot, (self._length[slot], []))
+        queued.extend(int(t) for t in new_token_ids)
+        self._length[slot] += len(new_token_ids)
+
+    def remove_request(self, req_id: str) -> None:
+        slot = self._slot.pop(req_id, None)
+        if slot is not None:
+            self._pending.pop(slot, None)
+            self._length[slot] = 0
+            self._free.append(slot)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the device token buffer."""
+        return int(self._tokens.numel() * self._tokens.element_size())
+
+    def _new_slot(self) -> int:
+        slot = self._tokens.shape[0]
+        grow = max(8, slot)  # double the rows
+        extra = torch.zeros((grow, self._tokens.shape[1]), dtype=torch.int32, device=self.device)
+        self._tokens = torch.cat([self._tokens, extra], dim=0)
+        self._length.extend([0] * grow)
+        self._free.extend(range(slot + grow - 1, slot, -1))
+        return slot
+
+    def _ensure_capacity(self, needed: int) -> None:
+        cap = self._tokens.shape[1]
+        if needed <= cap:
+            return
+        while cap < needed:
+            cap *= 2
+        grown = torch.zeros((self._tokens.shape[0], cap), dtype=torch.int32, device=self.device)
+        grown[:, : self._tokens.shape[1]] = self._tokens
+        self._tokens = grown
+
+    def _flush(self) -> None:
+        """Write all queued tokens with one scatter."""
+        if not self._pending:
+            return
+        self._ensure_capacity(max(self._length))
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
+        for slot, (start, queued) in self._pending.items():
+            rows.extend([slot] * len(queued))
+            cols.extend(range(start, start + len(queued)))
+            vals.extend(queued)
+        self._pending.clear()
+        index = torch.tensor([rows, cols], dtype=torch.long).to(self.device)  # [2, T]
+        values = torch.tensor(vals, dtype=torch.int32).to(self.device)  # [T]
+        self._tokens.index_put_((index[0], index[1]), values)
+
+    # ---------------------------------------------------------------------------------------- propose
+    def propose(self, req_ids: Sequence[str], max_tokens: Sequence[int] | None = None) -> list[list[int]]:
+        limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
+        if not req_ids:
+            return []
+        self._flush()
+        slots = [self._slot[r] for r in req_ids]
+        lengths_host = [self._length[s] for s in slots]
+        width = max(1, max(lengths_host))
+        slot_t = torch.tensor(slots, dtype=torch.long).to(self.device)  # [B]
+        lens = torch.tensor(lengths_host, dtype=torch.long).to(self.device)  # [B]
+        lim = torch.tensor(limits, dtype=torch.long).to(self.device)  # [B]
+        tokens = self._tokens.index_select(0, slot_t)[:, :width]  # [B, L]
+        drafts, counts = ngram_match(
+            tokens, lens, lim, self.prompt_lookup_min, self.prompt_lookup_max, self.num_speculative_tokens
+        )
+        drafts_host = drafts.cpu().tolist()  # the one device-to-host copy: [B, K]
+        counts_host = counts.cpu().tolist()  # [B]
+        return [row[:c] for row, c in zip(drafts_host, counts_host, strict=True)]
+
+
+def ngram_match(
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    limits: torch.Tensor,
+    n_min: int,
+    n_max: int,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched prompt lookup.
+
+    Args:
+        tokens: [B, L] int, row b valid in ``[0, lengths[b])`` (padding is ignored).
+        lengths: [B] long. limits: [B] long, per-request draft cap (<= k).
+    Returns:
+        drafts [B, k] (same dtype as tokens; entries past ``counts[b]`` are padding) and counts [B] long.
+    """
+    batch, width = tokens.shape
+    device = tokens.device
+    pos = torch.arange(width, device=device)  # [L]
+    running = torch.ones((batch, width), dtype=torch.bool, device=device)  # [B, L]: match of length n
+    best_end = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
+    has_next = pos <= (lengths - 2).unsqueeze(1)  # [B, L]: e <= len - 2
+    for n in range(1, min(n_max, width) + 1):  # an n-gram longer than the widest row cannot match
+        j = n - 1
+        last_idx = (lengths - 1 - j).clamp(min=0).unsqueeze(1)  # [B, 1]
+        last_tok = tokens.gather(1, last_idx)  # [B, 1]: tokens[b, len_b-1-j]
+        running[:, j:] &= tokens[:, : width - j] == last_tok  # [B, L-j]: tokens[b, e-j] == suffix token j
+        running[:, :j] = False  # an n-gram cannot end before position n - 1
+        if n < n_min:
+            continue
+        latest = torch.where(running & has_next, pos, -1).amax(dim=1)  # [B]
+        best_end = torch.where(latest >= 0, latest, best_end)  # longer n overrides shorter
+    found = best_end >= 0  # [B]
+    start = best_end + 1  # [B]
+    counts = torch.where(found, torch.minimum(limits, lengths - start), 0).clamp(min=0)  # [B]
+    gather_idx = (start.unsqueeze(1) + torch.arange(k, device=device)).clamp(0, width - 1)  # [B, k]
+    drafts = tokens.gather(1, gather_idx)  # [B, k]
+    return drafts, counts
