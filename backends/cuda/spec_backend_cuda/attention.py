@@ -1,0 +1,179 @@
+"""Ragged attention on CUDA for transformers' ``AttentionInterface``: flash-attn, else SDPA.
+
+Contract (the reference, ``spec_backend.backends.attention``): request ``b`` carries
+``query_lens[b]`` real query rows, right-padded to ``Q``; its cache view holds ``kv_lens[b]`` valid keys
+*including* this step's; real query ``i`` sits at position ``kv_lens[b] - query_lens[b] + i`` and sees
+every key up to it. Outputs of padding rows are unspecified but finite (the engine ignores them).
+
+Paths (:func:`cuda_ragged_attention` picks one per call from shapes and dtypes, never from values, so
+it never synchronises with the host and can be captured in a CUDA graph):
+
+* **flash** — ``flash_attn.flash_attn_with_kvcache`` over the engine's cache views with per-request
+  ``cache_seqlens = kv_lens``. Its causal mask is aligned bottom-right (query ``j`` of ``Q`` sees keys
+  ``< cache_seqlens - Q + j + 1``), which matches the contract only for *left*-padded queries, so
+  each request's rows are rotated by ``Q - query_lens[b]`` before the call (real rows last) and
+  rotated back after it: two gathers of ``[B, Q, Hq, D]``, no copy of the cache. Padding rows that
+  see no key come back as zeros. Used when ``flash_attn`` is importable, the tensors are on CUDA in
+  float16/bfloat16, the head dim is a multiple of 8 up to 256, and there is no dropout.
+* **sdpa** — the reference itself (:func:`spec_backend.backends.attention.sdpa_ragged_attention`, its
+  explicit boolean mask from ``ragged_causal_mask``): every dtype and device.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+
+#: ``flash_attn_with_kvcache``-compatible kernel: (q [B,Q,Hq,D], k [B,L,Hkv,D], v, **kw) -> [B,Q,Hq,D].
+FlashKernel = Callable[..., torch.Tensor]
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+
+
+@functools.lru_cache(maxsize=1)
+def flash_attn_installed() -> bool:
+    """Whether the ``flash_attn`` package can be found (not imported: that loads its CUDA extension)."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def load_flash_kernel() -> FlashKernel:
+    """``flash_attn.flash_attn_with_kvcache``; ``ImportError`` with the install hint when missing."""
+    try:
+        module = importlib.import_module("flash_attn")  # no stubs: typed through FlashKernel
+    except ImportError as exc:
+        raise ImportError(
+            "the flash attention path needs flash-attn (pip install 'spec-backend-cuda[flash]'): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    kernel: FlashKernel = module.flash_attn_with_kvcache
+    return kernel
+
+
+def flash_unsupported_reason(query: torch.Tensor, key: torch.Tensor, dropout: float = 0.0) -> str | None:
+    """Why the flash path cannot run these tensors (``None``: it can). Shapes and dtypes only."""
+    head_dim = query.shape[-1]
+    if not flash_attn_installed():
+        return "flash_attn is not installed"
+    if query.device.type != "cuda":
+        return f"tensors are on {query.device.type}, not cuda"
+    if query.dtype not in FLASH_DTYPES or key.dtype != query.dtype:
+        return f"dtype {query.dtype} (flash-attn computes in float16/bfloat16 only)"
+    if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
+        return f"head dim {head_dim} (flash-attn needs a multiple of 8 up to {FLASH_MAX_HEAD_DIM})"
+    if dropout:
+        return "dropout > 0"
+    return None
+
+
+def _metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
+    meta = kwargs.get("spec_attn_metadata")
+    if not isinstance(meta, RaggedAttentionMetadata):
+        raise ValueError(
+            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
+            f"kwargs, got {type(meta).__name__}"
+        )
+    return meta
+
+
+def rotation_index(query_lens: torch.Tensor, q_len: int, to_left: bool) -> torch.Tensor:
+    """Per-request row permutation ``[B, Q]`` between right-padded and left-padded query layouts.
+
+    ``to_left``: row ``j`` of the left-padded layout takes row ``(j + q_b - Q) mod Q`` of the
+    right-padded one (real rows end up last); otherwise the inverse, ``(i + Q - q_b) mod Q``.
+    """
+    rows = torch.arange(q_len, device=query_lens.device)[None, :]  # [1, Q]
+    shift = (q_len - query_lens.to(torch.int64))[:, None]  # [B, 1] padding rows per request
+    return torch.remainder(rows - shift if to_left else rows + shift, q_len)  # [B, Q]
+
+
+def ragged_flash(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+    kernel: FlashKernel,
+) -> torch.Tensor:  # [B, Q, Hq, D]
+    """The flash path (see the module docstring); ``kernel`` has ``flash_attn_with_kvcache``'s API."""
+    batch, _, q_len, _ = query.shape
+    batch_idx = torch.arange(batch, device=query.device)[:, None]  # [B, 1]
+    q = query.transpose(1, 2)  # [B, Q, Hq, D]
+    q_left = q[batch_idx, rotation_index(meta.query_lens, q_len, to_left=True)]  # [B, Q, Hq, D]
+    k_cache = key.transpose(1, 2)  # [B, L, Hkv, D] view of the cache, unit stride on D
+    v_cache = value.transpose(1, 2)  # [B, L, Hkv, D]
+    if k_cache.stride(-1) != 1:
+        k_cache = k_cache.contiguous()
+    if v_cache.stride(-1) != 1:
+        v_cache = v_cache.contiguous()
+    out = kernel(
+        q_left,
+        k_cache,
+        v_cache,
+        cache_seqlens=meta.kv_lens.to(torch.int32),
+        softmax_scale=scale,
+        causal=True,
+    )  # [B, Q, Hq, D], left-padded rows
+    return out[batch_idx, rotation_index(meta.query_lens, q_len, to_left=False)]  # [B, Q, Hq, D]
+
+
+def flash_ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The flash path as an ``AttentionInterface`` function; returns ``[B, Q, Hq, D]``."""
+    meta = _metadata(kwargs)
+    reason = flash_unsupported_reason(query, key, dropout)
+    if reason is not None:
+        raise ValueError(f"the flash attention path cannot run here: {reason}")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return ragged_flash(query, key, value, meta, scale, load_flash_kernel()), None
+
+
+def cuda_ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The CUDA backend's attention: flash when it can run these tensors, else the reference SDPA."""
+    if flash_unsupported_reason(query, key, dropout) is None:
+        return flash_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+
+#: The attention functions by path name (``CudaBackend(attention=...)``).
+ATTENTION_PATHS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
+    "auto": cuda_ragged_attention,
+    "flash": flash_ragged_attention,
+    "sdpa": sdpa_ragged_attention,
+}
+
+__all__ = [
+    "ATTENTION_PATHS",
+    "FlashKernel",
+    "cuda_ragged_attention",
+    "flash_attn_installed",
+    "flash_ragged_attention",
+    "flash_unsupported_reason",
+    "load_flash_kernel",
+    "ragged_flash",
+    "rotation_index",
+]

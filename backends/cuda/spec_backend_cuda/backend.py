@@ -1,0 +1,101 @@
+"""The CUDA backend class: probe, limits, capture policy, and the device parts (imported lazily)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spec_backend.backends.base import (
+    AttentionFn,
+    Availability,
+    Backend,
+    CapturePolicy,
+    GraphRunner,
+    SamplerTuning,
+    TokenLimits,
+)
+from spec_backend_cuda.limits import VOCAB_BLOCK, memory_capped_capture_size
+
+if TYPE_CHECKING:
+    from spec_backend.sampling.ops import SamplerOps
+
+#: Attention paths ``CudaBackend(attention=...)`` accepts (see ``spec_backend_cuda.attention``).
+ATTENTION_CHOICES = ("auto", "flash", "sdpa")
+
+
+class CudaBackend(Backend):
+    """NVIDIA GPUs through CUDA: flash-attn/SDPA attention, CUDA graphs, triton sampler kernels.
+
+    ``attention``: ``"auto"`` (flash-attn where it can run the tensors, else SDPA), ``"flash"`` or
+    ``"sdpa"`` (force one path). ``enforce_eager``: :meth:`graph_runner` returns an eager runner
+    (no CUDA graphs), like vLLM's ``enforce_eager``.
+    """
+
+    name = "cuda"
+    device_type = "cuda"
+
+    def __init__(self, attention: str = "auto", enforce_eager: bool = False) -> None:
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
+        self.attention = attention
+        self.enforce_eager = enforce_eager
+
+    def probe(self) -> Availability:
+        try:
+            if importlib.util.find_spec("triton") is None:
+                return Availability(False, "triton is not installed (pip install spec-backend-cuda)")
+            if not torch.cuda.is_available():
+                built = torch.version.cuda
+                why = "torch was built without CUDA" if built is None else "no CUDA device is visible"
+                return Availability(False, f"{why} (torch {torch.__version__})")
+        except Exception as exc:  # a probe reports, it never raises
+            return Availability(False, f"CUDA probe failed: {type(exc).__name__}: {exc}")
+        return Availability(True)
+
+    def token_limits(self) -> TokenLimits:
+        return TokenLimits(max_query_tokens_per_request=None)
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        """Largest capture size capped by free device memory (see ``spec_backend_cuda.limits``)."""
+        free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+        return CapturePolicy(max_capture_size=memory_capped_capture_size(free), graph_budget=None)
+
+    def graph_runner(
+        self,
+        fn: Callable[..., torch.Tensor],
+        capture_sizes: Sequence[int],
+        enforce_eager: bool | None = None,
+        **runner_options: Any,
+    ) -> GraphRunner:
+        """A :class:`~spec_backend_cuda.graph_runner.CudaGraphRunner`, or an eager runner.
+
+        ``enforce_eager`` (default: the backend's) returns the reference ``EagerGraphRunner``.
+        ``runner_options`` go to ``CudaGraphRunner`` (``warmup_iters``, ``copy_output``, ``progress``).
+        """
+        eager = self.enforce_eager if enforce_eager is None else enforce_eager
+        if eager:
+            from spec_backend.backends.reference import EagerGraphRunner
+
+            return EagerGraphRunner(fn, capture_sizes)
+        from spec_backend_cuda.graph_runner import CudaGraphRunner
+
+        return CudaGraphRunner(fn, capture_sizes, **runner_options)
+
+    def attention_function(self) -> AttentionFn:
+        from spec_backend_cuda.attention import ATTENTION_PATHS
+
+        return ATTENTION_PATHS[self.attention]
+
+    def sampler_ops(self) -> SamplerOps:
+        """The shared triton kernels with the CUDA tuning (``TritonSamplerOps(self.sampler_tuning())``)."""
+        from spec_backend.sampling.triton_ops import TritonSamplerOps
+
+        ops: SamplerOps = TritonSamplerOps(self.sampler_tuning())
+        return ops
+
+    def sampler_tuning(self) -> SamplerTuning:
+        # One program per row (no grid cap: CUDA launches any grid); float64 uniforms drawn in-kernel.
+        return SamplerTuning(vocab_block=VOCAB_BLOCK, max_grid=None, device_uniforms=True)

