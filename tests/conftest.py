@@ -39,9 +39,7 @@ def _skip_reasons() -> dict[str, str | None]:
     return {
         "vllm": None if _installed("vllm") else "vLLM is not installed (run make test-vllm)",
         "cuda": None if _cuda_available() else "no CUDA GPU on this machine",
-        "ascend": None
-        if _installed("torch_npu")
-        else "no Ascend NPU software (torch_npu) on this machine",
+        "ascend": None if _installed("torch_npu") else "no Ascend NPU software (torch_npu) on this machine",
     }
 
 
