@@ -21,9 +21,12 @@ at most its length); a match whose occurrence set equals an already walked one (
 size) is skipped. In the request tree the context's own, still-unfinished occurrence is not counted in
 a parent's count, as it has no next token yet.
 
-Cost: D dict updates per appended token; the walks touch at most a few dozen nodes. Memory is the
-price of a Python hash-table trie: ~110 bytes per node, up to D nodes per history token (about 15 MB
-for an 8k-token code prompt at D = 24); see ``memory_bytes``.
+Cost: D hash-table updates per appended token and a few dozen probes per proposal, each in a
+compiled (numba) kernel called once per request per ``update`` / ``propose``
+(:mod:`spec_backend.proposers.suffix_kernels`). Memory: 24 bytes per table slot at load <= 3/4, up to
+D nodes per history token (about 6 MB for an 8k-token code prompt at D = 24); see ``memory_bytes``.
+``tests/unit/suffix_ref.py`` keeps the original pure-Python implementation, which the tests
+check this one against draft for draft.
 """
 
 from __future__ import annotations
@@ -32,25 +35,30 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
+from spec_backend.proposers import suffix_kernels as kernels
 from spec_backend.proposers.base import Proposer, draft_limits
-from spec_backend.proposers.suffix_tree import HASH_MASK, HASH_MULT, M32, SuffixTree
+from spec_backend.proposers.suffix_tree import SuffixTree
 
 __all__ = ["SuffixProposer"]
 
 
 class _Request:
-    """Per-request state: its tree, the hashes of the context's last 0..D tokens, and its output."""
+    """Per-request state: its tree, the hashes of the context's last 0..D-1 tokens, and its output."""
 
-    __slots__ = ("active", "output", "tree")
+    __slots__ = ("active", "alen", "output", "tree")
 
-    def __init__(self, tree: SuffixTree, active: list[int]) -> None:
+    def __init__(self, tree: SuffixTree) -> None:
         self.tree = tree
-        self.active = active  # active[d]: node hash of the last d tokens, d = 0..min(L, D - 1)
+        self.active = np.zeros(tree.max_depth, dtype=np.uint64)  # [D]: hash of the last d tokens at d
+        self.alen = 1  # active[:alen] is valid: d = 0..min(L, D - 1)
         self.output = array("i")
 
 
 class SuffixProposer(Proposer):
-    """Model-free suffix decoding (own implementation, no external dependency)."""
+    """Model-free suffix decoding (own implementation; compiled with numba)."""
 
     def __init__(
         self,
@@ -78,49 +86,26 @@ class SuffixProposer(Proposer):
         self._reqs: dict[str, _Request] = {}
         self.global_tree = SuffixTree(max_tree_depth, removable=True)
         self._cached: deque[array[int]] = deque()  # FIFO of responses in the global tree
-        self._order: dict[tuple[int, int], list[tuple[int, int]]] = {}  # match-length visiting orders
 
     # ----------------------------------------------------------------------------------------- state
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
-        """Build the request's tree over its prompt (vectorised)."""
-        prompt = [int(t) for t in prompt_token_ids]
-        tree = SuffixTree(self.max_tree_depth)
-        tree.insert(prompt)
-        tail = prompt[len(prompt) - min(len(prompt), self.max_tree_depth - 1) :]
-        active = [0]
-        for d in range(1, len(tail) + 1):  # active[d]: hash of the last d tokens, read left to right
-            h = 0
-            for tok in tail[len(tail) - d :]:
-                h = (h * HASH_MULT + tok + 1) & HASH_MASK
-            active.append(h)
-        self._reqs[req_id] = _Request(tree, active)
+        """Build the request's tree over its prompt (compiled, ~D table updates per token)."""
+        req = _Request(SuffixTree(self.max_tree_depth))
+        prompt = np.asarray(prompt_token_ids, dtype=np.int64).reshape(-1)
+        req.tree.reserve(int(prompt.shape[0]) * min(self.max_tree_depth, 16))  # skip most regrowths
+        req.alen = req.tree.extend(req.active, 1, prompt)
+        self._reqs[req_id] = req
 
     def update(self, req_id: str, new_token_ids: Sequence[int]) -> None:
-        """Count every new substring ending at each appended token (D dict updates per token)."""
+        """Count every new substring ending at each appended token (D table updates per token)."""
         req = self._reqs[req_id]
-        new_tokens = [int(t) for t in new_token_ids]
-        req.output.extend(new_tokens)
-        nodes = req.tree.nodes
-        get, mult, mask, m32, best_field = nodes.get, HASH_MULT, HASH_MASK, M32, M32 << 32
-        depth = self.max_tree_depth
-        active = req.active
-        for tok in new_tokens:
-            x1 = tok + 1
-            x1_field = x1 << 32  # the (best + 1) field of a parent whose best child is tok
-            new = [0, x1]
-            push = new.append
-            nodes[x1] = get(x1, 0) + 1
-            for parent in active[1:]:  # parents at depths 1..D-1, children at 2..D
-                child = (parent * mult + x1) & mask
-                value = get(child, 0) + 1
-                nodes[child] = value
-                push(child)
-                pv = nodes[parent]
-                if pv & best_field == x1_field or value & m32 >= pv >> 64:
-                    nodes[parent] = (pv & m32) | x1_field | (value & m32) << 64
-            del new[depth:]
-            active = new
-        req.active = active
+        new = np.asarray(new_token_ids, dtype=np.int64).reshape(-1)  # [T]
+        req.output.frombytes(new.astype(np.int32).tobytes())
+        tree = req.tree
+        if new.shape[0] * self.max_tree_depth + tree.meta[0] > tree.limit or new.shape[0] > 64:
+            req.alen = tree.extend(req.active, req.alen, new)  # grows the table first
+        else:
+            req.alen = kernels.extend(tree.tab, tree.meta, req.active, req.alen, new, self.max_tree_depth)
 
     def remove_request(self, req_id: str) -> None:
         """Drop the request; its response enters the global tree (FIFO-evicting the oldest)."""
@@ -143,71 +128,40 @@ class SuffixProposer(Proposer):
 
     @property
     def memory_bytes(self) -> int:
-        """Estimated host bytes of all trees and cached responses."""
+        """Host bytes of all trees, request states and cached responses."""
         trees = self.global_tree.memory_bytes + sum(r.tree.memory_bytes for r in self._reqs.values())
-        outputs = sum(r.output.itemsize * len(r.output) for r in self._reqs.values())
+        states = sum(r.active.nbytes + r.output.itemsize * len(r.output) for r in self._reqs.values())
         cached = sum(a.itemsize * len(a) for a in self._cached)
-        return trees + outputs + cached
+        return trees + states + cached
 
     # ---------------------------------------------------------------------------------------- propose
     def propose(self, req_ids: Sequence[str], max_tokens: Sequence[int] | None = None) -> list[list[int]]:
+        """Per request, one compiled search of its tree and (if non-empty) the global tree."""
         limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
-        use_global = self.global_tree.num_nodes > 0
+        g = self.global_tree
+        use_global = g.num_nodes > 0
+        depth, factor, min_prob = self.max_tree_depth, float(self.max_spec_factor), float(self.min_token_prob)
+        buf: npt.NDArray[np.int64] = np.empty(max(self.num_speculative_tokens, 1), dtype=np.int64)
         out: list[list[int]] = []
         for req_id, k in zip(req_ids, limits, strict=True):
             req = self._reqs[req_id]
             if k == 0:
                 out.append([])
                 continue
-            score, draft = self._search(req.tree, req.active, k, own=True)
-            if use_global:
-                _, g_draft = self._search(self.global_tree, req.active, k, own=False, floor=score)
-                draft = g_draft or draft  # non-empty only when it scores strictly higher
-            out.append(draft)
+            t = req.tree
+            n = kernels.propose_one(
+                t.tab,
+                t.meta,
+                g.tab,
+                g.meta,
+                use_global,
+                req.active,
+                req.alen,
+                k,
+                depth,
+                factor,
+                min_prob,
+                buf,
+            )
+            out.append(buf[:n].tolist())
         return out
-
-    def _search(
-        self, tree: SuffixTree, active: list[int], k: int, own: bool, floor: float = 0.0
-    ) -> tuple[float, list[int]]:
-        """Best (score, draft) with score > ``floor`` over match lengths in one tree, else (floor, [])."""
-        nodes = tree.nodes
-        depth, factor, min_prob = self.max_tree_depth, self.max_spec_factor, self.min_token_prob
-        order = self._order.get((len(active), k))
-        if order is None:  # (budget, m) for m = len(active) - 1 .. 1, largest budget first, then longest
-            pairs = [(min(k, int(factor * m), depth - m), m) for m in range(len(active) - 1, 0, -1)]
-            order = sorted((p for p in pairs if p[0] > 0), key=lambda p: (-p[0], -p[1]))
-            self._order[(len(active), k)] = order
-        best_score, best_draft = floor, []
-        walked: set[tuple[int, int]] = set()
-        for budget, m in order:
-            if budget <= best_score:
-                break  # a draft scores at most its length: nothing left can win
-            value = nodes.get(active[m], 0)
-            parent_count = (value & M32) - (1 if own else 0)
-            if parent_count <= 0:
-                continue  # no earlier occurrence of this context
-            if (budget, parent_count) in walked:
-                continue  # same occurrences as a longer match (nested sets, equal size): same walk
-            walked.add((budget, parent_count))
-            node, d = active[m], m
-            draft: list[int] = []
-            score, cum = 0.0, 1.0
-            while len(draft) < budget:
-                tok1 = (value >> 32) & M32  # best child token + 1; 0: leaf
-                if tok1 == 0:
-                    break
-                child_count = value >> 64
-                cum *= child_count / parent_count
-                if cum < min_prob:
-                    break
-                draft.append(tok1 - 1)
-                score += cum
-                node = (node * HASH_MULT + tok1) & HASH_MASK
-                value = nodes.get(node, 0)
-                d += 1
-                parent_count = child_count - (1 if own and d < len(active) and active[d] == node else 0)
-                if parent_count <= 0:
-                    break
-            if score > best_score:
-                best_score, best_draft = score, draft
-        return best_score, best_draft

@@ -1,4 +1,4 @@
-"""Depth-limited suffix trie with frequency counts, stored as hash tables.
+"""Depth-limited suffix trie with frequency counts, stored in a compiled open-addressing hash table.
 
 A node is a token string ``s`` with ``1 <= len(s) <= max_depth``; its count is the number of times ``s``
 occurs in the inserted sequences (each inserted suffix, cut at ``max_depth``, passes through it once).
@@ -8,30 +8,31 @@ arithmetically and the nodes of every suffix of a growing context are extended i
 root is the empty string, hash 0. A hash collision (probability ~ nodes**2 / 2**64) can only merge two
 nodes' statistics; it never affects correctness of decoding, as drafts are verified by the target.
 
-Storage: one dict entry per node, ``hash -> count | (best + 1) << 32 | best_count << 64``, where ``best``
-is the node's most frequent child token (ties go to the most recently counted child) and
-``best_count`` that child's count; so one lookup gives a node's count and its greedy continuation, and
-the hot update path touches one new entry per depth (~110 bytes per node in CPython). Removable trees
-(the global cache) also keep the child tokens of every node with two or more children, so a best child
-can be recomputed when counts drop (~170 bytes per node in all). :attr:`SuffixTree.memory_bytes`
-reports an estimate from the table sizes.
+Storage (:mod:`spec_backend.proposers.suffix_kernels`): one row per node in a numpy uint64 table
+[capacity, 3] (hash, ``count | (best + 1) << 32``, best child's count), where ``best`` is the node's most
+frequent child token (ties go to the most recently counted child), probed and updated by numba
+kernels: 24 bytes per slot at a load of at most 3/4 (32-64 bytes per node). Removable trees (the
+global cache) add a fourth column and a next-sibling field that link the child tokens of every node
+with two or more children, so a best child can be recomputed when counts drop. :attr:`nodes` and
+:attr:`kids` rebuild the reference layout (``hash -> count | (best + 1) << 32 | best_count << 64`` and
+``hash -> child tokens``; see ``tests/unit/suffix_ref_tree.py``) for inspection.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from spec_backend.proposers import suffix_kernels as kernels
 
 __all__ = ["HASH_MASK", "HASH_MULT", "M32", "SuffixTree", "child_hash", "pack"]
 
 HASH_MULT = 0x9E3779B97F4A7C15  # odd 64-bit multiplier
 HASH_MASK = (1 << 64) - 1
 M32 = (1 << 32) - 1
-_INT_BYTES = 36  # a CPython int object holding a 64-bit hash
-_ENTRY_BYTES = 36 + 40  # key int + packed value int (~96 bits); the table itself is measured
+_MIN_CAPACITY = 64
 
 
 def pack(count: int, best: int, best_count: int) -> int:
@@ -77,139 +78,117 @@ class SuffixTree:
         if max_depth < 1:
             raise ValueError(f"max_depth={max_depth} must be >= 1")
         self.max_depth = max_depth
-        self.nodes: dict[int, int] = {}  # node hash -> packed (count, best child, best child's count)
-        self.kids: dict[int, list[int]] | None = {} if removable else None  # node -> child tokens
+        self.removable = removable
+        self.tab = np.zeros((_MIN_CAPACITY, 4 if removable else 3), dtype=np.uint64)  # see suffix_kernels
+        self.meta = np.array([0, 64 - _MIN_CAPACITY.bit_length() + 1], dtype=np.int64)  # used, shift
+        self.limit = _MIN_CAPACITY * 3 // 4  # most slots used before growing
 
     @property
     def num_nodes(self) -> int:
         """Number of non-root nodes stored."""
-        return len(self.nodes)
+        return int(self.meta[0])
 
     @property
     def memory_bytes(self) -> int:
-        """Estimated bytes: the hash table plus its key/value ints (and child lists if removable)."""
-        total = sys.getsizeof(self.nodes) + _ENTRY_BYTES * len(self.nodes)
-        if self.kids is not None:
-            total += sys.getsizeof(self.kids) + _INT_BYTES * len(self.kids)
-            total += sum(sys.getsizeof(v) for v in self.kids.values())
-        return total
+        """Bytes of the node table."""
+        return int(self.tab.nbytes + self.meta.nbytes)
+
+    def reserve(self, new_nodes: int) -> None:
+        """Grow the table (doubling) so that ``new_nodes`` more nodes keep the load under 3/4."""
+        need = int(self.meta[0]) + new_nodes
+        if need <= self.limit:
+            return
+        cap = self.tab.shape[0]
+        while need > cap * 3 // 4:
+            cap *= 2
+        old = self.tab
+        self.tab = np.zeros((cap, old.shape[1]), dtype=np.uint64)
+        self.meta[1] = 64 - cap.bit_length() + 1
+        kernels.rehash(old, self.tab, self.meta)
+        self.limit = cap * 3 // 4
+
+    def _rows(self) -> npt.NDArray[np.uint64]:
+        rows: npt.NDArray[np.uint64] = self.tab[self.tab[:, 0] != 0]
+        return rows
+
+    @property
+    def nodes(self) -> dict[int, int]:
+        """The table as ``hash -> count | (best + 1) << 32 | best_count << 64`` (a fresh dict)."""
+        rows = self._rows()
+        low = rows[:, 2] & np.uint64(M32)
+        return {
+            k: v | c << 64
+            for k, v, c in zip(rows[:, 0].tolist(), rows[:, 1].tolist(), low.tolist(), strict=True)
+        }
+
+    @property
+    def kids(self) -> dict[int, list[int]] | None:
+        """Removable trees: ``hash -> child tokens`` of nodes that keep a child list (a fresh dict)."""
+        if not self.removable:
+            return None
+        out: dict[int, list[int]] = {}
+        nexts = {
+            k: int(r) >> 32 for k, r in zip(self.tab[:, 0].tolist(), self.tab[:, 2].tolist(), strict=True)
+        }
+        for key, lst in zip(self.tab[:, 0].tolist(), self.tab[:, 3].tolist(), strict=True):
+            if key == 0 or lst == 0:
+                continue
+            tokens, cur = [], lst & M32
+            while cur:
+                tokens.append(cur - 1)
+                cur = nexts[child_hash(key, cur - 1)]
+            out[key] = tokens
+        return out
+
+    def _value(self, node: int) -> tuple[int, int, int]:
+        """(count, best + 1, best_count) of ``node``, zeros if absent."""
+        if node == 0:
+            return 0, 0, 0
+        slot = kernels.lookup(self.tab, self.meta, np.uint64(node & HASH_MASK))
+        if slot < 0:
+            return 0, 0, 0
+        v, c = int(self.tab[slot, 1]), int(self.tab[slot, 2])
+        return v & M32, v >> 32, c & M32
 
     def count(self, node: int) -> int:
         """Occurrences of ``node`` (0 if absent)."""
-        return self.nodes.get(node, 0) & M32
+        return self._value(node)[0]
 
     def best_child(self, node: int) -> int | None:
         """Most frequent child token of ``node`` (None for a leaf or an absent node)."""
-        best = (self.nodes.get(node, 0) >> 32 & M32) - 1
+        best = self._value(node)[1] - 1
         return None if best < 0 else best
 
-    # ------------------------------------------------------------------------------------ bulk build
+    # ------------------------------------------------------------------------------------ updates
+    def extend(self, active: npt.NDArray[np.uint64], alen: int, tokens: npt.NDArray[np.int64]) -> int:
+        """Count ``tokens`` appended to a sequence with suffix hashes ``active[:alen]``; new ``alen``."""
+        chunk = max(1, 4096 // self.max_depth)
+        for lo in range(0, tokens.shape[0], chunk):
+            part = tokens[lo : lo + chunk]
+            self.reserve(self.max_depth * part.shape[0])
+            alen = kernels.extend(self.tab, self.meta, active, alen, part, self.max_depth)
+        return alen
+
     def insert(self, tokens: Sequence[int]) -> None:
         """Insert every suffix of ``tokens`` (cut at max_depth): counts of all its substrings += 1."""
         arr = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [L]
         if arr.shape[0] == 0:
             return
-        nodes, parents, toks, ends = substring_table(arr, self.max_depth)
-        uniq, first, counts = np.unique(nodes, return_index=True, return_counts=True)  # [U]
-        if not self.nodes and self.kids is None:
-            self._build_fresh(uniq, parents[first], toks[first], counts, nodes, ends)
+        if self.num_nodes == 0 and not self.removable:  # as the reference's vectorised fresh build
+            self.extend(np.zeros(self.max_depth, dtype=np.uint64), 1, arr)
             return
-        table, kids = self.nodes, self.kids
-        for node, parent, tok, c in zip(
-            uniq.tolist(), parents[first].tolist(), toks[first].tolist(), counts.tolist(), strict=True
-        ):
-            old = table.get(node, 0)
-            table[node] = old + c
-            if parent == 0:
-                continue
-            value = table.get(parent, 0)  # the parent may come later in this loop: counts add up
-            best = (value >> 32 & M32) - 1
-            if kids is not None and old & M32 == 0 and best >= 0:  # a second (or further) child
-                siblings = kids.get(parent)
-                if siblings is None:
-                    kids[parent] = [best, tok]
-                else:
-                    siblings.append(tok)
-            child_count = (old & M32) + c
-            if best == tok or child_count >= value >> 64:  # ties go to the most recent child
-                table[parent] = pack(value & M32, tok, child_count)
+        nodes, parents, toks, _ = substring_table(arr, self.max_depth)
+        uniq, first, counts = np.unique(nodes, return_index=True, return_counts=True)  # [U]
+        self.reserve(int(uniq.shape[0]))
+        kernels.insert_counts(self.tab, self.meta, uniq, parents[first], toks[first], counts, self.removable)
 
-    def _build_fresh(
-        self,
-        uniq: npt.NDArray[np.uint64],
-        parents: npt.NDArray[np.uint64],
-        toks: npt.NDArray[np.int64],
-        counts: npt.NDArray[np.int64],
-        nodes: npt.NDArray[np.uint64],
-        ends: npt.NDArray[np.int64],
-    ) -> None:
-        """Vectorised construction of an empty tree: ``uniq/parents/toks/counts`` are [U] per node."""
-        inverse = np.searchsorted(uniq, nodes)  # [N] occurrence -> unique node
-        last_end = np.full(uniq.shape[0], -1, dtype=np.int64)  # [U]
-        np.maximum.at(last_end, inverse, ends)
-        # best child per parent: highest count, then latest occurrence (the last of each parent's run)
-        keep = np.flatnonzero(parents != 0)  # [U']
-        order = keep[np.lexsort((last_end[keep], counts[keep], parents[keep]))]
-        tail = np.ones(order.shape[0], dtype=bool)
-        tail[:-1] = parents[order[1:]] != parents[order[:-1]]
-        winners = order[tail]  # one child per parent
-        parent_idx = np.searchsorted(uniq, parents[winners])  # [W] rows of the parents
-        low = counts.astype(np.uint64)  # [U]: count | (best + 1) << 32
-        low[parent_idx] |= (toks[winners].astype(np.uint64) + np.uint64(1)) << np.uint64(32)
-        high = np.zeros(uniq.shape[0], dtype=np.int64)  # [U]: best child's count
-        high[parent_idx] = counts[winners]
-        packed = [lo | hi << 64 if hi else lo for lo, hi in zip(low.tolist(), high.tolist(), strict=True)]
-        self.nodes = dict(zip(uniq.tolist(), packed, strict=True))
-
-    # ------------------------------------------------------------------------------------- removal
     def remove(self, tokens: Sequence[int]) -> None:
         """Undo :meth:`insert` of the same ``tokens`` exactly (needs ``removable=True``)."""
-        if self.kids is None:
+        if not self.removable:
             raise RuntimeError("this SuffixTree was built without removable=True")
         arr = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [L]
         if arr.shape[0] == 0:
             return
         nodes, parents, toks, _ = substring_table(arr, self.max_depth)
         uniq, first, counts = np.unique(nodes, return_index=True, return_counts=True)  # [U]
-        table, kids = self.nodes, self.kids
-        stale: set[int] = set()
-        for node, parent, tok, c in zip(
-            uniq.tolist(), parents[first].tolist(), toks[first].tolist(), counts.tolist(), strict=True
-        ):
-            value = table[node]
-            if value & M32 > c:
-                table[node] = value - c
-            else:
-                del table[node]
-                kids.pop(node, None)
-                siblings = kids.get(parent) if parent != 0 else None
-                if siblings is not None:  # None: an only child, or the parent itself is gone
-                    siblings.remove(tok)
-            if parent != 0:
-                stale.add(parent)  # its best child, or that child's count, may have changed
-        for parent in stale:
-            self._recompute_best(parent)
-
-    def _recompute_best(self, parent: int) -> None:
-        """Re-derive ``parent``'s best child after removals; drop child lists of fewer than two."""
-        assert self.kids is not None
-        table = self.nodes
-        value = table.get(parent)
-        tokens = self.kids.get(parent)
-        if value is None:
-            self.kids.pop(parent, None)
-            return
-        if tokens is None:  # at most one child: the recorded best, if it still exists
-            best = (value >> 32 & M32) - 1
-            count = table.get(child_hash(parent, best), 0) & M32 if best >= 0 else 0
-            table[parent] = pack(value & M32, best, count) if count else value & M32
-            return
-        if not tokens:  # every child was removed
-            table[parent] = value & M32
-            del self.kids[parent]
-            return
-        counts = [table[child_hash(parent, t)] & M32 for t in tokens]
-        i = max(range(len(tokens) - 1, -1, -1), key=counts.__getitem__)  # ties: latest added child
-        table[parent] = pack(value & M32, tokens[i], counts[i])
-        if len(tokens) < 2:
-            del self.kids[parent]
+        kernels.remove_counts(self.tab, self.meta, uniq, parents[first], toks[first], counts)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from suffix_ref import ReferenceSuffixProposer
+from suffix_ref_tree import ReferenceSuffixTree
 
 from spec_backend.proposers import SuffixProposer
 from spec_backend.proposers.suffix_tree import M32, SuffixTree, child_hash
@@ -186,3 +189,116 @@ def test_drafts_exist_in_history_and_cache_stays_bounded(
             if best is not None:
                 assert s.global_tree.count(child_hash(h, best)) == v >> 64
     assert s.num_nodes >= s.global_tree.num_nodes and s.memory_bytes > 0
+
+
+# ------------------------------------------------------------------ differential: compiled vs reference
+def check_same_trees(s: SuffixProposer, ref: ReferenceSuffixProposer) -> None:
+    assert s.global_tree.nodes == ref.global_tree.nodes
+    assert s.global_tree.kids == ref.global_tree.kids
+    assert s.global_tree.num_nodes == ref.global_tree.num_nodes
+    for rid, req in s._reqs.items():
+        assert req.tree.nodes == ref._reqs[rid].tree.nodes
+        assert req.active[: req.alen].tolist() == ref._reqs[rid].active
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(st.lists(st.integers(0, 4), max_size=40), st.lists(st.integers(0, 4), max_size=40)),
+        min_size=1,
+        max_size=5,
+    ),
+    k=st.integers(1, 8),
+    depth=st.integers(1, 9),
+    cached=st.integers(0, 3),
+    factor=st.sampled_from([0.5, 1.0, 2.5]),
+    min_prob=st.sampled_from([0.0, 0.1, 0.4]),
+    chunk=st.integers(1, 5),
+    overlap=st.integers(1, 3),
+)
+def test_compiled_matches_reference(
+    requests: list[tuple[list[int], list[int]]],
+    k: int,
+    depth: int,
+    cached: int,
+    factor: float,
+    min_prob: float,
+    chunk: int,
+    overlap: int,
+) -> None:
+    """Same drafts, counts, best children, child lists and suffix hashes as the pure-Python original,
+    with requests interleaved (``overlap`` running at once), chunked updates, caps and FIFO eviction."""
+    args = dict(
+        max_tree_depth=depth, max_cached_requests=cached, max_spec_factor=factor, min_token_prob=min_prob
+    )
+    s, ref = SuffixProposer(k, **args), ReferenceSuffixProposer(k, **args)  # type: ignore[arg-type]
+    running: list[tuple[str, list[int]]] = []
+    for r, (prompt, output) in enumerate(requests):
+        for p in (s, ref):
+            p.add_request(f"r{r}", prompt)
+        running.append((f"r{r}", list(output)))
+        while running and (len(running) >= overlap or r == len(requests) - 1):
+            ids = [rid for rid, _ in running]
+            caps = [(len(rest) + i) % (k + 2) for i, (_, rest) in enumerate(running)]
+            assert s.propose(ids) == ref.propose(ids)
+            assert s.propose(ids, caps) == ref.propose(ids, caps)
+            rid, rest = running[0]
+            if not rest:
+                for p in (s, ref):
+                    p.remove_request(rid)
+                running.pop(0)
+                check_same_trees(s, ref)
+                continue
+            for p in (s, ref):
+                p.update(rid, rest[:chunk])
+            del rest[:chunk]
+            running.append(running.pop(0))
+    check_same_trees(s, ref)
+
+
+def test_compiled_matches_reference_on_code_like_sequences() -> None:
+    """Long, repetitive sequences (big tables, regrowth, eviction of long responses): same drafts."""
+    rng = np.random.default_rng(0)
+    s, ref = SuffixProposer(8, max_cached_requests=2), ReferenceSuffixProposer(8, max_cached_requests=2)
+    lines = [rng.integers(0, 50, int(rng.integers(3, 12))).tolist() for _ in range(40)]
+    for _ in range(4):
+        seq = [t for i in rng.integers(0, len(lines), 120) for t in lines[i]]
+        cut = len(seq) // 2
+        for p in (s, ref):
+            p.add_request("x", seq[:cut])
+        pos = cut
+        while pos < len(seq):
+            draft = s.propose(["x"])[0]
+            assert draft == ref.propose(["x"])[0]
+            n = 0
+            while n < len(draft) and pos + n < len(seq) and draft[n] == seq[pos + n]:
+                n += 1
+            for p in (s, ref):
+                p.update("x", seq[pos : pos + n + 1])
+            pos += n + 1
+        check_same_trees(s, ref)
+        for p in (s, ref):
+            p.remove_request("x")
+        check_same_trees(s, ref)
+    assert s.memory_bytes < ref.memory_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seqs=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=25), min_size=1, max_size=10),
+    depth=st.integers(1, 6),
+    keep=st.integers(1, 4),
+)
+def test_removable_tree_matches_reference(seqs: list[list[int]], depth: int, keep: int) -> None:
+    """FIFO insert/remove of the global tree: same counts, best children and child lists (in order)."""
+    tree, ref = SuffixTree(depth, removable=True), ReferenceSuffixTree(depth, removable=True)
+    for i, seq in enumerate(seqs):
+        for t in (tree, ref):
+            t.insert(seq)
+            if i >= keep:
+                t.remove(seqs[i - keep])
+        assert tree.nodes == ref.nodes
+        assert tree.kids == ref.kids
+    for seq in seqs[max(0, len(seqs) - keep) :]:
+        tree.remove(seq)
+    assert tree.num_nodes == 0 and tree.kids == {}
