@@ -40,7 +40,7 @@ def _add_engine_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     try:
         engine_cli = importlib.import_module("spec_backend.engine.cli")
     except ModuleNotFoundError as exc:
-        if exc.name != "spec_backend.engine.cli":
+        if exc.name not in ("spec_backend.engine", "spec_backend.engine.cli"):
             raise
         return
     for hook in ("add_generate_parser", "add_bench_parser", "add_demo_parser"):
