@@ -19,6 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+#: ``scaled_dot_product_attention(enable_gqa=...)`` exists from torch 2.5.
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 @dataclass(frozen=True)
 class RaggedAttentionMetadata:
@@ -59,9 +62,14 @@ def sdpa_ragged_attention(
             f"kwargs, got {type(meta).__name__}"
         )
     n_rep = query.shape[1] // key.shape[1]
-    if n_rep > 1:  # grouped-query attention: share each kv head across n_rep query heads
+    gqa: dict[str, Any] = {}
+    if n_rep > 1 and _SDPA_GQA:  # grouped-query attention inside SDPA: no copies of the kv heads
+        gqa["enable_gqa"] = True
+    elif n_rep > 1:  # older torch: share each kv head across n_rep query heads by copying
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
     mask = ragged_causal_mask(meta, query.shape[2], key.shape[2])  # [B, 1, Q, L]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)  # [B, Hq, Q, D]
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, **gqa
+    )  # [B, Hq, Q, D]
     return out.transpose(1, 2).contiguous(), None

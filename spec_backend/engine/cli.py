@@ -1,0 +1,186 @@
+"""Engine subcommands of ``spec-backend``: ``generate``, ``bench e2e`` and ``demo``.
+
+``spec_backend/cli.py`` imports this module lazily and calls ``add_generate_parser``,
+``add_bench_parser`` and ``add_demo_parser`` with its subparsers; each command returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def summary_table(outputs: list[Any], seconds: float) -> str:
+    """Throughput and acceptance of one ``generate`` call as aligned text."""
+    from spec_backend.metrics import SpecDecodingStats
+
+    total = SpecDecodingStats()
+    for o in outputs:
+        s = o.spec_stats
+        total.merge(
+            SpecDecodingStats(
+                s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.accepted_per_position
+            )
+        )
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    errors = sum(o.outputs[0].finish_reason == "error" for o in outputs)
+    rows = [
+        ("requests", f"{len(outputs)} ({errors} failed)"),
+        ("generated tokens", str(tokens)),
+        ("wall time", f"{seconds:.2f} s"),
+        ("tokens/s", f"{tokens / seconds:.2f}" if seconds > 0 else "-"),
+        ("mean acceptance length", f"{total.mean_acceptance_length:.2f}"),
+        ("acceptance rate", f"{100 * total.acceptance_rate:.1f}%"),
+        (
+            "drafts / draft tokens / accepted",
+            f"{total.num_drafts} / {total.num_draft_tokens} / {total.num_accepted_tokens}",
+        ),
+    ]
+    rows += [
+        (f"  accepted at position {i}", f"{100 * r:.1f}%")
+        for i, r in enumerate(total.per_position_acceptance_rate)
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="model folder, .gguf file, or 'smollm2' (bundled)")
+    p.add_argument(
+        "--speculative-config",
+        type=_json_arg,
+        default=None,
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
+    p.add_argument(
+        "--additional-config",
+        type=_json_arg,
+        default=None,
+        help="JSON, e.g. '{\"rejection_sampler_config\": {...}}'",
+    )
+    p.add_argument("--backend", default=None, help="backend name (default: auto)")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Generate for ``--prompt``s / ``--prompts-file`` lines and print texts and a summary table."""
+    from spec_backend.engine import LLM, SamplingParams
+
+    prompts: list[str] = list(args.prompt or [])
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as fh:
+            prompts += [line.rstrip("\n") for line in fh if line.strip()]
+    if not prompts:
+        print("error: give --prompt or --prompts-file", file=sys.stderr)
+        return 2
+    try:
+        params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+        llm = LLM(
+            args.model,
+            speculative_config=args.speculative_config,
+            additional_config=args.additional_config,
+            backend=args.backend,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    texts = [llm.chat_prompt(p) for p in prompts] if args.chat else prompts
+    start = time.perf_counter()
+    outputs = llm.generate(texts, params, use_tqdm=not args.no_progress)
+    seconds = time.perf_counter() - start
+    for prompt, out in zip(prompts, outputs, strict=True):
+        c = out.outputs[0]
+        print(f"=== prompt: {prompt!r}")
+        print(c.text if c.finish_reason != "error" else f"[error] {c.error}")
+        print(f"--- finish_reason={c.finish_reason} tokens={len(c.token_ids)}")
+    print(summary_table(outputs, seconds))
+    return 0
+
+
+def add_generate_parser(sub: Any) -> None:
+    """``spec-backend generate``."""
+    p = sub.add_parser("generate", help="generate text with the embedded engine (speculative decoding)")
+    _add_engine_args(p)
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--prompts-file", help="a file with one prompt per line")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template"
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_bench_e2e(args: argparse.Namespace) -> int:
+    """Run the end-to-end benchmark and print (and optionally save) the report."""
+    from spec_backend.engine.bench import format_report, run_e2e_bench
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    report = run_e2e_bench(
+        model=args.model,
+        num_speculative_tokens=args.num_speculative_tokens,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
+        max_tokens=args.max_tokens,
+        num_prompts=args.num_prompts,
+        batch_size=args.batch_size,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    return 0
+
+
+def add_e2e_args(p: argparse.ArgumentParser) -> None:
+    """Options of ``bench e2e`` (shared with ``benchmarks/bench_e2e.py``)."""
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--prompt-lookup-min", type=int, default=1)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--json", help="also write the report as JSON to this file")
+
+
+def add_bench_parser(sub: Any) -> None:
+    """``spec-backend bench e2e``."""
+    p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p.add_subparsers(dest="bench", required=True)
+    e2e = bench_sub.add_parser("e2e", help="engine vs transformers generate, with and without speculation")
+    add_e2e_args(e2e)
+    e2e.set_defaults(func=cmd_bench_e2e)
+
+
+def add_demo_parser(sub: Any) -> None:
+    """``spec-backend demo``."""
+    from spec_backend.engine.demo import add_demo_args, run_demo
+
+    p = sub.add_parser("demo", help="SmolLM2 on code-edit prompts with n-gram speculation (K=4)")
+    add_demo_args(p)
+    p.set_defaults(func=run_demo)

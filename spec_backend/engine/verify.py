@@ -1,0 +1,63 @@
+"""Token selection for the engine: every token goes through the ``RejectionSampler``.
+
+Plain decoding is the K=0 case (only the bonus row), so greedy and sampling semantics are the same with
+and without speculation. Sampling is counter-based: each request carries a seed, and the counter is the
+absolute position of its first draft token, so a request's tokens do not depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spec_backend.backends.base import Backend
+from spec_backend.config import RejectionSamplerConfig
+from spec_backend.engine.request import Request
+
+
+class Verifier:
+    """Wraps the rejection sampler: draft lists + logits in, per-request emitted tokens out.
+
+    ``method``: the sampler method (``"standard"`` or ``"synthetic"``); ``config``: verification flags
+    from ``additional_config``; ``synthetic_acceptance_rates``: per-position rates for ``"synthetic"``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: RejectionSamplerConfig | None,
+        method: str = "standard",
+        synthetic_acceptance_rates: Sequence[float] | None = None,
+    ) -> None:
+        from spec_backend.sampling import RejectionSampler
+
+        kwargs: dict[str, Any] = {"backend": backend}
+        if synthetic_acceptance_rates is not None:
+            kwargs["synthetic_acceptance_rates"] = list(synthetic_acceptance_rates)
+        self.sampler = RejectionSampler(config, method=method, **kwargs)
+        self.method = method
+
+    def __call__(
+        self, requests: Sequence[Request], drafts: Sequence[Sequence[int]], logits: torch.Tensor
+    ) -> list[list[int]]:
+        """Verify ``drafts[b]`` of ``requests[b]`` against ``logits`` ``[sum(K_b + 1), V]``.
+
+        Returns, per request, its accepted drafts followed by the recovered or bonus token.
+        """
+        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
+
+        device = logits.device
+        metadata = SpecDecodeMetadata.from_draft_tokens([list(d) for d in drafts], device)
+        sampling = SamplingMetadata.from_lists(
+            temperature=[r.params.temperature for r in requests],
+            top_k=[r.params.top_k for r in requests],
+            top_p=[r.params.top_p for r in requests],
+            seeds=[r.seed for r in requests],
+            positions=[r.num_tokens for r in requests],  # absolute position of each first draft token
+            device=device,
+        )
+        out = self.sampler(metadata, None, logits, sampling)  # [B, max_K + 1] int32
+        rows: list[list[int]] = out.cpu().tolist()
+        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]

@@ -1,0 +1,167 @@
+"""Speculative-decoding acceptance statistics, a periodic log line and Prometheus counters.
+
+``SpecDecodingStats`` accumulates, over verification steps that carried drafts: the number of drafts
+(request-steps with K > 0), draft tokens, accepted tokens and accepted tokens per draft position.
+``SpecDecodingMetrics`` feeds the same numbers to Prometheus counters (on a registry you pass in, so
+tests use their own ``CollectorRegistry``), logs a line every ``log_interval_s`` seconds, and can serve
+the registry over HTTP (``serve(port)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("spec_backend.metrics")
+
+PREFIX = "spec_backend_spec_decode"
+
+
+@dataclass
+class SpecDecodingStats:
+    """Acceptance counters; ``observe`` one request-step at a time, ``merge`` to combine."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Record one request's verification: ``num_draft_tokens`` drafted, the first
+        ``num_accepted_tokens`` of them accepted."""
+        if not 0 <= num_accepted_tokens <= num_draft_tokens:
+            raise ValueError(
+                f"accepted {num_accepted_tokens} of {num_draft_tokens} draft tokens is impossible"
+            )
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        if len(self.accepted_per_position) < num_draft_tokens:
+            self.accepted_per_position.extend([0] * (num_draft_tokens - len(self.accepted_per_position)))
+        for pos in range(num_accepted_tokens):
+            self.accepted_per_position[pos] += 1
+
+    def merge(self, other: SpecDecodingStats) -> None:
+        """Add ``other``'s counters to this one."""
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        mine = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
+        theirs = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
+        self.accepted_per_position = [a + b for a, b in zip(mine, theirs, strict=True)]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0.0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verification step with drafts: 1 (bonus/recovered) + accepted per draft."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def per_position_acceptance_rate(self) -> list[float]:
+        """Fraction of drafts whose token at position i was accepted."""
+        return [a / self.num_drafts for a in self.accepted_per_position] if self.num_drafts else []
+
+    def log_line(self) -> str:
+        """One human-readable summary line."""
+        per_pos = ", ".join(f"{r:.3f}" for r in self.per_position_acceptance_rate)
+        return (
+            f"SpecDecoding metrics: mean acceptance length: {self.mean_acceptance_length:.2f}, "
+            f"acceptance rate: {100 * self.acceptance_rate:.1f}%, "
+            f"accepted tokens: {self.num_accepted_tokens}, "
+            f"drafted tokens: {self.num_draft_tokens}, drafts: {self.num_drafts}, "
+            f"per-position acceptance rate: [{per_pos}]"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values for JSON reports."""
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+        }
+
+
+class SpecDecodingMetrics:
+    """Lifetime ``SpecDecodingStats`` plus Prometheus counters and a periodic log line.
+
+    ``registry``: a ``prometheus_client.CollectorRegistry`` (default: a fresh private one, so several
+    engines in one process never collide; pass ``prometheus_client.REGISTRY`` to export globally).
+    ``log_interval_s``: seconds between log lines (``None`` disables logging).
+    """
+
+    def __init__(self, registry: Any | None = None, log_interval_s: float | None = 10.0) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.total = SpecDecodingStats()
+        self._window = SpecDecodingStats()
+        self.log_interval_s = log_interval_s
+        self._last_log = time.monotonic()
+        self.num_drafts = Counter(
+            f"{PREFIX}_num_drafts", "Verification steps that carried drafts", registry=self.registry
+        )
+        self.num_draft_tokens = Counter(
+            f"{PREFIX}_num_draft_tokens", "Draft tokens proposed", registry=self.registry
+        )
+        self.num_accepted_tokens = Counter(
+            f"{PREFIX}_num_accepted_tokens", "Draft tokens accepted", registry=self.registry
+        )
+        self.num_accepted_tokens_per_pos = Counter(
+            f"{PREFIX}_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, per draft position",
+            ["position"],
+            registry=self.registry,
+        )
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Record one request's verification step (see ``SpecDecodingStats.observe``)."""
+        if num_draft_tokens == 0:
+            return
+        self.total.observe(num_draft_tokens, num_accepted_tokens)
+        self._window.observe(num_draft_tokens, num_accepted_tokens)
+        self.num_drafts.inc()
+        self.num_draft_tokens.inc(num_draft_tokens)
+        self.num_accepted_tokens.inc(num_accepted_tokens)
+        for pos in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos.labels(position=str(pos)).inc()
+
+    def observe_many(self, draft_counts: Sequence[int], accepted_counts: Sequence[int]) -> None:
+        """``observe`` each (drafted, accepted) pair of one step, then maybe log."""
+        for drafted, accepted in zip(draft_counts, accepted_counts, strict=True):
+            self.observe(drafted, accepted)
+        self.maybe_log()
+
+    def maybe_log(self, force: bool = False) -> str | None:
+        """Log (and return) the window's line when the interval elapsed or ``force``; reset the window."""
+        now = time.monotonic()
+        if self._window.num_drafts == 0:
+            return None
+        if not force and (self.log_interval_s is None or now - self._last_log < self.log_interval_s):
+            return None
+        line = self._window.log_line()
+        logger.info(line)
+        self._window = SpecDecodingStats()
+        self._last_log = now
+        return line
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Expose the registry at ``http://addr:port/metrics`` (a daemon thread)."""
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)
+
+
+__all__ = ["PREFIX", "SpecDecodingMetrics", "SpecDecodingStats"]

@@ -1,0 +1,67 @@
+"""Text prompts with a (character-level) tokenizer: stop strings, detokenization and the CLI."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+PROMPT = "def add(a, b):\n    return a + b\ndef add(a, b):\n"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make_tiny_model(tmp_path_factory.mktemp("tiny-text"), "llama", with_tokenizer=True, eos_token_id=1)
+    torch.set_num_threads(threads)
+
+
+def test_text_prompt_and_stop_string(model_dir: str) -> None:
+    llm = LLM(model_dir, speculative_config=NGRAM)
+    full = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0]
+    c = full.outputs[0]
+    assert full.prompt == PROMPT and len(full.prompt_token_ids) == len(PROMPT)
+    assert len(c.token_ids) == 30 and c.text == llm.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    stop = c.text[5:7]
+    cut = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=30, stop=stop, ignore_eos=True))[0]
+    assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == stop
+    assert cut.outputs[0].text == c.text[: c.text.index(stop)]
+    assert cut.outputs[0].token_ids == c.token_ids[: len(cut.outputs[0].token_ids)]
+
+
+def test_cli_generate_and_parsers(model_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from spec_backend.cli import build_parser, main
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"generate", "bench", "demo"} <= set(commands)
+    code = main(
+        [
+            "generate",
+            "--model",
+            model_dir,
+            "--prompt",
+            PROMPT,
+            "--prompt",
+            "x = 1",
+            "--max-tokens",
+            "6",
+            "--no-chat",
+            "--no-progress",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}',
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "=== prompt: 'x = 1'" in out and "tokens/s" in out and "mean acceptance length" in out
+    assert main(["generate", "--model", model_dir, "--prompt", "x", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+"""Acceptance statistics, the log line and the Prometheus counters."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from spec_backend.metrics import SpecDecodingMetrics, SpecDecodingStats
+
+
+def test_stats_accumulate_and_derive() -> None:
+    s = SpecDecodingStats()
+    s.observe(4, 2)
+    s.observe(4, 4)
+    s.observe(2, 0)
+    s.observe(0, 0)  # no drafts: not a draft
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (3, 10, 6)
+    assert s.accepted_per_position == [2, 2, 1, 1]
+    assert s.acceptance_rate == pytest.approx(0.6)
+    assert s.mean_acceptance_length == pytest.approx(3.0)
+    assert s.per_position_acceptance_rate == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    other = SpecDecodingStats()
+    other.observe(5, 5)
+    s.merge(other)
+    assert s.accepted_per_position == [3, 3, 2, 2, 1] and s.num_drafts == 4
+    assert "mean acceptance length" in s.log_line()
+    assert s.as_dict()["num_accepted_tokens"] == 11
+    with pytest.raises(ValueError):
+        s.observe(2, 3)
+
+
+def test_empty_stats() -> None:
+    s = SpecDecodingStats()
+    assert (
+        s.acceptance_rate == 0.0 and s.mean_acceptance_length == 1.0 and s.per_position_acceptance_rate == []
+    )
+
+
+def test_prometheus_counters_on_own_registry() -> None:
+    registry = CollectorRegistry()
+    m = SpecDecodingMetrics(registry=registry, log_interval_s=None)
+    m.observe_many([3, 3, 0], [1, 3, 0])
+    value = registry.get_sample_value
+    assert value("spec_backend_spec_decode_num_drafts_total") == 2
+    assert value("spec_backend_spec_decode_num_draft_tokens_total") == 6
+    assert value("spec_backend_spec_decode_num_accepted_tokens_total") == 4
+    per_pos = "spec_backend_spec_decode_num_accepted_tokens_per_pos_total"
+    assert value(per_pos, {"position": "0"}) == 2
+    assert value(per_pos, {"position": "2"}) == 1
+    assert m.total.num_accepted_tokens == 4
+    # two engines in one process do not collide on the default (private) registries
+    SpecDecodingMetrics()
+    SpecDecodingMetrics()
+
+
+def test_periodic_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    m = SpecDecodingMetrics(registry=CollectorRegistry(), log_interval_s=3600)
+    m.observe(4, 2)
+    assert m.maybe_log() is None  # interval not elapsed
+    with caplog.at_level(logging.INFO, logger="spec_backend.metrics"):
+        line = m.maybe_log(force=True)
+    assert line is not None and "acceptance rate: 50.0%" in line
+    assert "SpecDecoding metrics" in caplog.text
+    assert m.maybe_log(force=True) is None  # window was reset
