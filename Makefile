@@ -30,6 +30,7 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/spec-backend backends
+	$(VENV)/bin/spec-backend demo
 
 # vLLM integration tier: a separate venv with vLLM 0.32.0 (~6 GB, several minutes on first use).
 test-vllm:
