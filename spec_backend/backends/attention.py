@@ -4,8 +4,8 @@ The engine runs one batched forward in which request ``b`` carries ``query_lens[
 (K+1 while verifying, padded up to the batch's longest) and its KV cache holds ``kv_lens[b]`` tokens
 *including* the new ones. Query ``i`` of request ``b`` sits at absolute position
 ``kv_lens[b] - query_lens[b] + i`` and sees every key at a position ``<=`` its own (causal within the
-request's new tokens, full over its cached prefix). Padding query rows attend only to key 0 so they
-stay finite; their outputs are ignored by the engine.
+request's new tokens, full over its cached prefix). Padding query rows always see key 0 (at least),
+so their softmax stays finite; their outputs are ignored by the engine.
 
 Glossary: *query tokens* — the tokens whose hidden states are computed this step; *kv length* — how
 many cached positions of a request are valid after this step's keys were written.
@@ -13,7 +13,7 @@ many cached positions of a request are valid after this step's keys were written
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,14 +25,48 @@ _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 @dataclass(frozen=True)
 class RaggedAttentionMetadata:
-    """Per-request lengths, passed to the model's forward as ``spec_attn_metadata=...``."""
+    """Per-request lengths, passed to the model's forward as ``spec_attn_metadata=...``.
+
+    One object describes one step. Code that rewrites ``query_lens`` / ``kv_lens`` in place and reuses
+    the object (static graph buffers) must call ``invalidate()`` unless the tensors track versions
+    (inference-mode tensors do not).
+    """
 
     query_lens: torch.Tensor  # [B] int64, new tokens per request this step
     kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
+    #: masks already built for this step, keyed by shape and the length tensors' versions
+    mask_cache: dict[tuple[int, int, int, int], torch.Tensor] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def invalidate(self) -> None:
+        """Forget masks built for earlier values of the length tensors."""
+        self.mask_cache.clear()
+
+
+def _version(t: torch.Tensor) -> int:
+    """In-place modification counter; inference-mode tensors have none (-1)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return -1
 
 
 def ragged_causal_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int) -> torch.Tensor:
-    """Boolean mask ``[B, 1, q_len, kv_len]``: True where a query may attend a key."""
+    """Boolean mask ``[B, 1, q_len, kv_len]``: True where a query may attend a key.
+
+    Every decoder layer of one forward asks for the same mask: it is built once per step and reused.
+    The key includes the version counters of ``query_lens`` / ``kv_lens`` where they exist, so a
+    metadata object whose tensors are updated in place never gets a stale mask (see ``invalidate``).
+    """
+    key = (q_len, kv_len, _version(meta.query_lens), _version(meta.kv_lens))
+    mask = meta.mask_cache.get(key)
+    if mask is None:
+        mask = meta.mask_cache[key] = _build_mask(meta, q_len, kv_len)
+    return mask
+
+
+def _build_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int) -> torch.Tensor:
     device = meta.query_lens.device
     q_idx = torch.arange(q_len, device=device)  # [Q]
     k_idx = torch.arange(kv_len, device=device)  # [L]

@@ -81,3 +81,32 @@ def test_capture_policies() -> None:
         stream_graph_budget(0)
     assert not load_backend("reference").capture_policy().enabled
     assert AscendBackend().sampler_tuning().vocab_block == 2048
+
+
+def test_ragged_mask_is_built_once_per_step_and_never_stale() -> None:
+    from spec_backend.backends.attention import RaggedAttentionMetadata, ragged_causal_mask
+
+    meta = RaggedAttentionMetadata(query_lens=torch.tensor([2, 1]), kv_lens=torch.tensor([5, 3]))
+    first = ragged_causal_mask(meta, 2, 5)  # [B, 1, Q, L]
+    assert ragged_causal_mask(meta, 2, 5) is first  # the next layer reuses it
+    # request 0: queries at positions 3 and 4; request 1: one query at position 2 (its padding row is
+    # ignored by the engine; it always sees key 0 so its softmax stays finite)
+    assert first[0, 0].tolist() == [[True] * 4 + [False], [True] * 5]
+    assert first[1, 0, 0].tolist() == [True] * 3 + [False] * 2
+    assert first[1, 0, 1, 0]
+    meta.kv_lens.copy_(torch.tensor([4, 3]))  # static buffers updated in place: a new mask
+    updated = ragged_causal_mask(meta, 2, 5)
+    assert updated is not first
+    assert updated[0, 0].tolist() == [[True] * 3 + [False] * 2, [True] * 4 + [False]]
+
+
+def test_ragged_mask_cache_under_inference_mode_uses_invalidate() -> None:
+    from spec_backend.backends.attention import RaggedAttentionMetadata, ragged_causal_mask
+
+    with torch.inference_mode():
+        meta = RaggedAttentionMetadata(query_lens=torch.tensor([1]), kv_lens=torch.tensor([3]))
+        first = ragged_causal_mask(meta, 1, 3)
+        assert ragged_causal_mask(meta, 1, 3) is first
+        meta.kv_lens.fill_(2)
+        meta.invalidate()
+        assert ragged_causal_mask(meta, 1, 3)[0, 0, 0].tolist() == [True, True, False]
