@@ -46,10 +46,7 @@ class RaggedAttentionMetadata:
 
 def _version(t: torch.Tensor) -> int:
     """In-place modification counter; inference-mode tensors have none (-1)."""
-    try:
-        return int(t._version)
-    except RuntimeError:
-        return -1
+    return -1 if t.is_inference() else int(t._version)
 
 
 def ragged_causal_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int) -> torch.Tensor:

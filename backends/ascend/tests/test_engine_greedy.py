@@ -9,22 +9,15 @@ from types import ModuleType
 import pytest
 import torch
 from spec_backend_ascend import AscendBackend
-
-from spec_backend.sampling.ops import SamplerOps
+from spec_backend_ascend.sampler import AscendSamplerOps
 
 
 class CpuEmulatedAscend(AscendBackend):
-    """The Ascend backend with tensors on the CPU (the fake NPU computes there) and, until the shared
-    triton sampler kernels exist, the reference sampler ops: everything else is the Ascend code."""
+    """The Ascend backend with tensors on the CPU (the fake NPU computes there); its attention and its
+    sampler ops (the shared triton kernels, interpreted here) are the Ascend code."""
 
     def device(self) -> torch.device:
         return torch.device("cpu")
-
-    def sampler_ops(self) -> SamplerOps:
-        from spec_backend.sampling.torch_ops import TorchSamplerOps
-
-        ops: SamplerOps = TorchSamplerOps()
-        return ops
 
 
 def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Path) -> None:
@@ -40,5 +33,6 @@ def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Pat
         llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     assert outputs["ascend"] == outputs["reference"]
+    assert isinstance(CpuEmulatedAscend().sampler_ops(), AscendSamplerOps)
     layouts = {c[1]["input_layout"] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"}
     assert layouts == {"TND", "BNSD_BSND"}  # verification steps and the 19-token prefill
