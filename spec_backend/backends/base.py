@@ -9,7 +9,8 @@ Algorithms in ``spec_backend`` never branch on device or vendor. They ask the ac
 * a graph runner (``GraphRunner``) that captures a callable at each planned size and replays it with
   padding;
 * an attention function for transformers' ``AttentionInterface`` over the engine's ragged KV cache;
-* sampler ops (the kernels behind the rejection sampler) and their tuning (tile sizes, grid caps).
+* sampler ops (the kernels behind the rejection sampler) and their tuning (tile sizes, grid caps);
+* optional kernel choices on the loaded target model (``prepare_model``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ class Backend(ABC):
     @abstractmethod
     def sampler_tuning(self) -> SamplerTuning:
         """Tile sizes and grid caps for the shared triton sampler kernels."""
+
+    def prepare_model(self, model: torch.nn.Module) -> None:
+        """Device-specific kernel choices on a loaded target model (default: none)."""
+        del model
 
     def device(self) -> torch.device:
         """The torch device tensors for this backend live on."""

@@ -16,6 +16,7 @@ from spec_backend.backends.base import (
     SamplerTuning,
     TokenLimits,
 )
+from spec_backend.backends.vocab_projection import install_tall_skinny_projection
 from spec_backend.sampling.ops import SamplerOps
 
 
@@ -58,3 +59,7 @@ class ReferenceBackend(Backend):
 
     def sampler_tuning(self) -> SamplerTuning:
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True)
+
+    def prepare_model(self, model: torch.nn.Module) -> None:
+        """CPU BLAS runs the few-row vocabulary projection far faster as a tall-skinny product."""
+        install_tall_skinny_projection(model)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from spec_backend.engine.llm import LLM
+from spec_backend.engine.loader import load_model
 from spec_backend.engine.params import SamplingParams
 from spec_backend.engine.prompts import code_edit_prompts
 
@@ -39,10 +40,11 @@ class RunResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _hf_generate(llm: LLM, prompts: list[list[int]], max_tokens: int, lookup: int | None) -> list[list[int]]:
+def _hf_generate(
+    model: Any, eos_ids: frozenset[int], prompts: list[list[int]], max_tokens: int, lookup: int | None
+) -> list[list[int]]:
     """transformers' greedy ``generate`` one prompt at a time (its prompt lookup needs batch 1)."""
-    model = llm.model
-    eos = sorted(llm.eos_token_ids)
+    eos = sorted(eos_ids)
     outs = []
     for ids in prompts:
         x = torch.tensor([ids], device=model.device)
@@ -98,15 +100,13 @@ def run_e2e_bench(
     if tok is None:
         raise ValueError(f"the e2e benchmark needs a model with a tokenizer; {model!r} has none")
     ids = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
-    attn = llm.model.config._attn_implementation
+    # transformers' own baseline runs a separately loaded, unmodified model with its stock SDPA
+    # attention: exactly what a user of ``generate`` gets (the engine's copy carries backend choices).
+    baseline = load_model(llm.source, "sdpa", llm.model.dtype, llm.model.device)
 
     def hf(lookup: int | None) -> Callable[[list[list[int]]], tuple[list[list[int]], float | None]]:
         def run(batch_ids: list[list[int]]) -> tuple[list[list[int]], float | None]:
-            llm.model.set_attn_implementation("sdpa")
-            try:
-                return _hf_generate(llm, batch_ids, max_tokens, lookup), None
-            finally:
-                llm.model.set_attn_implementation(attn)
+            return _hf_generate(baseline, llm.eos_token_ids, batch_ids, max_tokens, lookup), None
 
         return run
 
@@ -121,9 +121,7 @@ def run_e2e_bench(
         return run
 
     log("warming up ...")
-    llm.model.set_attn_implementation("sdpa")
-    _hf_generate(llm, ids[:1], 8, None)
-    llm.model.set_attn_implementation(attn)
+    _hf_generate(baseline, llm.eos_token_ids, ids[:1], 8, None)
     llm.set_speculation(True)
     _engine_run(llm, ids[:2], 8, 2)
 

@@ -108,6 +108,7 @@ class LLM:
         self.source = resolve_model(model)
         device = self.backend.device()
         self.model = load_model(self.source, register_attention(self.backend), torch_dtype, device)
+        self.backend.prepare_model(self.model)
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)

@@ -1,0 +1,54 @@
+"""The output (vocabulary) projection as a tall-skinny product, for CPU BLAS.
+
+During decoding the projection multiplies a few hidden rows ``x [M, H]`` by a very tall weight
+``W [V, H]`` (V ≈ 50k–150k). CPU BLAS libraries pick a poor kernel for ``x @ W.T`` at small M: on the
+2-core reference machine, with SmolLM2's 49152×576 projection, ``F.linear`` takes 10 ms at M=1,
+23–34 ms at M=2–3 and 18 ms at M=5, while the same product computed as ``(W @ x.T).T`` takes
+4.2 ms (M=2), 5.7 ms (M=5) — the weight bytes are read once either way, the kernel choice differs.
+A single row is duplicated to M=2, which beats the matrix-vector kernel. Above ``max_rows`` rows
+(prefill of many positions) ``F.linear`` is used unchanged.
+
+Results equal ``F.linear`` up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TallSkinnyProjection(nn.Module):
+    """Drop-in replacement for the model's ``nn.Linear`` output embedding; shares its parameters."""
+
+    def __init__(self, linear: nn.Linear, max_rows: int = 64) -> None:
+        super().__init__()
+        self.weight = linear.weight  # [V, H], the same Parameter: tied embeddings stay tied
+        self.bias = linear.bias
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.max_rows = max_rows
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
+        rows = hidden.reshape(-1, self.in_features)  # [M, H]
+        m = rows.shape[0]
+        if m == 0 or m > self.max_rows:
+            return F.linear(hidden, self.weight, self.bias)
+        if m == 1:  # a real copy: a stride-0 expand falls back to the slow kernel again
+            rows = rows.repeat(2, 1)  # [2, H]: a matrix product beats gemv here
+        out = torch.matmul(self.weight, rows.T).T[:m]  # [M, V]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*hidden.shape[:-1], self.out_features)
+
+
+def install_tall_skinny_projection(model: Any, max_rows: int = 64) -> bool:
+    """Swap ``model``'s ``nn.Linear`` output embedding for ``TallSkinnyProjection``; False if it has none."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    head = get_out() if get_out is not None else None
+    if not isinstance(head, nn.Linear):
+        return False
+    model.set_output_embeddings(TallSkinnyProjection(head, max_rows))
+    return True

@@ -1,0 +1,50 @@
+"""The tall-skinny vocabulary projection equals F.linear, and the reference backend installs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spec_backend.backends.reference import ReferenceBackend
+from spec_backend.backends.vocab_projection import TallSkinnyProjection, install_tall_skinny_projection
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 40, 64, 65, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_linear_for_every_row_count(rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    linear = nn.Linear(32, 1000, bias=bias, dtype=torch.float64)
+    hidden = torch.randn(1, rows, 32, generator=gen, dtype=torch.float64)  # [B, Q, H]
+    got = TallSkinnyProjection(linear)(hidden)  # [B, Q, V]
+    assert got.shape == (1, rows, 1000)
+    torch.testing.assert_close(got, F.linear(hidden, linear.weight, linear.bias), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_backend_installs_it_keeping_tied_weights(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.engine.tiny import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "tiny", tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits  # [1, 5, V]
+        ReferenceBackend().prepare_model(model)
+        head = model.get_output_embeddings()
+        assert isinstance(head, TallSkinnyProjection)
+        assert head.weight is model.get_input_embeddings().weight  # still tied
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_models_without_a_linear_head_are_left_alone() -> None:
+    class NoHead(nn.Module):
+        def get_output_embeddings(self) -> None:
+            return None
+
+    assert install_tall_skinny_projection(NoHead()) is False
