@@ -87,7 +87,19 @@ class LLM:
         seed: int | None = None,
         metrics_registry: Any | None = None,
         log_stats_interval: float | None = 10.0,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
     ) -> None:
+        # vLLM-compatible arguments, so vLLM's offline examples run unchanged: the embedded engine runs
+        # on one device, and it runs the target eagerly (graph capture is not wired into it yet).
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size must be 1 (the embedded engine runs on one device), "
+                f"got {tensor_parallel_size!r}"
+            )
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+        self.enforce_eager = enforce_eager
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
