@@ -146,3 +146,12 @@ def test_random_additional_config_validates_or_raises_value_error(cfg: dict[str,
         return
     assert 0 < c.posterior_threshold <= 1 and c.posterior_alpha >= 0
     assert R.from_mapping(c.model_dump()) == c
+
+
+def test_method_literal_and_runtime_list_agree() -> None:
+    """``SpeculativeMethod`` (static type) must list exactly ``SPECULATIVE_METHODS`` (runtime check)."""
+    from typing import get_args
+
+    from spec_backend.config import SPECULATIVE_METHODS, SpeculativeMethod
+
+    assert sorted(get_args(SpeculativeMethod)) == sorted(SPECULATIVE_METHODS)
