@@ -12,8 +12,8 @@ Every graph backend does the same bookkeeping around its device's graph object:
   the blocks the largest one allocated.
 
 :class:`PaddedGraphRunner` implements all of that over a :class:`GraphDriver`, the few device
-primitives (make a pool, warm up, capture one graph, synchronise). The CUDA backend plugs in
-``torch.cuda.CUDAGraph``; :class:`SimulatedGraphDriver` "replays" by re-running the callable on the
+primitives (make a pool, warm up, capture one graph, synchronise). The CUDA and Ascend backends plug in
+``torch.cuda.CUDAGraph`` and ``torch.npu.NPUGraph``; :class:`SimulatedGraphDriver` "replays" by re-running the callable on the
 static buffers, which lets the padding and slicing logic be tested on CPU.
 """
 
@@ -214,11 +214,17 @@ class PaddedGraphRunner(GraphRunner):
             self.eager_calls += 1
             with torch.no_grad():
                 return self.fn(**inputs)
-        self._static.fill(inputs, size)
+        views = self._static.fill(inputs, size)
+        self.before_replay(size, views)
         self._graphs[size].replay()
         self.replays += 1
         out = self._outputs[size][:n]
         return out.clone() if self.copy_output else out
+
+    def before_replay(self, size: int, views: Mapping[str, torch.Tensor]) -> None:
+        """Extension point: runs after the inputs are in the static buffers, before each replay
+        (Ascend re-writes captured attention parameters here). Default: nothing."""
+        del size, views
 
 
 class _SimulatedGraph:

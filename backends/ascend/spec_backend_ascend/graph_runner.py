@@ -13,18 +13,22 @@
   hook must call :meth:`AclGraphRunner.update_attention` with the step's lengths. Replaying stale
   lengths is refused rather than silently computing wrong attention.
 * The graph budget (hardware streams) bounds how many graphs are captured.
+
+Static buffers, padding, slicing, capture order and eager fallback are the backend-neutral
+:class:`spec_backend.backends.graph_common.PaddedGraphRunner`; this module supplies the ACLGraph
+driver and the update-before-replay step.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from spec_backend.backends.base import GraphRunner
-from spec_backend.graphs import padded_size, subsample_evenly
+from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner
+from spec_backend.graphs import subsample_evenly
 from spec_backend_ascend.graph_params import CaptureRecord, capture_scope, update_attention
 from spec_backend_ascend.npu import npu_namespace
 
@@ -34,7 +38,46 @@ logger = logging.getLogger(__name__)
 UpdateHook = Callable[[int, Mapping[str, torch.Tensor]], None]
 
 
-class AclGraphRunner(GraphRunner):
+class _AclGraph:
+    """An ``NPUGraph`` with the attention tasks captured inside it."""
+
+    def __init__(self, graph: Any, record: CaptureRecord) -> None:
+        self.graph = graph
+        self.record = record
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class AclGraphDriver:
+    """``GraphDriver`` on ``torch.npu``: one graph pool, eager warm-up, capture with attention records."""
+
+    def check_device(self) -> None:
+        npu_namespace()  # raises BackendError naming the cause when torch_npu / CANN is missing
+
+    def new_pool(self) -> Any:
+        return npu_namespace().graph_pool_handle()
+
+    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+        for _ in range(iterations):  # lazy initialisation and allocator growth happen eagerly
+            call()
+        npu_namespace().synchronize()
+
+    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+        npu = npu_namespace()
+        graph = npu.NPUGraph()
+        record = CaptureRecord(size=0)
+        with capture_scope(record), npu.graph(graph, pool=pool):
+            output = call()
+        if isinstance(output, torch.Tensor) and output.dim() > 0:
+            record.size = int(output.shape[0])
+        return _AclGraph(graph, record), output
+
+    def synchronize(self) -> None:
+        npu_namespace().synchronize()
+
+
+class AclGraphRunner(PaddedGraphRunner):
     """Graph runner on ``torch.npu.NPUGraph`` with per-replay attention-parameter updates."""
 
     def __init__(
@@ -43,37 +86,33 @@ class AclGraphRunner(GraphRunner):
         capture_sizes: Sequence[int],
         graph_budget: int | None = None,
     ) -> None:
-        super().__init__(fn, capture_sizes)
-        if graph_budget is not None and len(self.capture_sizes) > graph_budget:
-            kept = subsample_evenly(list(self.capture_sizes), graph_budget)
+        sizes = sorted(set(capture_sizes))
+        if graph_budget is not None and len(sizes) > graph_budget:
+            kept = subsample_evenly(sizes, graph_budget)
             logger.warning(
                 "ACLGraph stream budget allows %d graphs; capturing sizes %s of the %d requested",
                 graph_budget,
                 kept,
-                len(self.capture_sizes),
+                len(sizes),
             )
-            self.capture_sizes = tuple(kept)
+            sizes = kept
+        super().__init__(
+            fn, sizes, AclGraphDriver(), warmup_iters=1, progress=False, desc="Capturing ACLGraphs"
+        )
         self.graph_budget = graph_budget
-        self._graphs: dict[int, Any] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
-        self._records: dict[int, CaptureRecord] = {}
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._pool: Any = None
         self._hook: UpdateHook | None = None
         self._update_stream: Any = None
-
-    @property
-    def captured_sizes(self) -> tuple[int, ...]:
-        """Sizes that have a captured graph (ascending)."""
-        return tuple(sorted(self._graphs))
 
     def set_update_hook(self, hook: UpdateHook | None) -> None:
         """Register ``hook(size, static_inputs)``, called before every replay (``None`` removes it)."""
         self._hook = hook
 
+    def _record(self, size: int) -> CaptureRecord:
+        return cast(_AclGraph, self._graphs[size]).record
+
     def attention_tasks(self, size: int) -> int:
         """How many attention tasks the graph of ``size`` captured (each is updated before replay)."""
-        return len(self._records[size].attentions)
+        return len(self._record(size).attentions)
 
     def update_attention(
         self, size: int, query_lens: Sequence[int] | torch.Tensor, kv_lens: Sequence[int] | torch.Tensor
@@ -85,43 +124,12 @@ class AclGraphRunner(GraphRunner):
         """
         if self._update_stream is None:
             self._update_stream = npu_namespace().Stream()
-        update_attention(self._records[size], query_lens, kv_lens, self._update_stream)
+        update_attention(self._record(size), query_lens, kv_lens, self._update_stream)
 
-    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
-        """Capture one graph per size (largest first) over static buffers cloned from the example."""
-        largest = self.capture_sizes[-1]
-        for name, tensor in example_inputs.items():
-            if tensor.shape[0] < largest:
-                raise ValueError(f"example input {name!r} has {tensor.shape[0]} rows, need {largest}")
-            self._buffers[name] = tensor[:largest].clone()
-        npu = npu_namespace()
-        self._pool = npu.graph_pool_handle()
-        for size in reversed(self.capture_sizes):
-            views = self._views(size)
-            self.fn(**views)  # warm-up: lazy initialisation and allocator growth happen eagerly
-            npu.synchronize()
-            graph = npu.NPUGraph()
-            record = CaptureRecord(size)
-            with capture_scope(record), npu.graph(graph, pool=self._pool):
-                output = self.fn(**views)
-            if not isinstance(output, torch.Tensor):
-                raise TypeError(f"captured callables must return one tensor, got {type(output).__name__}")
-            self._graphs[size], self._outputs[size], self._records[size] = graph, output, record
-        npu.synchronize()
-
-    def run(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Replay the smallest captured graph that fits; eager above the largest."""
-        num_tokens = self._num_tokens(inputs)
-        size = padded_size(num_tokens, self._graphs)
-        if size is None:
-            return self.fn(**inputs)
-        views = self._views(size)
-        for name, buffer in views.items():
-            buffer[:num_tokens].copy_(inputs[name])
-            buffer[num_tokens:].zero_()
-        npu = npu_namespace()
-        npu.current_stream().synchronize()  # the previous replay must finish before tasks are rewritten
-        record = self._records[size]
+    def before_replay(self, size: int, views: Mapping[str, torch.Tensor]) -> None:
+        """Run the update hook; refuse to replay attention tasks whose lengths were not rewritten."""
+        npu_namespace().current_stream().synchronize()  # the previous replay must finish first
+        record = self._record(size)
         record.fresh = False
         if self._hook is not None:
             self._hook(size, views)
@@ -131,18 +139,3 @@ class AclGraphRunner(GraphRunner):
                 "sequence lengths must be updated before every replay: register an update hook that "
                 "calls runner.update_attention(size, query_lens, kv_lens)"
             )
-        self._graphs[size].replay()
-        return self._outputs[size][:num_tokens].clone()
-
-    def _views(self, size: int) -> dict[str, torch.Tensor]:
-        return {name: buffer[:size] for name, buffer in self._buffers.items()}
-
-    def _num_tokens(self, inputs: Mapping[str, torch.Tensor]) -> int:
-        counts = {t.shape[0] for t in inputs.values()}
-        if len(counts) != 1:
-            raise ValueError(f"all inputs must share their leading (token) dimension, got {sorted(counts)}")
-        if self._buffers and set(inputs) != set(self._buffers):
-            raise ValueError(
-                f"inputs {sorted(inputs)} differ from the captured inputs {sorted(self._buffers)}"
-            )
-        return counts.pop()
