@@ -12,9 +12,10 @@ Every graph backend does the same bookkeeping around its device's graph object:
   the blocks the largest one allocated.
 
 :class:`PaddedGraphRunner` implements all of that over a :class:`GraphDriver`, the few device
-primitives (make a pool, warm up, capture one graph, synchronise). The CUDA and Ascend backends plug in
-``torch.cuda.CUDAGraph`` and ``torch.npu.NPUGraph``; :class:`SimulatedGraphDriver` "replays" by re-running the callable on the
-static buffers, which lets the padding and slicing logic be tested on CPU.
+primitives (make a pool, warm up, capture one graph, synchronise). The CUDA and Ascend backends
+plug in ``torch.cuda.CUDAGraph`` and ``torch.npu.NPUGraph``; :class:`SimulatedGraphDriver` "replays"
+by re-running the callable on the static buffers, which lets the padding and slicing logic be tested
+on CPU.
 """
 
 from __future__ import annotations
