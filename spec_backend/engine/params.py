@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from spec_backend.metrics import SpecDecodingStats
+
 FinishReason = Literal["stop", "length", "error"]
 
 
@@ -67,24 +69,8 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-@dataclass
-class SpecDecodeRequestStats:
-    """Speculation counters of one request: drafts proposed, tokens drafted and accepted, per position."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (0 when nothing was drafted)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens produced per verification step: 1 + accepted drafts per draft (1 without drafts)."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+#: One request's speculation counters: the same statistics the engine aggregates for its metrics.
+SpecDecodeRequestStats = SpecDecodingStats
 
 
 @dataclass

@@ -54,16 +54,7 @@ class Request:
     def record_verification(self, num_drafted: int, num_accepted: int) -> None:
         """Count one verification step that drafted ``num_drafted`` tokens and accepted ``num_accepted``."""
         self.num_steps += 1
-        if num_drafted == 0:
-            return
-        s = self.stats
-        s.num_drafts += 1
-        s.num_draft_tokens += num_drafted
-        s.num_accepted_tokens += num_accepted
-        if len(s.accepted_per_position) < num_drafted:
-            s.accepted_per_position.extend([0] * (num_drafted - len(s.accepted_per_position)))
-        for pos in range(num_accepted):
-            s.accepted_per_position[pos] += 1
+        self.stats.observe(num_drafted, num_accepted)
 
     def append_tokens(self, tokens: list[int], tokenizer: Any | None) -> list[int]:
         """Append sampled tokens one by one, stopping at the first stop condition.
