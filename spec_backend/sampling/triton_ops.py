@@ -204,6 +204,32 @@ class TritonSamplerOps:
             )
         return count, token
 
+    def _verify_args(
+        self,
+        draft_ids: torch.Tensor,  # [T]
+        draft_probs: torch.Tensor | None,  # [T, V]
+        target_probs: torch.Tensor,  # [N, V]
+        target_rows: torch.Tensor,  # [T]
+        uniforms: torch.Tensor,  # [T]
+        thresholds: torch.Tensor | None,  # [T]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+    ) -> tuple[Any, ...]:
+        """Leading arguments of every verify kernel; absent q / thresholds get unread stand-ins."""
+        p = _rows(target_probs)
+        q = _rows(draft_probs) if draft_probs is not None else p
+        u = self._scalars(uniforms)
+        return (
+            draft_ids.contiguous(),
+            q,
+            q.stride(0) if draft_probs is not None else 0,
+            p,
+            p.stride(0),
+            target_rows.contiguous(),
+            u,
+            self._scalars(thresholds) if thresholds is not None else u,
+            cu_num_draft_tokens.contiguous(),
+        )
+
     def _scan(
         self,
         draft_ids: torch.Tensor,
@@ -219,21 +245,12 @@ class TritonSamplerOps:
         out = torch.zeros(batch, dtype=torch.int64, device=cu_num_draft_tokens.device)
         if batch == 0 or draft_ids.numel() == 0:
             return out
-        target_probs = _rows(target_probs)
-        q = _rows(draft_probs) if draft_probs is not None else target_probs
-        u = self._scalars(uniforms)
         self._launch(
             _kv.scan_verify_kernel,
             batch,
-            draft_ids.contiguous(),
-            q,
-            q.stride(0) if draft_probs is not None else 0,
-            target_probs,
-            target_probs.stride(0),
-            target_rows.contiguous(),
-            u,
-            self._scalars(thresholds) if thresholds is not None else u,
-            cu_num_draft_tokens.contiguous(),
+            *self._verify_args(
+                draft_ids, draft_probs, target_probs, target_rows, uniforms, thresholds, cu_num_draft_tokens
+            ),
             out,
             batch,
             HAS_Q=draft_probs is not None,
@@ -299,21 +316,18 @@ class TritonSamplerOps:
         tau = torch.zeros(batch, dtype=torch.int64, device=device)
         weight = torch.ones(batch, dtype=self._scalar_dtype, device=device)
         if batch and draft_ids.numel():
-            target_probs = _rows(target_probs)
-            q = _rows(draft_probs) if draft_probs is not None else target_probs
-            u = self._scalars(uniforms)
             self._launch(
                 _kv.block_verify_kernel,
                 batch,
-                draft_ids.contiguous(),
-                q,
-                q.stride(0) if draft_probs is not None else 0,
-                target_probs,
-                target_probs.stride(0),
-                target_rows.contiguous(),
-                u,
-                self._scalars(thresholds) if thresholds is not None else u,
-                cu_num_draft_tokens.contiguous(),
+                *self._verify_args(
+                    draft_ids,
+                    draft_probs,
+                    target_probs,
+                    target_rows,
+                    uniforms,
+                    thresholds,
+                    cu_num_draft_tokens,
+                ),
                 tau,
                 weight,
                 batch,
