@@ -2,7 +2,9 @@
 
 Without a GPU, triton kernels run under the interpreter; the variable is read when triton is
 imported, so it is set here, above every test directory (tests/, backends/*/tests/).
-Markers and tier skips live in tests/conftest.py.
+Hypothesis runs without per-example deadlines and derandomized, so CI sees the same examples each
+run (set HYPOTHESIS_PROFILE=default for a randomized local search). Markers and tier skips live in
+tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -13,3 +15,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:  # hypothesis is a test extra; property tests must not fail on a slow CI runner's timing
+    from hypothesis import settings
+
+    settings.register_profile("spec_backend", deadline=None, derandomize=True, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "spec_backend"))
+except ImportError:  # pragma: no cover - only without the test extra
+    pass

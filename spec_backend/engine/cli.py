@@ -88,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("error: give --prompt or --prompts-file", file=sys.stderr)
         return 2
     try:
-        params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
         llm = LLM(
             args.model,
             speculative_config=args.speculative_config,
@@ -122,7 +122,12 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--prompts-file", help="a file with one prompt per line")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="engine seed; each prompt's sampling seed derives from it (default 0, as in vLLM)",
+    )
     p.add_argument(
         "--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template"
     )

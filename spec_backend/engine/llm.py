@@ -70,9 +70,10 @@ class LLM:
     (default: ``load_backend()``). ``max_model_len``: most tokens (prompt + output) per request
     (default: the model's ``max_position_embeddings``, capped at 4096). ``max_num_seqs``: most requests
     decoded together. ``dtype``: ``"auto"`` (float32 on CPU), a name or a ``torch.dtype``. ``seed``:
-    seeds requests that have no ``SamplingParams.seed`` (reproducible runs). ``metrics_registry``: a
-    ``prometheus_client`` registry for the acceptance counters. ``log_stats_interval``: seconds between
-    acceptance log lines (``None``: off).
+    seeds requests that have no ``SamplingParams.seed``; the default 0 makes runs reproducible, as in
+    vLLM (whose ``ModelConfig.seed`` defaults to 0); ``None`` draws fresh seeds each run.
+    ``metrics_registry``: a ``prometheus_client`` registry for the acceptance counters.
+    ``log_stats_interval``: seconds between acceptance log lines (``None``: off).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class LLM:
         max_model_len: int | None = None,
         max_num_seqs: int = 16,
         dtype: str | torch.dtype = "auto",
-        seed: int | None = None,
+        seed: int | None = 0,
         metrics_registry: Any | None = None,
         log_stats_interval: float | None = 10.0,
         tensor_parallel_size: int = 1,
