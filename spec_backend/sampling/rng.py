@@ -99,6 +99,33 @@ def vocab_uniform_f32(
     return (2 * (h >> 9) + 1).to(torch.float32) * (2.0**-24)
 
 
+def vocab_uniform_f32_into(
+    key: torch.Tensor, start: int, out: torch.Tensor, scratch: torch.Tensor
+) -> torch.Tensor:
+    """``vocab_uniform_f32`` for the columns ``start : start + C``, computed in place (no allocation).
+
+    ``key`` [N, 1] int64 (``row_key``), ``out`` [N, C] int64 and ``scratch`` [N, C] int64 are reused
+    buffers; returns a float32 [N, C] view of the same values ``vocab_uniform_f32`` gives there. The
+    engine's CPU path calls it on cache-sized tiles, which is several times faster than hashing ``[N, V]``
+    at once (every op of the hash would otherwise allocate and stream a fresh ``[N, V]`` int64 tensor).
+    """
+    out.copy_(torch.arange(start, start + out.shape[1], device=out.device, dtype=torch.int64))  # [N, C] v
+    out.bitwise_xor_(key).add_(GOLDEN).bitwise_and_(MASK32)  # absorb(key, v) before its mix
+    _mix32_(out, scratch)
+    _mix32_(out, scratch)  # random_u32 = mix32(absorb(...))
+    out.bitwise_right_shift_(9).mul_(2).add_(1)
+    return out.to(torch.float32).mul_(2.0**-24)
+
+
+def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> None:
+    """``mix32`` in place on ``x``, with ``tmp`` (same shape) as scratch."""
+    for shift, mul in ((16, MIX_MUL_1), (15, MIX_MUL_2)):
+        torch.bitwise_right_shift(x, shift, out=tmp)
+        x.bitwise_xor_(tmp).mul_(mul).bitwise_and_(MASK32)
+    torch.bitwise_right_shift(x, 16, out=tmp)
+    x.bitwise_xor_(tmp)
+
+
 def random_seeds(batch_size: int, device: torch.device) -> torch.Tensor:
     """Fresh 63-bit seeds from torch's global generator, drawn on ``device`` (no host sync): [B] int64."""
     return torch.randint(0, MAX_SEED, (batch_size,), dtype=torch.int64, device=device)
@@ -120,4 +147,5 @@ __all__ = [
     "row_key",
     "uniform_f64",
     "vocab_uniform_f32",
+    "vocab_uniform_f32_into",
 ]

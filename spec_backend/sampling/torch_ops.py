@@ -143,6 +143,36 @@ def block_thresholds(
     return torch.where(slot == num[:, None], b, h)
 
 
+#: elements of one tile of the exponential race (int64 hash buffers of 2 MiB each stay in cache)
+RACE_TILE_ELEMENTS = 1 << 18
+
+
+def exponential_race(
+    w: torch.Tensor, key: torch.Tensor, tile_elements: int = RACE_TILE_ELEMENTS
+) -> torch.Tensor:  # [R, V], [R, 1] -> [R] int64
+    """Sample each row of ``w`` (non-negative weights, any scale) as ``argmax_v w[v] / -log(u_v)``.
+
+    ``u_v = vocab_uniform_f32`` under the row's ``key``: the same value, element for element, as the
+    one-shot ``argmax(w / -log(vocab_uniform_f32(...)))``, computed over vocabulary tiles with reused
+    buffers so that the per-vocabulary hash streams through cache instead of memory. Ties keep the
+    lowest index, as ``torch.argmax`` does.
+    """
+    rows, vocab = w.shape
+    cols = max(256, min(vocab, tile_elements // max(rows, 1)))
+    buf = torch.empty((rows, cols), dtype=torch.int64, device=w.device)  # [R, C]
+    scratch = torch.empty_like(buf)  # [R, C]
+    best = torch.full((rows,), -1.0, dtype=torch.float32, device=w.device)  # [R] every score is >= 0
+    best_idx = torch.zeros(rows, dtype=torch.int64, device=w.device)  # [R]
+    for start in range(0, vocab, cols):
+        width = min(cols, vocab - start)
+        u = rng.vocab_uniform_f32_into(key, start, buf[:, :width], scratch[:, :width])  # [R, C]
+        val, idx = (w[:, start : start + width] / u.log_().neg_()).max(dim=1)  # [R]
+        better = val > best
+        best = torch.where(better, val, best)
+        best_idx = torch.where(better, idx + start, best_idx)
+    return best_idx
+
+
 class TorchSamplerOps:
     """Reference implementation of ``SamplerOps`` (see ``spec_backend.sampling.ops`` for the contract)."""
 
@@ -271,8 +301,7 @@ class TorchSamplerOps:
             w = torch.clamp(w - torch.where(has_draft[:, None], q, torch.zeros_like(q)), min=0)
         empty = w.sum(dim=1, keepdim=True) <= 0  # [R, 1]
         w = torch.where(empty, p, w)
-        u = rng.vocab_uniform_f32(seeds, positions, p.shape[1], rng.STREAM_SAMPLE)  # [R, V]
-        return torch.argmax(w / -torch.log(u), dim=1)
+        return exponential_race(w, rng.row_key(seeds, positions, rng.STREAM_SAMPLE)[:, None])
 
     @staticmethod
     def _requests(cu_num_draft_tokens: torch.Tensor, total: int) -> torch.Tensor:  # [T] int64
@@ -293,6 +322,7 @@ __all__ = [
     "block_thresholds",
     "block_weights",
     "draft_ratios",
+    "exponential_race",
     "last_true",
     "leading_run",
     "padded",

@@ -88,3 +88,14 @@ def test_streams_and_positions_decorrelate() -> None:
 def test_random_seeds_are_63_bit() -> None:
     s = rng.random_seeds(1000, torch.device("cpu"))
     assert s.dtype == torch.int64 and bool((s >= 0).all())
+
+
+def test_vocab_uniform_in_place_tiles_equal_the_one_shot_values() -> None:
+    seeds, positions = torch.tensor(SEEDS), torch.tensor(POSITIONS)
+    want = rng.vocab_uniform_f32(seeds, positions, 1000, rng.STREAM_SAMPLE)  # [5, 1000]
+    key = rng.row_key(seeds, positions, rng.STREAM_SAMPLE)[:, None]
+    buf, scratch = torch.empty(5, 300, dtype=torch.int64), torch.empty(5, 300, dtype=torch.int64)
+    for start in (0, 300, 700):  # the last tile is a narrower (non-contiguous) view of the buffers
+        width = min(300, 1000 - start)
+        got = rng.vocab_uniform_f32_into(key, start, buf[:, :width], scratch[:, :width])
+        assert torch.equal(got, want[:, start : start + width])
