@@ -49,6 +49,9 @@ class _OpsBackend(ReferenceBackend):
     def sampler_ops(self) -> SamplerOps:
         return self._ops
 
+    def sampler_tuning(self) -> SamplerTuning:
+        return SamplerTuning(group_elements=None)  # one pass over the batch, as on a GPU
+
 
 def timer(device: str, warmup: int, iters: int) -> Callable[[Callable[[], object]], float]:
     """Median seconds of ``fn()`` over ``iters`` runs after ``warmup`` runs."""

@@ -37,6 +37,8 @@ class SpecDecodeMetadata:
     ``request_index`` [T] int64 (request of each draft) and ``slot_index`` [T] int64 (its 0-based slot).
     ``max_draft_token_id`` is the largest draft id when known on the host (``from_draft_tokens``); the
     sampler compares it with the vocabulary size for free, otherwise ids are range-checked only in debug.
+    ``standard_layout``: True when the constructor built the indices itself (``from_draft_tokens``,
+    ``from_layout``), so the logits rows are known on the host to be in the layout above.
     """
 
     draft_token_ids: torch.Tensor  # [T] int32
@@ -49,6 +51,7 @@ class SpecDecodeMetadata:
     request_index: torch.Tensor | None = None  # [T] int64
     slot_index: torch.Tensor | None = None  # [T] int64
     max_draft_token_id: int | None = field(default=None)
+    standard_layout: bool = False
 
     def __post_init__(self) -> None:
         nums = list(self.num_draft_tokens)
@@ -105,6 +108,19 @@ class SpecDecodeMetadata:
         for t in flat:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise SamplerInputError(f"draft token ids must be non-negative ints, got {t!r} in {drafts}")
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        ids = torch.tensor(flat, dtype=torch.int32).to(dev)
+        return cls.from_layout(ids, nums, max(flat, default=-1))
+
+    @classmethod
+    def from_layout(
+        cls, draft_token_ids: torch.Tensor, num_draft_tokens: Sequence[int], max_draft_token_id: int | None
+    ) -> SpecDecodeMetadata:
+        """Metadata for ``draft_token_ids`` [T] (on any device), logits laid out as K target rows + bonus.
+
+        ``max_draft_token_id``: the largest id when known on the host (else None: checked in debug mode).
+        """
+        nums = list(num_draft_tokens)
         target: list[int] = []
         bonus: list[int] = []
         row = 0
@@ -112,21 +128,22 @@ class SpecDecodeMetadata:
             target.extend(range(row, row + k))
             bonus.append(row + k)
             row += k + 1
-        dev = torch.device(device) if device is not None else torch.device("cpu")
+        dev = draft_token_ids.device
         cu = torch.cumsum(torch.tensor(nums, dtype=torch.int64), 0) if nums else torch.zeros(0)
 
         def as_i32(values: Sequence[int] | torch.Tensor) -> torch.Tensor:
             return torch.as_tensor(values, dtype=torch.int32).reshape(-1).to(dev)
 
         return cls(
-            draft_token_ids=as_i32(flat),
+            draft_token_ids=draft_token_ids.to(torch.int32),
             num_draft_tokens=nums,
             cu_num_draft_tokens=as_i32(cu),
             target_logits_indices=as_i32(target),
             bonus_logits_indices=as_i32(bonus),
             logits_indices=as_i32(torch.arange(row)),
             max_spec_len=max(nums, default=0),
-            max_draft_token_id=max(flat, default=-1),
+            max_draft_token_id=max_draft_token_id,
+            standard_layout=True,
         )
 
 

@@ -35,6 +35,7 @@ import torch
 
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import rng
+from spec_backend.sampling.grouping import merge_outputs, split_batch
 from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
@@ -107,6 +108,7 @@ class RejectionSampler:
             backend = load_backend(backend)
         self.backend = backend
         self.ops: SamplerOps = backend.sampler_ops()
+        self.group_elements: int | None = backend.sampler_tuning().group_elements
         self.max_spec_tokens: int = backend.token_limits().max_speculative_tokens
         if not self.lossless:
             _warn_once(
@@ -159,10 +161,39 @@ class RejectionSampler:
             )
         if self.debug:
             check_values(metadata, draft_probs, logits)
+        batch = metadata.batch_size
+        if batch == 0:
+            return torch.empty(0, metadata.max_spec_len + 1, dtype=torch.int32, device=logits.device)
+        budget = self.group_elements
+        if budget is not None and batch > 1 and not sampling.all_greedy and logits.numel() > budget:
+            return self._verify_in_groups(metadata, draft_probs, logits, sampling, budget)
+        return self._verify_batch(metadata, draft_probs, logits, sampling)
+
+    def _verify_in_groups(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,  # [T, V]
+        logits: torch.Tensor,  # [T + B, V]
+        sampling: SamplingMetadata,
+        group_elements: int,
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
+        """The same output as one pass (see ``grouping``), from groups of requests of bounded size."""
+        seeds, positions = self._seeds_and_positions(sampling, metadata.batch_size, logits.device)
+        groups = split_batch(metadata, draft_probs, logits, sampling, seeds, positions, group_elements)
+        outputs = [
+            (g.first, self._verify_batch(g.metadata, g.draft_probs, g.logits, g.sampling)) for g in groups
+        ]
+        return merge_outputs(outputs, metadata.batch_size, metadata.max_spec_len, logits.device)
+
+    def _verify_batch(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,  # [T, V]
+        logits: torch.Tensor,  # [T + B, V]
+        sampling: SamplingMetadata,
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
         ops, device = self.ops, logits.device
         batch, total, steps = metadata.batch_size, metadata.num_tokens, metadata.max_spec_len
-        if batch == 0:
-            return torch.empty(0, steps + 1, dtype=torch.int32, device=device)
         cu = metadata.cu_num_draft_tokens  # [B]
         draft_ids = metadata.draft_token_ids  # [T]
         target_rows = metadata.target_logits_indices.to(torch.int64)  # [T]
