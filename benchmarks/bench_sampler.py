@@ -38,10 +38,18 @@ SLOW_S = 1.0
 FMT = "{:>7} {:>4} {:>2} {:>10} {:>10} {:>10} {:>6} {:>14} {:>9}"
 
 
-def make_backend(impl: str, vocab_block: int = 4096, max_grid: int | None = None) -> object:
-    """None (the default backend) for ``torch``; for ``triton`` the reference backend with the triton ops."""
-    if impl == "torch":
+def make_backend(
+    impl: str, vocab_block: int = 4096, max_grid: int | None = None, group_elements: int | None = -1
+) -> object:
+    """None (the default backend) for ``torch``; for ``triton`` the reference backend with the triton ops.
+
+    ``group_elements`` >= 0 overrides the reference backend's ``SamplerTuning.group_elements`` for
+    ``torch`` (0: no grouping, one pass), for A/B runs of the grouped verification.
+    """
+    if impl == "torch" and group_elements is not None and group_elements < 0:
         return None
+    if impl == "torch":
+        return _grouped_reference(group_elements or None)
     from spec_backend.backends.base import SamplerTuning
     from spec_backend.backends.reference import ReferenceBackend
     from spec_backend.sampling.ops import SamplerOps
@@ -70,6 +78,17 @@ def make_sampler(mode: str, device: str, backend: object = None) -> RejectionSam
     if mode == "synthetic":
         return RejectionSampler(method="synthetic", synthetic_acceptance_rates=RATES, backend=backend)
     return RejectionSampler(cfg, backend=backend)
+
+
+def _grouped_reference(group_elements: int | None) -> object:
+    from spec_backend.backends.base import SamplerTuning
+    from spec_backend.backends.reference import ReferenceBackend
+
+    class GroupedReference(ReferenceBackend):
+        def sampler_tuning(self) -> SamplerTuning:
+            return SamplerTuning(group_elements=group_elements)
+
+    return GroupedReference()
 
 
 # --- the naive baseline: one request at a time, plain torch ops, Python loops -----------------------------
@@ -237,6 +256,12 @@ def main() -> None:
     parser.add_argument("--impl", default="torch", choices=["torch", "triton"], help="sampler ops to time")
     parser.add_argument("--vocab-block", type=int, default=4096, help="triton: SamplerTuning.vocab_block")
     parser.add_argument("--max-grid", type=int, default=None, help="triton: SamplerTuning.max_grid")
+    parser.add_argument(
+        "--group-elements",
+        type=int,
+        default=-1,
+        help="torch: override SamplerTuning.group_elements (0: one pass; default: the backend's own)",
+    )
     parser.add_argument("--batches", type=int, nargs="+", help="override the B values")
     parser.add_argument("--ks", type=int, nargs="+", help="override the K values")
     parser.add_argument("--vocabs", type=int, nargs="+", help="override the V values")
@@ -247,7 +272,7 @@ def main() -> None:
         ([1, 64], [1, 4], [32000]) if args.quick else ([1, 8, 64, 256], [1, 4, 8], [32000, 151936])
     )
     batches, ks, vocabs = args.batches or batches, args.ks or ks, args.vocabs or vocabs
-    backend = make_backend(args.impl, args.vocab_block, args.max_grid)
+    backend = make_backend(args.impl, args.vocab_block, args.max_grid, args.group_elements)
     samplers = {m: make_sampler(m, args.device, backend) for m in MODES}
     header = ("V", "B", "K", "mode", "µs/call", "min µs", "GB/s", "naive µs/call", "speed-up")
     if args.markdown:
