@@ -39,32 +39,33 @@ FMT = "{:>7} {:>4} {:>2} {:>10} {:>10} {:>10} {:>6} {:>14} {:>9}"
 
 
 def make_backend(
-    impl: str, vocab_block: int = 4096, max_grid: int | None = None, group_elements: int | None = -1
+    impl: str, vocab_block: int = 4096, max_grid: int | None = None, group_elements: int | None = None
 ) -> object:
-    """None (the default backend) for ``torch``; for ``triton`` the reference backend with the triton ops.
+    """The backend whose sampler is timed: the reference backend, with the triton ops for ``triton``.
 
-    ``group_elements`` >= 0 overrides the reference backend's ``SamplerTuning.group_elements`` for
-    ``torch`` (0: no grouping, one pass), for A/B runs of the grouped verification.
+    For ``torch``, ``group_elements`` None keeps the default backend (its own grouping); an int
+    overrides ``SamplerTuning.group_elements`` (0: one pass), for A/B runs of the grouped verification.
     """
-    if impl == "torch" and group_elements is not None and group_elements < 0:
+    if impl == "torch" and group_elements is None:
         return None
-    if impl == "torch":
-        return _grouped_reference(group_elements or None)
     from spec_backend.backends.base import SamplerTuning
     from spec_backend.backends.reference import ReferenceBackend
     from spec_backend.sampling.ops import SamplerOps
     from spec_backend.sampling.triton_ops import TritonSamplerOps
 
-    tuning = SamplerTuning(vocab_block=vocab_block, max_grid=max_grid, device_uniforms=True)
+    if impl == "torch":
+        tuning = SamplerTuning(group_elements=group_elements or None)
+    else:
+        tuning = SamplerTuning(vocab_block=vocab_block, max_grid=max_grid, device_uniforms=True)
 
-    class TritonBenchBackend(ReferenceBackend):
+    class TunedReference(ReferenceBackend):
         def sampler_ops(self) -> SamplerOps:
-            return TritonSamplerOps(tuning)
+            return TritonSamplerOps(tuning) if impl == "triton" else super().sampler_ops()
 
         def sampler_tuning(self) -> SamplerTuning:
             return tuning
 
-    return TritonBenchBackend()
+    return TunedReference()
 
 
 def make_sampler(mode: str, device: str, backend: object = None) -> RejectionSampler:
@@ -78,17 +79,6 @@ def make_sampler(mode: str, device: str, backend: object = None) -> RejectionSam
     if mode == "synthetic":
         return RejectionSampler(method="synthetic", synthetic_acceptance_rates=RATES, backend=backend)
     return RejectionSampler(cfg, backend=backend)
-
-
-def _grouped_reference(group_elements: int | None) -> object:
-    from spec_backend.backends.base import SamplerTuning
-    from spec_backend.backends.reference import ReferenceBackend
-
-    class GroupedReference(ReferenceBackend):
-        def sampler_tuning(self) -> SamplerTuning:
-            return SamplerTuning(group_elements=group_elements)
-
-    return GroupedReference()
 
 
 # --- the naive baseline: one request at a time, plain torch ops, Python loops -----------------------------
@@ -259,7 +249,7 @@ def main() -> None:
     parser.add_argument(
         "--group-elements",
         type=int,
-        default=-1,
+        default=None,
         help="torch: override SamplerTuning.group_elements (0: one pass; default: the backend's own)",
     )
     parser.add_argument("--batches", type=int, nargs="+", help="override the B values")

@@ -13,6 +13,7 @@ rows followed by its bonus row (vLLM's layout, rebuilt with ``index_select`` wha
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -63,9 +64,7 @@ def split_batch(
     """The batch's groups; seeds are passed resolved so that unseeded requests keep one seed per call."""
     nums = metadata.num_draft_tokens
     rows = None if metadata.standard_layout else _standard_rows(metadata)  # [T + B] or None: identity
-    starts = [0]
-    for k in nums:
-        starts.append(starts[-1] + k)  # first draft token of each request
+    starts = [0, *itertools.accumulate(nums)]  # first draft token of each request, and T
     groups = []
     for first, stop in request_groups(nums, logits.shape[1], group_elements):
         t0, t1 = starts[first], starts[stop]
