@@ -11,7 +11,9 @@ implementations can be compared "identical when fed the same uniforms":
 
 Conventions: T = draft tokens in the batch, B = requests, N = logits rows (T + B), V = vocabulary.
 ``cu_num_draft_tokens`` [B] is vLLM's inclusive cumulative sum of draft counts; request b's drafts are
-``[cu[b] - K_b, cu[b])``. ``max_spec_len`` is a host int (max K_b). Counts of accepted drafts are int64.
+``[cu[b] - K_b, cu[b])``. ``max_spec_len`` is a host int (max K_b). A draft id of -1 is a *null draft*
+(a placeholder; the sampler maps every id outside [0, V) to -1 before calling the ops): q = 0 and ρ = 0,
+so it is never accepted, and it is never used as an index. Counts of accepted drafts are int64.
 Probabilities are float32; per-token scalars (ratios, block weights, uniforms, thresholds) are float64.
 """
 

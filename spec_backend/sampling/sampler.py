@@ -36,7 +36,7 @@ import torch
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import rng
 from spec_backend.sampling.grouping import merge_outputs, split_batch
-from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
@@ -45,6 +45,29 @@ logger = logging.getLogger("spec_backend.sampling")
 
 METHODS = ("standard", "synthetic")
 _WARNED: set[str] = set()
+
+
+def null_drafts(
+    draft_ids: torch.Tensor,  # [T] int32
+    vocab: int,
+    req_of: torch.Tensor,  # [T] int64
+    slot_of: torch.Tensor,  # [T] int64
+    batch: int,
+    max_spec_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Null drafts: placeholders (-1) and, defensively, any id outside [0, V) (an error in debug mode).
+
+    Returns the ids with every null draft set to ``PLACEHOLDER_TOKEN_ID`` ([T], what the ops receive:
+    they treat -1 as q = 0 and ρ = 0, never as an index), the null mask [T], and each request's first
+    null slot [B] (``max_spec_len`` when it has none): the accepted count never passes it.
+    """
+    null = (draft_ids < 0) | (draft_ids >= vocab)  # [T]
+    ids = torch.where(null, torch.full_like(draft_ids, PLACEHOLDER_TOKEN_ID), draft_ids)  # [T]
+    first = torch.full((batch,), max_spec_len, dtype=torch.int64, device=draft_ids.device)  # [B]
+    if draft_ids.numel():
+        slots = torch.where(null, slot_of, torch.full_like(slot_of, max_spec_len))  # [T]
+        first = first.scatter_reduce(0, req_of, slots, reduce="amin")
+    return ids, null, first
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:
@@ -195,11 +218,13 @@ class RejectionSampler:
         ops, device = self.ops, logits.device
         batch, total, steps = metadata.batch_size, metadata.num_tokens, metadata.max_spec_len
         cu = metadata.cu_num_draft_tokens  # [B]
-        draft_ids = metadata.draft_token_ids  # [T]
         target_rows = metadata.target_logits_indices.to(torch.int64)  # [T]
         bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
         assert metadata.request_index is not None and metadata.slot_index is not None
         req_of, slot_of = metadata.request_index, metadata.slot_index  # [T], [T]
+        draft_ids, null, first_null = null_drafts(
+            metadata.draft_token_ids, logits.shape[1], req_of, slot_of, batch, steps
+        )  # [T] (placeholders as -1), [T] bool, [B]
         seeds, positions = self._seeds_and_positions(sampling, batch, device)  # [B], [B]
         greedy_rows = sampling.temperature == 0  # [B]
 
@@ -242,12 +267,14 @@ class RejectionSampler:
                     torch.where(greedy_rows, num_accepted, n_random) if argmax is not None else n_random
                 )
 
+        num_accepted = torch.minimum(num_accepted, first_null)  # a placeholder ends the drafts
         counts = cu.to(torch.int64) - torch.cat([cu.new_zeros(1, dtype=torch.int64), cu[:-1].to(torch.int64)])
         is_bonus = num_accepted >= counts  # [B]
         if total:
             draft_at = torch.clamp(cu.to(torch.int64) - counts + num_accepted, max=total - 1)  # [B]
             final_rows = torch.where(is_bonus, bonus_rows, target_rows[draft_at])  # [B]
-            draft_rows = torch.where(is_bonus, torch.full_like(draft_at, -1), draft_at)  # [B]
+            no_draft = is_bonus | null[draft_at]  # bonus row, or a placeholder's position: q = 0
+            draft_rows = torch.where(no_draft, torch.full_like(draft_at, -1), draft_at)  # [B]
         else:
             final_rows, draft_rows = bonus_rows, torch.full_like(bonus_rows, -1)
         if self._rates is not None:

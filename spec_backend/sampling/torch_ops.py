@@ -73,13 +73,15 @@ def draft_ratios(
     target_probs: torch.Tensor,  # [N, V]
     target_rows: torch.Tensor,  # [T]
 ) -> torch.Tensor:  # [T] float64
-    """ρ = p(x)/q(x) with ρ = 0 where p(x) = 0 and ρ = inf where q(x) = 0 < p(x)."""
+    """ρ = p(x)/q(x) with ρ = 0 where p(x) = 0 and ρ = inf where q(x) = 0 < p(x); ρ = 0 for a null draft."""
     ids = draft_ids.to(torch.int64)
-    p_x = target_probs[target_rows.to(torch.int64), ids].to(torch.float64)  # [T]
+    real, safe = ids >= 0, ids.clamp(min=0)  # [T] null drafts (-1) are never used as an index
+    p_x = target_probs[target_rows.to(torch.int64), safe].to(torch.float64)  # [T]
+    p_x = torch.where(real, p_x, torch.zeros_like(p_x))
     if draft_probs is None:
         return p_x
     tokens = torch.arange(ids.shape[0], device=ids.device)
-    q_x = draft_probs[tokens, ids].to(torch.float64)  # [T]
+    q_x = draft_probs[tokens, safe].to(torch.float64)  # [T]
     return torch.where(p_x > 0, p_x / q_x, torch.zeros_like(p_x))
 
 
@@ -115,10 +117,12 @@ def residual_mass(
     """Residual mass of each draft row at weight b."""
     p = target_probs[target_rows.to(torch.int64)]  # [T, V]
     w = scale.to(torch.float32)[:, None] * p
+    real = (draft_ids >= 0)[:, None]  # [T, 1] a null draft (-1) has q = 0
     if draft_probs is None:
-        w = w.scatter_add(1, draft_ids.to(torch.int64)[:, None], -torch.ones_like(w[:, :1]))
+        ids = draft_ids.to(torch.int64).clamp(min=0)[:, None]  # [T, 1]
+        w = w.scatter_add(1, ids, -real.to(w.dtype))
     else:
-        w = w - draft_probs.to(torch.float32)
+        w = w - torch.where(real, draft_probs.to(torch.float32), torch.zeros_like(w))
     return torch.clamp(w, min=0).sum(dim=1).to(torch.float64)
 
 
@@ -290,12 +294,13 @@ class TorchSamplerOps:
         positions: torch.Tensor,
     ) -> torch.Tensor:
         p = target_probs[target_rows.to(torch.int64)]  # [R, V] float32
-        has_draft = draft_rows >= 0  # [R]
         rows = torch.clamp(draft_rows.to(torch.int64), min=0)  # [R]
         w = scale.to(torch.float32)[:, None] * p  # [R, V]
         if draft_ids.numel():
+            x = draft_ids.to(torch.int64)[rows]  # [R]
+            has_draft = (draft_rows >= 0) & (x >= 0)  # [R] null drafts (-1) have q = 0
             if draft_probs is None:
-                q = torch.zeros_like(w).scatter(1, draft_ids.to(torch.int64)[rows][:, None], 1.0)
+                q = torch.zeros_like(w).scatter(1, x.clamp(min=0)[:, None], 1.0)
             else:
                 q = draft_probs[rows].to(torch.float32)
             w = torch.clamp(w - torch.where(has_draft[:, None], q, torch.zeros_like(q)), min=0)

@@ -46,10 +46,13 @@ def draft_ratio(
     HAS_Q: tl.constexpr,
     F64: tl.constexpr,
 ):
-    """``torch_ops.draft_ratios`` for one draft: ρ = p(x)/q(x) (0 where p(x) = 0; point mass: p(x))."""
+    """``torch_ops.draft_ratios`` for one draft: ρ = p(x)/q(x) (0 where p(x) = 0; point mass: p(x));
+    a null draft (x = -1) has ρ = 0 and is never used as an index."""
     x = tl.load(draft_ptr + t).to(tl.int64)
+    real = x >= 0
+    x = tl.maximum(x, 0)
     row = tl.load(trow_ptr + t).to(tl.int64)
-    p = _scalar(tl.load(tprobs_ptr + row * tp_stride + x), F64)
+    p = _scalar(tl.where(real, tl.load(tprobs_ptr + row * tp_stride + x), 0.0), F64)
     if HAS_Q:
         q = _scalar(tl.load(dprobs_ptr + tl.cast(t, tl.int64) * dp_stride + x), F64)
         return tl.where(p > 0, _div(p, q, F64), 0.0)
@@ -119,9 +122,11 @@ def residual_mass(
     HAS_Q: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Σ_v max(b·p(v) − q(v), 0) over one draft row, float32, in BLOCK_V blocks (one read of p and q)."""
+    """Σ_v max(b·p(v) − q(v), 0) over one draft row, float32, in BLOCK_V blocks (one read of p and q);
+    q = 0 for a null draft (x = -1)."""
     row = tl.load(trow_ptr + t).to(tl.int64)
     x = tl.load(draft_ptr + t).to(tl.int32)
+    q_mask_v = tl.where(x >= 0, V, 0)  # q is read only for a real draft
     p_row = tprobs_ptr + row * tp_stride
     q_row = dprobs_ptr + tl.cast(t, tl.int64) * dp_stride
     acc = tl.zeros([BLOCK_V], tl.float32)
@@ -130,7 +135,7 @@ def residual_mass(
         mask = offs < V
         w = weight * tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_Q:
-            w = w - tl.load(q_row + offs, mask=mask, other=0.0).to(tl.float32)
+            w = w - tl.load(q_row + offs, mask=offs < q_mask_v, other=0.0).to(tl.float32)
         else:
             w = w - tl.where(offs == x, 1.0, 0.0)
         acc += tl.maximum(w, 0.0)
@@ -261,6 +266,7 @@ def sample_residual_kernel(
         x = tl.full([], -1, tl.int32)
         if HAS_DRAFTS:
             x = tl.where(has, tl.load(draft_ptr + d).to(tl.int32), -1)
+            has = has & (x >= 0)  # a null draft (-1) has q = 0
         p_row = tprobs_ptr + row * tp_stride
         q_row = dprobs_ptr + d * dp_stride
         w_any = tl.full([], 0, tl.int1)

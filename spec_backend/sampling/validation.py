@@ -66,21 +66,32 @@ def check_inputs(
 def check_values(
     metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, logits: torch.Tensor
 ) -> None:
-    """Debug checks that read the data back to the host (one pass over the logits and a sync)."""
+    """Debug checks that read the data back to the host (one pass over the logits and a sync).
+
+    Logits may hold ``-inf`` (masked tokens) but no NaN and no ``+inf``, and every row needs a finite
+    entry; draft ids lie in [0, V) or are ``PLACEHOLDER_TOKEN_ID`` (-1); ``draft_probs`` are finite and
+    non-negative.
+    """
     vocab = logits.shape[1]
-    bad_rows = torch.nonzero(torch.isnan(logits).any(dim=1)).flatten().tolist()
-    if bad_rows:
-        raise SamplerInputError(f"logits contains NaN in row(s) {bad_rows[:8]}")
-    ids = metadata.draft_token_ids
-    if ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= vocab:
-            bad = lo if lo < 0 else hi
+    for what, row_has in (
+        ("NaN", torch.isnan(logits).any(dim=1)),
+        ("+inf", torch.isposinf(logits).any(dim=1)),
+        ("no finite entry", ~torch.isfinite(logits).any(dim=1)),
+    ):
+        bad_rows = torch.nonzero(row_has).flatten().tolist()
+        if bad_rows:
+            verb = "has" if what == "no finite entry" else "contains"
+            raise SamplerInputError(f"logits {verb} {what} in row(s) {bad_rows[:8]}")
+    if metadata.draft_token_ids.numel():
+        lo, hi = (int(v.item()) for v in torch.aminmax(metadata.draft_token_ids))
+        if lo < -1 or hi >= vocab:
+            bad = lo if lo < -1 else hi
             raise SamplerInputError(
-                f"draft_token_ids contains id {bad}, outside the vocabulary [0, V={vocab})"
+                f"draft_token_ids contains id {bad}, outside the vocabulary [0, V={vocab}) "
+                "(-1 is the placeholder)"
             )
-    if draft_probs is not None and bool((torch.isnan(draft_probs) | (draft_probs < 0)).any()):
-        raise SamplerInputError("draft_probs contains NaN or negative values")
+    if draft_probs is not None and bool((~torch.isfinite(draft_probs) | (draft_probs < 0)).any()):
+        raise SamplerInputError("draft_probs contains NaN, infinite or negative values")
 
 
 def _hard_limit() -> int:

@@ -61,7 +61,9 @@ def test_metadata_errors() -> None:
             md.draft_token_ids, [2, 1], md.cu_num_draft_tokens, md.target_logits_indices,
             md.bonus_logits_indices, md.logits_indices, max_spec_len=5,
         )  # fmt: skip
-    with pytest.raises(SamplerInputError, match=r"draft token ids must be non-negative ints, got -3"):
+    with pytest.raises(
+        SamplerInputError, match=r"ints in \[0, 2\*\*31 - 1\] or PLACEHOLDER_TOKEN_ID \(-1\), got -3"
+    ):
         SpecDecodeMetadata.from_draft_tokens([[1, -3]])
 
 
@@ -255,3 +257,72 @@ def test_hot_path_never_reads_device_values(monkeypatch: pytest.MonkeyPatch, con
     out = sampler(md, dprobs, logits, sampling)
     monkeypatch.undo()
     assert out.shape == (3, 4)
+
+
+def test_sampling_metadata_dtypes_are_named_errors() -> None:
+    """Wrong dtypes fail at construction, naming the field, instead of crashing inside the RNG."""
+    t = torch.ones(2)
+    cases = {
+        "top_k": (dict(top_k=torch.tensor([1.5, 2.0])), "integer dtype, got torch.float32"),
+        "top_p": (dict(top_p=torch.tensor([1, 1])), "floating dtype, got torch.int64"),
+        "seeds": (dict(seeds=torch.tensor([1.0, 2.0])), "integer dtype, got torch.float32"),
+        "positions": (dict(positions=torch.tensor([0.5, 1.0])), "integer dtype, got torch.float32"),
+        "temperature": (dict(temperature=torch.tensor([1, 1])), "floating dtype, got torch.int64"),
+    }
+    for name, (kwargs, message) in cases.items():
+        args = {"temperature": t, **kwargs}
+        with pytest.raises(SamplerInputError, match=rf"SamplingMetadata.{name} must have an? .*{message}"):
+            SamplingMetadata(**args)
+    with pytest.raises(SamplerInputError, match=r"SamplingMetadata.seeds must have an integer dtype"):
+        SamplingMetadata(temperature=t, seeds=torch.tensor([True, False]))
+    with pytest.raises(SamplerInputError, match=r"seeds must be in \[0, 2\*\*63 - 1\], or -1 for unseeded"):
+        SamplingMetadata(temperature=t, seeds=torch.tensor([-5, 0]))
+
+
+def test_sampling_metadata_python_values_are_checked_before_any_tensor() -> None:
+    with pytest.raises(SamplerInputError, match=r"top_k\[1\] must be an int, got float: 2.5"):
+        SamplingMetadata.from_lists([1.0, 1.0], top_k=[1, 2.5])
+    with pytest.raises(SamplerInputError, match=r"temperature\[0\] must be a number, got str"):
+        SamplingMetadata.from_lists(["1"])  # type: ignore[list-item]
+    for bad in (2**63, -1, -(2**70), 1.0, True):
+        with pytest.raises(SamplerInputError, match=r"seeds\[0\] must be None \(unseeded\) or an int in \[0"):
+            SamplingMetadata.from_lists([1.0], seeds=[bad])  # type: ignore[list-item]
+    md = SamplingMetadata.from_lists([1.0, 1.0], seeds=[2**63 - 1, None])
+    assert md.seeds is not None and md.seeds.tolist() == [2**63 - 1, -1]
+
+
+def test_top_k_and_top_p_none_mean_off() -> None:
+    """As in vLLM's SamplingMetadata: ``top_k=None`` / ``top_p=None`` switch the filters off."""
+    md, logits, _, _ = inputs([2, 1])
+    none = SamplingMetadata(
+        temperature=torch.ones(2), top_k=None, top_p=None, seeds=torch.tensor([4, 5]),
+        positions=torch.tensor([0, 9]),
+    )  # fmt: skip
+    off = SamplingMetadata.from_lists(
+        [1.0, 1.0], top_k=[0, 0], top_p=[1.0, 1.0], seeds=[4, 5], positions=[0, 9]
+    )
+    assert not none.apply_top_k and not none.apply_top_p
+    assert torch.equal(RejectionSampler()(md, None, logits, none), RejectionSampler()(md, None, logits, off))
+
+
+def test_debug_checks_reject_non_finite_inputs() -> None:
+    """+inf logits, rows without a finite entry and non-finite draft probabilities are errors in debug
+    mode (before, a single +inf at id 7 yielded token 0 in random mode); -inf (masked tokens) is fine."""
+    md, logits, dprobs, sampling = inputs([2, 1])
+    s = RejectionSampler(debug=True)
+    bad = logits.clone()
+    bad[1, 3] = float("inf")
+    with pytest.raises(SamplerInputError, match=r"logits contains \+inf in row\(s\) \[1\]"):
+        s(md, dprobs, bad, sampling)
+    bad = logits.clone()
+    bad[4] = float("-inf")
+    with pytest.raises(SamplerInputError, match=r"logits has no finite entry in row\(s\) \[4\]"):
+        s(md, dprobs, bad, sampling)
+    for value in (float("inf"), float("nan"), -0.5):
+        q = dprobs.clone()
+        q[0, 2] = value
+        with pytest.raises(SamplerInputError, match=r"draft_probs contains NaN, infinite or negative"):
+            s(md, q, logits, sampling)
+    masked = logits.clone()
+    masked[:, 0] = float("-inf")
+    assert s(md, dprobs, masked, sampling).shape == (2, 3)

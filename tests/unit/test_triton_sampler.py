@@ -24,37 +24,14 @@ pytest.importorskip("triton")
 
 import triton
 import triton.language as tl
+from triton_backend import DEVICE, MODES, OnDevice, TritonReferenceBackend, make_sampler
 
 from spec_backend.backends.base import SamplerTuning
 from spec_backend.backends.reference import ReferenceBackend
-from spec_backend.config.rejection import RejectionSamplerConfig as Config
-from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata, rng
-from spec_backend.sampling.ops import SamplerOps
+from spec_backend.sampling import SamplingMetadata, SpecDecodeMetadata, rng
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.triton_kernels import row_key, vocab_uniform
 from spec_backend.sampling.triton_ops import TritonSamplerOps
-
-#: the kernels run here: compiled on a GPU, interpreted on CPU; the reference always runs on CPU
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-class OnDevice:
-    """Runs each op of ``ops`` on ``DEVICE``: tensor arguments are copied there, results back to CPU."""
-
-    def __init__(self, ops: TritonSamplerOps) -> None:
-        self.ops = ops
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self.ops, name)
-        if not callable(fn):
-            return fn
-
-        def run(*args: Any) -> Any:
-            out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args))
-            return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
-
-        return run
-
 
 V = 80  # not a multiple of the tile: exercises the masked tail
 TUNING = SamplerTuning(vocab_block=32, max_grid=None, device_uniforms=True)
@@ -246,41 +223,6 @@ def test_sample_residual_identical(name: str, with_q: int) -> None:
 
 
 # --------------------------------------------------------------------------- end to end
-class TritonReferenceBackend(ReferenceBackend):
-    """The reference backend with the triton sampler ops (interpreted on CPU)."""
-
-    def __init__(self, tuning: SamplerTuning) -> None:
-        super().__init__()
-        self.tuning = tuning
-
-    def sampler_ops(self) -> SamplerOps:
-        ops: SamplerOps = OnDevice(TritonSamplerOps(self.tuning))
-        return ops
-
-    def sampler_tuning(self) -> SamplerTuning:
-        return self.tuning
-
-
-MODES = {
-    "standard": Config(),
-    "block-lossless": Config(enable_block_verify=True),
-    "block-cumulative": Config(enable_block_verify=True, block_verify_mode="cumulative"),
-    "entropy": Config(enable_entropy_verify=True),
-    "block-cumulative+entropy": Config(
-        enable_block_verify=True, block_verify_mode="cumulative", enable_entropy_verify=True
-    ),
-    "block-lossless+entropy": Config(enable_block_verify=True, enable_entropy_verify=True),
-    "synthetic": Config(),
-}
-RATES = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
-
-
-def _sampler(mode: str, backend: ReferenceBackend) -> RejectionSampler:
-    if mode == "synthetic":
-        return RejectionSampler(method="synthetic", backend=backend, synthetic_acceptance_rates=RATES)
-    return RejectionSampler(MODES[mode], backend=backend)
-
-
 @pytest.mark.parametrize(("mode", "with_q"), list(itertools.product(sorted(MODES), [0, 1])))
 def test_rejection_sampler_end_to_end(mode: str, with_q: int) -> None:
     ks = [4, 2, 8, 1, 0] if with_q else [3, 0, 1, 5, 8]
@@ -293,8 +235,8 @@ def test_rejection_sampler_end_to_end(mode: str, with_q: int) -> None:
         [0.0, 1.0, 1.0, 0.0, 1.0], seeds=[3, 11, 2**40, 5, 2**63 - 1], positions=[0, 7, 2**33, 12, 99]
     )
     dprobs = b.draft_probs if with_q else None
-    expected = _sampler(mode, ReferenceBackend())(md, dprobs, b.logits, sampling)
-    got = _sampler(mode, TritonReferenceBackend(TUNING))(md, dprobs, b.logits, sampling)
+    expected = make_sampler(mode, ReferenceBackend())(md, dprobs, b.logits, sampling)
+    got = make_sampler(mode, TritonReferenceBackend(TUNING))(md, dprobs, b.logits, sampling)
     assert torch.equal(got, expected)
 
 
@@ -307,8 +249,8 @@ def test_rejection_sampler_capped_grid_and_top_k_top_p(tuning: SamplerTuning) ->
         [1.0, 0.0, 0.7, 1.2], top_k=[5, 0, 0, 20], top_p=[1.0, 1.0, 0.8, 0.9], seeds=[1, 2, 3, 4]
     )
     for mode in ("standard", "block-lossless"):
-        expected = _sampler(mode, ReferenceBackend())(md, b.draft_probs, b.logits, sampling)
-        got = _sampler(mode, TritonReferenceBackend(tuning))(md, b.draft_probs, b.logits, sampling)
+        expected = make_sampler(mode, ReferenceBackend())(md, b.draft_probs, b.logits, sampling)
+        got = make_sampler(mode, TritonReferenceBackend(tuning))(md, b.draft_probs, b.logits, sampling)
         assert torch.equal(got, expected)
 
 
