@@ -81,8 +81,9 @@ class SamplerOps(Protocol):
         cu_num_draft_tokens: torch.Tensor,  # [B]
         max_spec_len: int,
     ) -> torch.Tensor:  # [B] int64 accepted drafts
-        """Token-level test: accept x_i iff u_i·τ_i < ρ_i = p_i(x_i)/q_i(x_i) (τ = 1 without entropy);
-        the count is the leading run of accepted drafts."""
+        """Token-level test; the count is the leading run of accepted drafts. Without thresholds
+        (lossless): accept x_i iff u_i < ρ_i = p_i(x_i)/q_i(x_i) (ρ = inf when q_i(x_i) = 0 < p_i(x_i)).
+        With thresholds (vllm-ascend's rule, lossy): accept iff q_i(x_i) > 0 and p_i/q_i ≥ τ_i·u_i."""
         ...
 
     def cumulative_verify(
@@ -96,8 +97,10 @@ class SamplerOps(Protocol):
         cu_num_draft_tokens: torch.Tensor,  # [B]
         max_spec_len: int,
     ) -> torch.Tensor:  # [B] int64 accepted drafts
-        """vllm-ascend's cumulative block rule (lossy): the count is the largest i with
-        Π_{j<i} τ_j·u_j < Π_{j<i} min(1, ρ_j) (0 if none)."""
+        """vllm-ascend's block verification kernel (lossy): π_0 = 1, π_i = min(π_{i-1}·p_i(x_i)/q_i(x_i), 1)
+        (NaN, from 0/0 or 0·inf, never passes); position i passes iff q_i(x_i) > 0 and
+        π_i ≥ τ_i·Π_{j≤i} u_j (τ_i = 1 without thresholds: the current position's τ only); the count is the
+        last passing position (0 if none): every draft up to it is accepted."""
         ...
 
     def block_verify(

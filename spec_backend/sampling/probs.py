@@ -45,14 +45,18 @@ def target_probs(
     return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
 
 
+#: vllm-ascend's ε inside the logarithm of entropy verify: H = −Σ p·ln(p + ε)
+ENTROPY_EPSILON = 1e-10
+
+
 def raw_entropy(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] float64
-    """Entropy H(softmax(logits)) of the raw logits (before temperature / top-k / top-p), in nats.
+    """Entropy verify's H = −Σ_v p(v)·ln(p(v) + 1e−10), p = softmax of the raw logits (before temperature /
+    top-k / top-p), in nats: vllm-ascend's formula, ε included.
 
     Computed in float32 (as a kernel would, one row per program) and returned as float64.
     """
-    log_p = torch.log_softmax(logits.to(torch.float32), dim=-1)  # [N, V]
-    p = log_p.exp()
-    return -(torch.where(p > 0, p * log_p, torch.zeros_like(p))).sum(dim=-1).to(torch.float64)
+    p = torch.softmax(logits.to(torch.float32), dim=-1)  # [N, V]
+    return -(p * torch.log(p + ENTROPY_EPSILON)).sum(dim=-1).to(torch.float64)
 
 
 def entropy_thresholds(
@@ -64,4 +68,4 @@ def entropy_thresholds(
     return torch.clamp(torch.exp(-alpha * raw_entropy(logits)), max=threshold)
 
 
-__all__ = ["entropy_thresholds", "raw_entropy", "target_probs"]
+__all__ = ["ENTROPY_EPSILON", "entropy_thresholds", "raw_entropy", "target_probs"]

@@ -5,13 +5,18 @@ Modes (``mode_name``):
 * ``standard`` — token-level speculative sampling; lossless.
 * ``block-lossless`` — Sun et al. 2024 (arXiv 2403.10444, Alg. 2); lossless, never fewer expected
   tokens than ``standard`` (equal for point-mass drafts).
-* ``block-cumulative`` — vllm-ascend's rule: the longest prefix whose cumulative test
-  Π min(1, ρ_j) > Π u_j passes (the *last* such prefix, not the first failure); **lossy**.
-* ``entropy`` / ``block-cumulative+entropy`` / ``block-lossless+entropy`` — entropy verify with
-  τ_i = min(exp(−α·H(p_i)), θ), H over the raw target logits. One rule everywhere: the test uses ρ/τ
-  instead of ρ — token-level: accept iff τ_i·u_i < ρ_i; cumulative: Π τ_j·u_j < Π min(1, ρ_j);
-  lossless block: the weights become b_i = min(1, b_{i−1}·ρ_i/τ_i) and the residuals use those weights.
-  All **lossy**; with α = 0 and θ = 1 each reduces exactly to its lossless/cumulative counterpart.
+* ``block-cumulative`` — vllm-ascend's block verification kernel, reproduced exactly: π_i =
+  min(π_{i−1}·ρ_i, 1); position i passes iff q_i(x_i) > 0 and π_i ≥ Π_{j≤i} u_j; every draft up to the
+  *last* passing position is accepted. As in vllm-ascend it runs only when the batch's longest draft block
+  has K ≥ 3 (``CUMULATIVE_MIN_SPEC_LEN``); shorter batches take vllm-ascend's token-level rule
+  (accept iff q(x) > 0 and ρ ≥ u). **Lossy**.
+* ``entropy`` / ``block-cumulative+entropy`` — vllm-ascend's entropy verify, exactly: τ_i =
+  min(exp(−α·H_i), θ) with H_i = −Σ p·ln(p + 1e−10) over the softmax of the raw target logits;
+  token-level: accept iff q_i(x_i) > 0 and ρ_i ≥ τ_i·u_i; cumulative: π_i ≥ τ_i·Π_{j≤i} u_j (the current
+  position's τ only). **Lossy**.
+* ``block-lossless+entropy`` — lossless block verification with the weights b_i = min(1, b_{i−1}·ρ_i/τ_i)
+  (ours, not a vllm-ascend mode); **lossy**; with α = 0 and θ = 1 it reduces exactly to
+  ``block-lossless``.
 * ``synthetic`` — accept counts from configured rates (benchmarking); **lossy**.
 
 Greedy requests (temperature 0) are always verified by argmax (bit-exact with argmax decoding), in
@@ -44,6 +49,9 @@ from spec_backend.sampling.validation import SamplerInputError, check_inputs, ch
 logger = logging.getLogger("spec_backend.sampling")
 
 METHODS = ("standard", "synthetic")
+#: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
+#: least this many drafts; shorter batches take its token-level rule (vllm_ascend/sample/rejection_sampler.py)
+CUMULATIVE_MIN_SPEC_LEN = 3
 _WARNED: set[str] = set()
 
 
@@ -314,11 +322,14 @@ class RejectionSampler:
             thresholds = ops.entropy_thresholds(logits, cfg.posterior_alpha, cfg.posterior_threshold)[
                 target_rows
             ]
-        args = (draft_ids, draft_probs, probs, target_rows, u, thresholds, cu, steps)
         ones = torch.ones(seeds.shape[0], dtype=torch.float64, device=seeds.device)
-        if not cfg.enable_block_verify:
+        cumulative = cfg.enable_block_verify and cfg.block_verify_mode == "cumulative"
+        if cumulative and steps < CUMULATIVE_MIN_SPEC_LEN and thresholds is None:
+            thresholds = torch.ones_like(u)  # vllm-ascend's token-level rule (q > 0 and ρ >= u)
+        args = (draft_ids, draft_probs, probs, target_rows, u, thresholds, cu, steps)
+        if not cfg.enable_block_verify or (cumulative and steps < CUMULATIVE_MIN_SPEC_LEN):
             return ops.standard_verify(*args), ones
-        if cfg.block_verify_mode == "cumulative":
+        if cumulative:
             return ops.cumulative_verify(*args), ones
         return ops.block_verify(*args)
 

@@ -85,6 +85,24 @@ def draft_ratios(
     return torch.where(p_x > 0, p_x / q_x, torch.zeros_like(p_x))
 
 
+def compat_ratios(
+    draft_ids: torch.Tensor,  # [T]
+    draft_probs: torch.Tensor | None,  # [T, V]
+    target_probs: torch.Tensor,  # [N, V]
+    target_rows: torch.Tensor,  # [T]
+) -> tuple[torch.Tensor, torch.Tensor]:  # p(x) [T] float64, q(x) [T] float64
+    """p(x) and q(x) of each draft as vllm-ascend's rules read them: q = 1 for point masses, and a null
+    draft (-1) has p = q = 0 (it can never pass)."""
+    ids = draft_ids.to(torch.int64)
+    real, safe = ids >= 0, ids.clamp(min=0)  # [T]
+    zero = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
+    p_x = torch.where(real, target_probs[target_rows.to(torch.int64), safe].to(torch.float64), zero)
+    if draft_probs is None:
+        return p_x, real.to(torch.float64)
+    tokens = torch.arange(ids.shape[0], device=ids.device)
+    return p_x, torch.where(real, draft_probs[tokens, safe].to(torch.float64), zero)
+
+
 def relaxed_ratios(ratios: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor:  # [T] float64
     """Entropy verify's relaxation ρ → ρ/τ (keeps ρ = 0 at 0)."""
     if thresholds is None:
@@ -227,9 +245,12 @@ class TorchSamplerOps:
         max_spec_len: int,
     ) -> torch.Tensor:
         index, valid, _ = request_layout(cu_num_draft_tokens, max_spec_len)
-        rho = draft_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T]
-        scaled_u = uniforms if thresholds is None else uniforms * thresholds  # [T]
-        return leading_run(padded(scaled_u < rho, index, valid, False))
+        if thresholds is None:  # lossless: u < ρ, with ρ = inf when q(x) = 0 < p(x)
+            rho = draft_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T]
+            return leading_run(padded(uniforms < rho, index, valid, False))
+        p_x, q_x = compat_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
+        accept = (q_x > 0) & (p_x / torch.where(q_x > 0, q_x, 1.0) >= thresholds * uniforms)  # vllm-ascend
+        return leading_run(padded(accept, index, valid, False))
 
     def cumulative_verify(
         self,
@@ -243,11 +264,18 @@ class TorchSamplerOps:
         max_spec_len: int,
     ) -> torch.Tensor:
         index, valid, _ = request_layout(cu_num_draft_tokens, max_spec_len)
-        rho = draft_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T]
-        scaled_u = uniforms if thresholds is None else uniforms * thresholds  # [T]
-        lhs = torch.cumprod(padded(torch.clamp(rho, max=1.0), index, valid, 1.0), dim=1)  # [B, S]
-        rhs = torch.cumprod(padded(scaled_u, index, valid, 1.0), dim=1)  # [B, S]
-        return last_true((rhs < lhs) & valid)  # longest prefix whose cumulative test passes
+        p_x, q_x = compat_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
+        p_pad, q_pad = padded(p_x, index, valid, 1.0), padded(q_x, index, valid, 1.0)  # [B, S]
+        cum_u = torch.cumprod(padded(uniforms, index, valid, 1.0), dim=1)  # [B, S] Π_{j<=i} u_j
+        if thresholds is not None:
+            cum_u = padded(thresholds, index, valid, 1.0) * cum_u  # the current position's τ only
+        pi = torch.ones(index.shape[0], dtype=torch.float64, device=index.device)  # [B]
+        passes = []
+        for j in range(index.shape[1]):  # π_i = min(π_{i-1}·p/q, 1): NaN (0·inf, 0/0) stays NaN, never passes
+            pi = torch.minimum(pi * p_pad[:, j] / q_pad[:, j], torch.ones_like(pi))
+            passes.append((q_pad[:, j] > 0) & (pi >= cum_u[:, j]))
+        ok = torch.stack(passes, dim=1) if passes else valid  # [B, S]
+        return last_true(ok & valid)  # the last passing position: every draft up to it is accepted
 
     def block_verify(
         self,
@@ -326,6 +354,7 @@ __all__ = [
     "TorchSamplerOps",
     "block_thresholds",
     "block_weights",
+    "compat_ratios",
     "draft_ratios",
     "exponential_race",
     "last_true",

@@ -35,6 +35,32 @@ def _div(x, y, F64: tl.constexpr):  # IEEE round-to-nearest division (float64 '/
 
 
 @triton.jit
+def draft_p_q(
+    t,  # draft index
+    draft_ptr,
+    dprobs_ptr,
+    dp_stride,
+    tprobs_ptr,
+    tp_stride,
+    trow_ptr,
+    HAS_Q: tl.constexpr,
+    F64: tl.constexpr,
+):
+    """``torch_ops.compat_ratios`` for one draft: (p(x), q(x)); q = 1 for a point mass, (0, 0) for a null
+    draft (x = -1), which is never used as an index."""
+    x = tl.load(draft_ptr + t).to(tl.int64)
+    real = x >= 0
+    x = tl.maximum(x, 0)
+    row = tl.load(trow_ptr + t).to(tl.int64)
+    p = _scalar(tl.where(real, tl.load(tprobs_ptr + row * tp_stride + x), 0.0), F64)
+    if HAS_Q:
+        q = _scalar(tl.where(real, tl.load(dprobs_ptr + tl.cast(t, tl.int64) * dp_stride + x), 0.0), F64)
+    else:
+        q = _scalar(tl.where(real, 1.0, 0.0), F64)
+    return p, q
+
+
+@triton.jit
 def draft_ratio(
     t,  # draft index
     draft_ptr,
@@ -47,14 +73,9 @@ def draft_ratio(
     F64: tl.constexpr,
 ):
     """``torch_ops.draft_ratios`` for one draft: ρ = p(x)/q(x) (0 where p(x) = 0; point mass: p(x));
-    a null draft (x = -1) has ρ = 0 and is never used as an index."""
-    x = tl.load(draft_ptr + t).to(tl.int64)
-    real = x >= 0
-    x = tl.maximum(x, 0)
-    row = tl.load(trow_ptr + t).to(tl.int64)
-    p = _scalar(tl.where(real, tl.load(tprobs_ptr + row * tp_stride + x), 0.0), F64)
+    a null draft (x = -1) has ρ = 0."""
+    p, q = draft_p_q(t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64)
     if HAS_Q:
-        q = _scalar(tl.load(dprobs_ptr + tl.cast(t, tl.int64) * dp_stride + x), F64)
         return tl.where(p > 0, _div(p, q, F64), 0.0)
     else:
         return p
@@ -78,32 +99,44 @@ def scan_verify_kernel(
     CUMULATIVE: tl.constexpr,
     F64: tl.constexpr,
 ):
-    """Token-level (``CUMULATIVE=False``: leading run of τ·u < ρ) or cumulative (largest i with
-    Π τ·u < Π min(1, ρ)) verification. Grid: min(B, max_grid) programs, persistent over requests;
-    each scans its K_b slots sequentially (the products associate left to right, like torch.cumprod on
-    CPU). No vocabulary pass: ρ needs p(x) and q(x) only, 2 gathered elements per draft."""
+    """Token-level (``CUMULATIVE=False``) or vllm-ascend's cumulative block rule, as
+    ``TorchSamplerOps.standard_verify`` / ``cumulative_verify`` define them: without thresholds the
+    lossless leading run of u < ρ; with thresholds vllm-ascend's leading run of (q > 0 and p/q ≥ τ·u);
+    cumulative: π_i = min(π_{i-1}·p/q, 1) (NaN propagates and never passes), the last i with q_i > 0 and
+    π_i ≥ τ_i·Π_{j≤i} u_j. Grid: min(B, max_grid) programs, persistent over requests; each scans its K_b
+    slots sequentially (the products associate left to right, like the reference). No vocabulary pass:
+    2 gathered elements per draft."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for b in tl.range(pid, B, nprog):
         start, n = request_span(cu_ptr, b)
         count = tl.zeros([], tl.int64)
         alive = tl.full([], 1, tl.int1)
-        lhs = _scalar(tl.full([], 1.0, tl.float32), F64)
-        rhs = _scalar(tl.full([], 1.0, tl.float32), F64)
+        pi = _scalar(tl.full([], 1.0, tl.float32), F64)
+        cum_u = _scalar(tl.full([], 1.0, tl.float32), F64)
         for j in range(0, n):
             t = start + j
-            rho = draft_ratio(
-                t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64
-            )
-            su = _scalar(tl.load(u_ptr + t), F64)
+            u = _scalar(tl.load(u_ptr + t), F64)
+            thr = _scalar(tl.full([], 1.0, tl.float32), F64)
             if HAS_THR:
-                su = su * _scalar(tl.load(thr_ptr + t), F64)
-            if CUMULATIVE:
-                lhs = lhs * tl.minimum(rho, 1.0)
-                rhs = rhs * su
-                count = tl.where(rhs < lhs, j + 1, count)
+                thr = _scalar(tl.load(thr_ptr + t), F64)
+            if CUMULATIVE or HAS_THR:
+                p, q = draft_p_q(
+                    t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64
+                )
+                if CUMULATIVE:
+                    pi = tl.minimum(_div(pi * p, q, F64), 1.0, propagate_nan=tl.PropagateNan.ALL)
+                    cum_u = cum_u * u
+                    count = tl.where((q > 0) & (pi >= thr * cum_u), j + 1, count)
+                else:
+                    ratio = _div(p, tl.where(q > 0, q, 1.0), F64)
+                    alive = alive & (q > 0) & (ratio >= thr * u)
+                    count += alive.to(tl.int64)
             else:
-                alive = alive & (su < rho)
+                rho = draft_ratio(
+                    t, draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr, HAS_Q, F64
+                )
+                alive = alive & (u < rho)
                 count += alive.to(tl.int64)
         tl.store(out_ptr + b, count)
 
@@ -300,6 +333,7 @@ def sample_residual_kernel(
 
 __all__ = [
     "block_verify_kernel",
+    "draft_p_q",
     "draft_ratio",
     "residual_mass",
     "sample_residual_kernel",

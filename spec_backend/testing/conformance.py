@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -143,7 +143,8 @@ def monte_carlo(
     params = params_of(sampler)
     results = []
     for n, batch in enumerate(mc_batches(samples)):
-        groups = [Group(_with_params(g.case, params), g.size) for g in batch]
+        in_batch = replace(params, batch_max_k=max(g.case.k for g in batch))
+        groups = [Group(_with_params(g.case, in_batch), g.size) for g in batch]
         counts = run_groups(sampler, groups, seed=seed * 100 + n, device=device)
         for group, cnt in zip(groups, counts, strict=True):
             case, length = group.case, group.case.k + 1
@@ -174,7 +175,7 @@ def check_lossless_label(sampler: Any, results: Sequence[MonteCarloResult], name
     if rule == "synthetic":
         exact_ok, exact_detail = not claimed, "synthetic acceptance ignores the target"
     else:
-        worst = max(deviation(_with_params(c, params_of(sampler)), rule) for c in detection_cases())
+        worst = max(deviation(_with_params(c, params_of(sampler)), rule) for c in detection_cases(rule))
         exact_ok = (worst < EXACT_TOL and rule in LOSSLESS_RULES) if claimed else worst > LOSSY_MIN
         exact_detail = f"rule {rule!r}: max exact TV {worst:.3g} on the detection cases"
     out.append(CheckResult(f"label/exact[{name}]", exact_ok, f"lossless={claimed}; {exact_detail}"))

@@ -11,17 +11,24 @@ conformance suite can enumerate it exactly:
   ``r_i = Σ_v max(0, b_i·p_{i+1}(v) − q_{i+1}(v))``, ``h_i = r_i / (r_i + 1 − b_i)`` for ``i < K``,
   ``h_K = b_K``; ``τ`` = the LAST ``i`` with ``η_i ≤ h_i`` (``h_0 = 1``); emit ``x_1..x_τ`` then the bonus
   (``τ = K``) or a token from ``norm(max(0, b_τ·p_{τ+1} − q_{τ+1}))``.
-* ``cumulative`` (vllm-ascend, lossy): ``τ`` = the longest prefix with ``Π_{j≤i} min(1, ρ_j) ≥ Π_{j≤i} u_j``,
-  then the token-level residual ``norm(max(p_{τ+1} − q_{τ+1}, 0))`` or the bonus.
-* ``entropy`` (vllm-ascend, lossy): ``t_i = min(exp(−α·H(p_i)), θ)`` (natural log); accept ``x_i`` iff
-  ``ρ_i ≥ t_i·u_i``, i.e. with probability ``min(1, ρ_i/t_i)``, until the first rejection; token-level
-  residual as in ``standard``.
-* ``block+entropy`` / ``cumulative+entropy`` (lossy): the block rules with the entropy relaxation — block:
-  ``b_i = min(1, b_{i−1}·ρ_i/t_i)``; cumulative: ``Π t_j·u_j < Π min(1, ρ_j)``.
+* ``cumulative`` (vllm-ascend's block verification kernel, lossy): ``π_0 = 1``,
+  ``π_i = min(1, π_{i−1}·ρ_i)``; position i *passes* iff ``q_i(x_i) > 0`` and ``π_i ≥ t_i·Π_{j≤i} u_j``
+  (``t_i = 1`` without entropy verify); ``τ`` = the LAST passing position (0 if none), and every draft up to
+  it is accepted; then the token-level residual ``norm(max(p_{τ+1} − q_{τ+1}, 0))`` or the bonus.
+  vllm-ascend runs it only when the batch's longest draft block has K ≥ 3 (``RuleParams.batch_max_k``);
+  otherwise the batch is verified by the token-level rule of ``entropy`` (with ``t_i = 1`` when entropy
+  verify is off).
+* ``entropy`` (vllm-ascend, lossy): ``t_i = min(exp(−α·H_i), θ)``, ``H_i = −Σ_v p(v)·ln(p(v) + 1e−10)`` of
+  the raw logits' softmax; accept ``x_i`` iff ``q_i(x_i) > 0`` and ``ρ_i ≥ t_i·u_i``, i.e. with probability
+  ``min(1, ρ_i/t_i)`` (0 when ``q_i(x_i) = 0``), until the first rejection; token-level residual as in
+  ``standard``.
+* ``block+entropy`` (lossy): lossless block verification with ``b_i = min(1, b_{i−1}·ρ_i/t_i)``;
+  ``cumulative+entropy``: ``cumulative`` with the entropy thresholds ``t_i`` (the current position's only).
 * ``synthetic`` (benchmarking): one uniform per request, ``P(τ ≥ i) = rates[i−1]``, then a token from
   the target row ``p_{τ+1}``.
 
-The acceptance inequalities are strict or not without consequence (ties have probability 0).
+The acceptance inequalities are strict or not without consequence for these laws (ties have probability 0);
+the sampler uses vllm-ascend's ``≥`` in its compatibility rules.
 ``ρ_i = p_i(x_i)/q_i(x_i)`` (``+inf`` when ``q_i(x_i) = 0 < p_i(x_i)``; ``0`` when ``p_i(x_i) = 0``).
 
 The cumulative rule's acceptance-length law involves products of uniforms; it is computed through the
@@ -37,6 +44,8 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
+from spec_backend.sampling.sampler import CUMULATIVE_MIN_SPEC_LEN
 
 Rule = Literal[
     "standard", "block", "cumulative", "entropy", "block+entropy", "cumulative+entropy", "synthetic"
@@ -65,6 +74,8 @@ class RuleParams:
     theta: float = 0.95
     alpha: float = 0.4
     rates: tuple[float, ...] = ()
+    #: longest draft block of the verified batch (the cumulative rule's K >= 3 switch); None: this block's K
+    batch_max_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,12 +135,18 @@ def standard_outcome(p: F64, q: F64, drafts: tuple[int, ...]) -> BlockOutcome:
 def entropy_outcome(
     p: F64, q: F64, drafts: tuple[int, ...], params: RuleParams, entropy_p: F64 | None = None
 ) -> BlockOutcome:
-    """vllm-ascend's entropy verify: accept iff ρ ≥ min(exp(−α·H), θ)·u (lossy).
+    """vllm-ascend's entropy verify: accept iff q(x) > 0 and ρ ≥ min(exp(−α·H), θ)·u (lossy).
 
     ``H`` is the entropy of ``entropy_p`` [K, V] (the raw logits' softmax; default: the target rows).
     """
-    thresholds = entropy_thresholds(p[: len(drafts)], params, entropy_p)  # [K]
-    accept = np.minimum(1.0, ratios(p, q, drafts) / thresholds)
+    return token_compat_outcome(p, q, drafts, entropy_thresholds(p[: len(drafts)], params, entropy_p))
+
+
+def token_compat_outcome(p: F64, q: F64, drafts: tuple[int, ...], thresholds: F64) -> BlockOutcome:
+    """vllm-ascend's token-level rule: accept x_i iff q_i(x_i) > 0 and ρ_i ≥ t_i·u_i, until a rejection."""
+    q_x = np.array([q[i, x] for i, x in enumerate(drafts)], dtype=np.float64)  # [K]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accept = np.where(q_x > 0.0, np.minimum(1.0, ratios(p, q, drafts) / thresholds), 0.0)
     return BlockOutcome(_sequential(accept), _token_residuals(p, q))
 
 
@@ -192,19 +209,19 @@ def _stay_below(i: int, w: F64, t: F64, k: int) -> F64:
     return out
 
 
-def cumulative_accept_probs(factors: F64) -> F64:
-    """P(τ = i) for τ = max{i : Π_{j≤i} u_j < Π_{j≤i} f_j} (0 when no prefix qualifies). [K] -> [K+1].
+def cumulative_accept_probs(bounds: F64) -> F64:
+    """P(τ = i) for τ = max{i : Π_{j≤i} u_j ≤ c_i} (0 when no position passes). ``bounds`` c [K] -> [K+1].
 
-    ``f_j = min(1, ρ_j)`` for the cumulative rule, ``min(1, ρ_j)/τ_j`` with entropy verify (may exceed 1).
-    With W_i = −Σ ln u_j (an Erlang(i) walk) and t_i = −ln Π f_j the event is ``W_i > t_i``; since W
-    increases, "no j > i qualifies" is "W_j < min_{l ≥ j} t_l", a non-decreasing barrier.
+    ``c_i = π_i / t_i`` for a position that may pass and ``0`` for one that may not (``q_i(x_i) = 0``).
+    With W_i = −Σ ln u_j (an Erlang(i) walk) and t'_i = −ln c_i the event is ``W_i ≥ t'_i``; since W
+    increases, "no j > i passes" is "W_j < min_{l ≥ j} t'_l", a non-decreasing barrier.
     """
-    k = factors.shape[0]
-    c = np.cumprod(factors)  # [K]
+    k = bounds.shape[0]
     out = np.zeros(k + 1, dtype=np.float64)
-    kk = int(np.count_nonzero(c > 0.0))  # c is 0 from the first ρ = 0 on: longer prefixes never qualify
+    passing = np.flatnonzero(bounds > 0.0)
+    kk = int(passing[-1]) + 1 if passing.size else 0  # positions after the last possible pass never pass
     with np.errstate(divide="ignore"):
-        t = np.concatenate([[0.0], -np.log(c[:kk])])  # t_0..t_kk
+        t = np.concatenate([[0.0], -np.log(bounds[:kk])])  # t'_0..t'_kk (+inf where c = 0)
     barrier = np.minimum.accumulate(t[::-1])[::-1]  # suffix minima: non-decreasing
     barrier = np.maximum(barrier, 0.0)  # W ≥ 0 anyway
     out[0] = float(_stay_below(0, np.zeros(1), barrier, kk)[0])
@@ -221,21 +238,30 @@ def cumulative_accept_probs(factors: F64) -> F64:
 
 
 def entropy_thresholds(p: F64, params: RuleParams, entropy_p: F64 | None = None) -> F64:
-    """τ_i = min(exp(−α·H_i), θ), H_i the entropy (nats) of ``entropy_p`` rows (default: ``p``). -> [K]."""
+    """τ_i = min(exp(−α·H_i), θ), H_i = −Σ p·ln(p + 1e−10) of ``entropy_p`` rows (default ``p``). -> [K]."""
     src = p if entropy_p is None else entropy_p
-    logs = np.log(np.where(src > 0.0, src, 1.0))
-    entropy = -(src * logs).sum(axis=1)
+    entropy = -(src * np.log(src + 1e-10)).sum(axis=1)  # vllm-ascend's ε inside the log
     return np.asarray(np.minimum(np.exp(-params.alpha * entropy), params.theta), dtype=np.float64)
 
 
 def cumulative_outcome(
-    p: F64, q: F64, drafts: tuple[int, ...], thresholds: F64 | None = None
+    p: F64, q: F64, drafts: tuple[int, ...], thresholds: F64 | None = None, batch_max_k: int | None = None
 ) -> BlockOutcome:
-    """vllm-ascend's cumulative block rule (lossy); ``thresholds`` [K]: with entropy verify."""
-    factors = np.minimum(1.0, ratios(p, q, drafts))
-    if thresholds is not None:
-        factors = factors / thresholds
-    return BlockOutcome(cumulative_accept_probs(factors), _token_residuals(p, q))
+    """vllm-ascend's cumulative block rule (lossy); ``thresholds`` [K]: with entropy verify.
+
+    A batch whose longest block is shorter than 3 (``batch_max_k``, default this block's K) is verified
+    token by token, as vllm-ascend does.
+    """
+    k = len(drafts)
+    taus = np.ones(k, dtype=np.float64) if thresholds is None else thresholds
+    if (k if batch_max_k is None else batch_max_k) < CUMULATIVE_MIN_SPEC_LEN:
+        return token_compat_outcome(p, q, drafts, taus)
+    rho = ratios(p, q, drafts)
+    pi, bounds = 1.0, np.zeros(k, dtype=np.float64)
+    for i, x in enumerate(drafts):
+        pi = min(1.0, pi * rho[i]) if pi > 0.0 else 0.0
+        bounds[i] = pi / taus[i] if q[i, x] > 0.0 else 0.0
+    return BlockOutcome(cumulative_accept_probs(bounds), _token_residuals(p, q))
 
 
 def synthetic_outcome(p: F64, drafts: tuple[int, ...], rates: tuple[float, ...]) -> BlockOutcome:
@@ -259,7 +285,7 @@ def block_step(
         assert thresholds is not None
         return block_outcome(p, q, drafts, thresholds)
     if rule in ("cumulative", "cumulative+entropy"):
-        return cumulative_outcome(p, q, drafts, thresholds)
+        return cumulative_outcome(p, q, drafts, thresholds, params.batch_max_k)
     if rule == "entropy":
         return entropy_outcome(p, q, drafts, params, entropy_p)
     if rule == "synthetic":
@@ -282,4 +308,5 @@ __all__ = [
     "ratios",
     "standard_outcome",
     "synthetic_outcome",
+    "token_compat_outcome",
 ]

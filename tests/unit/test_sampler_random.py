@@ -143,9 +143,15 @@ def _one_request(p_x: float, q_x: float, method_cfg: Config, trials: int = 200) 
     return [int(r[1] != PLACEHOLDER_TOKEN_ID) for r in out.tolist()]
 
 
-@pytest.mark.parametrize("mode", ["standard", "block-lossless", "block-cumulative"])
+@pytest.mark.parametrize("mode", ["standard", "block-lossless", "block-cumulative", "entropy"])
 def test_edge_cases_zero_probabilities(mode: str) -> None:
-    assert all(_one_request(0.3, 0.0, MODES[mode])), "q(x)=0 < p(x): ratio inf, always accepted"
+    """The lossless modes keep the exact limit min(1, p/q) = 1 at q(x) = 0 < p(x); vllm-ascend's
+    compatibility rules never accept a draft whose draft probability is 0 (``draft_prob > 0`` there)."""
+    at_q_zero = _one_request(0.3, 0.0, MODES[mode])
+    if mode in ("standard", "block-lossless"):
+        assert all(at_q_zero), "q(x)=0 < p(x): ratio inf, always accepted"
+    else:
+        assert not any(at_q_zero), "vllm-ascend: q(x)=0 is never accepted"
     assert not any(_one_request(0.0, 0.6, MODES[mode])), "p(x)=0: always rejected"
 
 
