@@ -10,25 +10,31 @@ name                sampler method        block verify   uses draft probs  lossl
 ``standard``        ``standard``          as configured  yes               yes
 ``block``           ``standard``          on, lossless   yes               yes
 ``synthetic``       ``synthetic``         forbidden      no                no (benchmarking)
+``fly``             ``fly``               forbidden      yes               no (vLLM 0.33's FLy)
 ==================  ====================  =============  ================  ========
 
 ``strict`` verifies drafts as point masses (q = 1 at the drafted token, no draft logits cached);
 ``probabilistic`` / ``standard`` use the proposer's draft probabilities when it provides them. Both are
 the standard lossless rule (accept with min(1, p/q), resample from norm(max(p - q, 0))). ``block``
-(vLLM 0.33) turns on lossless block verification (Sun et al. 2024). The rejection sampler's lossy modes
+(vLLM 0.33) turns on lossless block verification (Sun et al. 2024). ``fly`` (vLLM 0.33) rescues a rejected
+draft when the next ``fly_window_size`` drafts are accepted and the target's top-k entropy there is at least
+``fly_entropy_threshold``: **lossy** (``spec_backend.sampling.fly``). The rejection sampler's lossy modes
 (``block_verify_mode="cumulative"``, entropy verify) come only from ``RejectionSamplerConfig``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Final, Literal
 
 if TYPE_CHECKING:
     from spec_backend.config.rejection import RejectionSamplerConfig
     from spec_backend.config.speculative import SpeculativeConfig
 
-RejectionSampleMethod = Literal["strict", "probabilistic", "standard", "block", "synthetic"]
-SamplerMethod = Literal["standard", "synthetic"]
+logger = logging.getLogger("spec_backend.config")
+
+RejectionSampleMethod = Literal["strict", "probabilistic", "standard", "block", "synthetic", "fly"]
+SamplerMethod = Literal["standard", "synthetic", "fly"]
 
 REJECTION_SAMPLE_METHODS: Final[tuple[str, ...]] = (
     "strict",
@@ -36,6 +42,7 @@ REJECTION_SAMPLE_METHODS: Final[tuple[str, ...]] = (
     "standard",
     "block",
     "synthetic",
+    "fly",
 )
 
 #: rejection_sample_method -> the RejectionSampler's ``method`` argument.
@@ -45,6 +52,7 @@ SAMPLER_METHOD_BY_NAME: Final[dict[str, SamplerMethod]] = {
     "standard": "standard",
     "block": "standard",
     "synthetic": "synthetic",
+    "fly": "fly",
 }
 
 
@@ -54,25 +62,25 @@ def check_rejection_sample_method(value: object) -> object:
         return value
     raise ValueError(
         f"rejection_sample_method={value!r} is not supported; allowed: {list(REJECTION_SAMPLE_METHODS)} "
-        "(strict/probabilistic/standard/block verify losslessly, synthetic is for benchmarking)"
+        "(strict/probabilistic/standard/block verify losslessly, synthetic is for benchmarking, fly is lossy)"
     )
 
 
 def check_sampler_compatibility(spec: SpeculativeConfig, rs: RejectionSamplerConfig) -> None:
     """Fail (``ValueError``) on combinations of the two configs that cannot run.
 
-    * ``synthetic`` accepts by configured rates: block verification and entropy verification cannot
-      apply to it.
+    * ``synthetic`` accepts by configured rates and ``fly`` by its rescue window: block verification and
+      entropy verification cannot apply to them.
     * ``block`` asks for *lossless* block verification: ``block_verify_mode="cumulative"`` contradicts it.
     """
     method = spec.rejection_sample_method
-    if method == "synthetic":
+    if method in ("synthetic", "fly"):
         enabled = [
             name for name in ("enable_block_verify", "enable_entropy_verify") if getattr(rs, name) is True
         ]
         if enabled:
             raise ValueError(
-                "rejection_sample_method='synthetic' accepts drafts by configured rates and cannot be "
+                f"rejection_sample_method={method!r} has its own acceptance rule and cannot be "
                 f"combined with rejection_sampler_config {', '.join(f'{n}=True' for n in enabled)}; "
                 "disable them or use rejection_sample_method='standard'"
             )
@@ -81,6 +89,39 @@ def check_sampler_compatibility(spec: SpeculativeConfig, rs: RejectionSamplerCon
             "rejection_sample_method='block' requests lossless block verification, but "
             "rejection_sampler_config has block_verify_mode='cumulative' (lossy); set "
             "block_verify_mode='lossless' or use rejection_sample_method='standard'"
+        )
+
+
+def resolve_verification_fields(spec: SpeculativeConfig) -> None:
+    """Resolve the method-specific verification fields in place (``num_speculative_tokens`` is set).
+
+    ``synthetic``: the rates from ``synthetic_acceptance_rates`` or ``synthetic_acceptance_length``
+    (which is then cleared); other methods may not set them. ``fly``: the window size (vLLM's default
+    ``min(6, K - 1)``) and its rules; a warning names the mode lossy.
+    """
+    from spec_backend.config.synthetic import resolve_synthetic_acceptance_rates
+
+    k = spec.num_speculative_tokens
+    assert k is not None
+    if spec.rejection_sample_method == "synthetic":
+        spec.synthetic_acceptance_rates = resolve_synthetic_acceptance_rates(
+            k, spec.synthetic_acceptance_rates, spec.synthetic_acceptance_length
+        )
+        spec.synthetic_acceptance_length = None
+    elif spec.synthetic_acceptance_rates is not None or spec.synthetic_acceptance_length is not None:
+        raise ValueError(
+            "synthetic_acceptance_rates / synthetic_acceptance_length are only valid with "
+            f"rejection_sample_method='synthetic', got {spec.rejection_sample_method!r}"
+        )
+    fly = spec.fly
+    if fly is not None:
+        spec.fly_window_size = fly.window_size
+        logger.warning(
+            "rejection_sample_method='fly' is LOSSY: FLy accepts some drafts the target rejects "
+            "(window %d, entropy threshold %g, top-k %d)",
+            fly.window_size,
+            fly.entropy_threshold,
+            fly.entropy_top_k,
         )
 
 
@@ -106,4 +147,5 @@ __all__ = [
     "check_rejection_sample_method",
     "check_sampler_compatibility",
     "effective_rejection_sampler_config",
+    "resolve_verification_fields",
 ]

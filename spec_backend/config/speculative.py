@@ -19,6 +19,12 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from spec_backend.config import draft as draft_rules
+from spec_backend.config.fly import (
+    DEFAULT_FLY_ENTROPY_THRESHOLD,
+    DEFAULT_FLY_ENTROPY_TOP_K,
+    FlyConfig,
+    resolve_fly,
+)
 from spec_backend.config.methods import (
     AUX_HIDDEN_STATE_METHODS,
     AUX_HIDDEN_STATES_SUPPORTED,
@@ -35,8 +41,8 @@ from spec_backend.config.sampler_methods import (
     RejectionSampleMethod,
     SamplerMethod,
     check_rejection_sample_method,
+    resolve_verification_fields,
 )
-from spec_backend.config.synthetic import resolve_synthetic_acceptance_rates
 from spec_backend.config.token_tree import (
     TokenTree,
     parse_token_tree,
@@ -115,6 +121,9 @@ class SpeculativeConfig(BaseModel):
     rejection_sample_method: RejectionSampleMethod = "strict"
     synthetic_acceptance_rates: list[float] | None = None
     synthetic_acceptance_length: float | None = None
+    fly_window_size: int | None = Field(default=None, ge=1)
+    fly_entropy_threshold: float = Field(default=DEFAULT_FLY_ENTROPY_THRESHOLD, ge=0)
+    fly_entropy_top_k: int = Field(default=DEFAULT_FLY_ENTROPY_TOP_K, ge=1)
 
     # --- input checks ---------------------------------------------------------------------------
 
@@ -252,16 +261,7 @@ class SpeculativeConfig(BaseModel):
         self.check_k_bound(k)
         if self.speculative_token_tree is not None:
             self.speculative_token_tree = sort_token_tree(self.speculative_token_tree)
-        if self.rejection_sample_method == "synthetic":
-            self.synthetic_acceptance_rates = resolve_synthetic_acceptance_rates(
-                k, self.synthetic_acceptance_rates, self.synthetic_acceptance_length
-            )
-            self.synthetic_acceptance_length = None
-        elif self.synthetic_acceptance_rates is not None or self.synthetic_acceptance_length is not None:
-            raise ValueError(
-                "synthetic_acceptance_rates / synthetic_acceptance_length are only valid with "
-                f"rejection_sample_method='synthetic', got {self.rejection_sample_method!r}"
-            )
+        resolve_verification_fields(self)
         if self.draft_model_config is not None and self.draft_parallel_config is not None:
             draft_rules.check_heads_divisible(
                 self.draft_model_config.hf_text_config, self.draft_parallel_config.tensor_parallel_size
@@ -327,8 +327,21 @@ class SpeculativeConfig(BaseModel):
 
     @property
     def sampler_method(self) -> SamplerMethod:
-        """The ``RejectionSampler`` method: ``"synthetic"`` or ``"standard"`` (all lossless names)."""
+        """The ``RejectionSampler`` method: ``"synthetic"``, ``"fly"`` or ``"standard"`` (lossless names)."""
         return SAMPLER_METHOD_BY_NAME[self.rejection_sample_method]
+
+    @property
+    def fly(self) -> FlyConfig | None:
+        """FLy's validated parameters when ``rejection_sample_method="fly"`` (else ``None``)."""
+        if self.rejection_sample_method != "fly":
+            return None
+        assert self.num_speculative_tokens is not None
+        return resolve_fly(
+            self.num_speculative_tokens,
+            self.fly_window_size,
+            self.fly_entropy_threshold,
+            self.fly_entropy_top_k,
+        )
 
     @property
     def block_verify_requested(self) -> bool:

@@ -108,7 +108,7 @@ class LLM:
         self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
         self.speculative_config = parse_speculative_config(speculative_config)
         rs_config = RejectionSamplerConfig.from_additional_config(additional_config)
-        method, rates = "standard", None
+        method, rates, fly = "standard", None, None
         if self.speculative_config is not None:
             self.speculative_config.bind(self.backend)
             self._check_method(self.speculative_config)
@@ -117,6 +117,7 @@ class LLM:
             rs_config = effective_rejection_sampler_config(self.speculative_config, rs_config)
             method = self.speculative_config.sampler_method
             rates = self.speculative_config.synthetic_acceptance_rates
+            fly = self.speculative_config.fly
         torch_dtype = resolve_dtype(dtype)
         self.source = resolve_model(model)
         device = self.backend.device()
@@ -138,7 +139,7 @@ class LLM:
         runner = ModelRunner(self.model, self.max_model_len, max_num_seqs, device)
         self.engine = EngineCore(
             runner,
-            Verifier(self.backend, rs_config, method, rates),
+            Verifier(self.backend, rs_config, method, rates, fly),
             proposer,
             k,
             max_num_seqs,

@@ -14,14 +14,16 @@ import torch
 
 from spec_backend.backends.base import Backend
 from spec_backend.config import RejectionSamplerConfig
+from spec_backend.config.fly import FlyConfig
 from spec_backend.engine.request import Request
 
 
 class Verifier:
     """Wraps the rejection sampler: draft lists + logits in, per-request emitted tokens out.
 
-    ``method``: the sampler method (``"standard"`` or ``"synthetic"``); ``config``: verification flags
-    from ``additional_config``; ``synthetic_acceptance_rates``: per-position rates for ``"synthetic"``.
+    ``method``: the sampler method (``"standard"``, ``"synthetic"`` or ``"fly"``); ``config``: verification
+    flags from ``additional_config``; ``synthetic_acceptance_rates``: per-position rates for
+    ``"synthetic"``; ``fly``: FLy's parameters for ``"fly"``.
     """
 
     def __init__(
@@ -30,10 +32,11 @@ class Verifier:
         config: RejectionSamplerConfig | None,
         method: str = "standard",
         synthetic_acceptance_rates: Sequence[float] | None = None,
+        fly: FlyConfig | None = None,
     ) -> None:
         from spec_backend.sampling import RejectionSampler
 
-        kwargs: dict[str, Any] = {"backend": backend}
+        kwargs: dict[str, Any] = {"backend": backend, "fly": fly}
         if synthetic_acceptance_rates is not None:
             kwargs["synthetic_acceptance_rates"] = list(synthetic_acceptance_rates)
         self.sampler = RejectionSampler(config, method=method, **kwargs)

@@ -3,11 +3,12 @@
 Public API::
 
     from spec_backend.sampling import (RejectionSampler, SpecDecodeMetadata, SamplingMetadata,
-                                       PLACEHOLDER_TOKEN_ID, parse_output)
+                                       PLACEHOLDER_TOKEN_ID, FlyConfig, parse_output)
 """
 
 from __future__ import annotations
 
+from spec_backend.config.fly import FlyConfig
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output, parse_output
@@ -17,6 +18,7 @@ from spec_backend.sampling.validation import SamplerInputError
 __all__ = [
     "METHODS",
     "PLACEHOLDER_TOKEN_ID",
+    "FlyConfig",
     "RejectionSampler",
     "SamplerInputError",
     "SamplerOps",

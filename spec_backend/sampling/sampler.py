@@ -38,44 +38,24 @@ from typing import Any
 
 import torch
 
+from spec_backend.config.fly import FlyConfig
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import rng
+from spec_backend.sampling.fly import fly_rescues
 from spec_backend.sampling.grouping import merge_outputs, split_batch
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.layout import VerifyStep
+from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
 
 logger = logging.getLogger("spec_backend.sampling")
 
-METHODS = ("standard", "synthetic")
+METHODS = ("standard", "synthetic", "fly")
 #: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
 #: least this many drafts; shorter batches take its token-level rule (vllm_ascend/sample/rejection_sampler.py)
 CUMULATIVE_MIN_SPEC_LEN = 3
 _WARNED: set[str] = set()
-
-
-def null_drafts(
-    draft_ids: torch.Tensor,  # [T] int32
-    vocab: int,
-    req_of: torch.Tensor,  # [T] int64
-    slot_of: torch.Tensor,  # [T] int64
-    batch: int,
-    max_spec_len: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Null drafts: placeholders (-1) and, defensively, any id outside [0, V) (an error in debug mode).
-
-    Returns the ids with every null draft set to ``PLACEHOLDER_TOKEN_ID`` ([T], what the ops receive:
-    they treat -1 as q = 0 and ρ = 0, never as an index), the null mask [T], and each request's first
-    null slot [B] (``max_spec_len`` when it has none): the accepted count never passes it.
-    """
-    null = (draft_ids < 0) | (draft_ids >= vocab)  # [T]
-    ids = torch.where(null, torch.full_like(draft_ids, PLACEHOLDER_TOKEN_ID), draft_ids)  # [T]
-    first = torch.full((batch,), max_spec_len, dtype=torch.int64, device=draft_ids.device)  # [B]
-    if draft_ids.numel():
-        slots = torch.where(null, slot_of, torch.full_like(slot_of, max_spec_len))  # [T]
-        first = first.scatter_reduce(0, req_of, slots, reduce="amin")
-    return ids, null, first
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:
@@ -115,6 +95,7 @@ class RejectionSampler:
         backend: Any = None,
         synthetic_acceptance_rates: Sequence[float] | None = None,
         debug: bool = False,
+        fly: FlyConfig | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown rejection sampler method {method!r}; allowed: {', '.join(METHODS)}")
@@ -123,16 +104,24 @@ class RejectionSampler:
         self.debug = debug
         self._rates: torch.Tensor | None = None
         self._rates_cache: dict[torch.device, torch.Tensor] = {}
+        if method in ("synthetic", "fly") and (
+            self.config.enable_block_verify or self.config.enable_entropy_verify
+        ):
+            raise ValueError(
+                f"method={method!r} cannot be combined with enable_block_verify / enable_entropy_verify"
+            )
         if method == "synthetic":
-            if self.config.enable_block_verify or self.config.enable_entropy_verify:
-                raise ValueError(
-                    "method='synthetic' cannot be combined with enable_block_verify / enable_entropy_verify"
-                )
             self._rates = _check_rates(synthetic_acceptance_rates)
         elif synthetic_acceptance_rates is not None:
             raise ValueError(
                 f"synthetic_acceptance_rates is only used with method='synthetic', not {method!r}"
             )
+        if (method == "fly") != (fly is not None):
+            raise ValueError(
+                "method='fly' needs fly=FlyConfig(...), and only it takes one; "
+                f"got method={method!r}, fly={fly!r}"
+            )
+        self.fly = fly
         if backend is None or isinstance(backend, str):
             from spec_backend.backends import load_backend
 
@@ -151,8 +140,8 @@ class RejectionSampler:
 
     @property
     def mode_name(self) -> str:
-        if self.method == "synthetic":
-            return "synthetic"
+        if self.method in ("synthetic", "fly"):
+            return self.method
         cfg = self.config
         base = f"block-{cfg.block_verify_mode}" if cfg.enable_block_verify else "standard"
         if cfg.enable_entropy_verify:
@@ -223,24 +212,19 @@ class RejectionSampler:
         logits: torch.Tensor,  # [T + B, V]
         sampling: SamplingMetadata,
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-        ops, device = self.ops, logits.device
-        batch, total, steps = metadata.batch_size, metadata.num_tokens, metadata.max_spec_len
-        cu = metadata.cu_num_draft_tokens  # [B]
-        target_rows = metadata.target_logits_indices.to(torch.int64)  # [T]
-        bonus_rows = metadata.bonus_logits_indices.to(torch.int64)  # [B]
-        assert metadata.request_index is not None and metadata.slot_index is not None
-        req_of, slot_of = metadata.request_index, metadata.slot_index  # [T], [T]
-        draft_ids, null, first_null = null_drafts(
-            metadata.draft_token_ids, logits.shape[1], req_of, slot_of, batch, steps
-        )  # [T] (placeholders as -1), [T] bool, [B]
-        seeds, positions = self._seeds_and_positions(sampling, batch, device)  # [B], [B]
+        step = VerifyStep.of(
+            metadata,
+            logits.shape[1],
+            *self._seeds_and_positions(sampling, metadata.batch_size, logits.device),
+        )
         greedy_rows = sampling.temperature == 0  # [B]
-
-        argmax = None if sampling.all_random else ops.argmax(logits)  # [N]
+        argmax = None if sampling.all_random else self.ops.argmax(logits)  # [N]
         probs = None
         if not sampling.all_greedy:
-            row_req = self._row_requests(target_rows, bonus_rows, req_of, logits.shape[0])  # [N]
-            probs = ops.target_probs(
+            row_req = self._row_requests(
+                step.target_rows, step.bonus_rows, step.req_of, logits.shape[0]
+            )  # [N]
+            probs = self.ops.target_probs(
                 logits,
                 sampling.temperature[row_req],
                 sampling.top_k[row_req],
@@ -248,85 +232,92 @@ class RejectionSampler:
                 sampling.apply_top_k,
                 sampling.apply_top_p,
             )  # [N, V]
-
-        scale = torch.ones(batch, dtype=torch.float64, device=device)  # [B]
-        if self._rates is not None:
-            u = ops.uniforms(seeds, positions, torch.zeros_like(seeds), rng.STREAM_SYNTHETIC)  # [B]
-            num_accepted = ops.synthetic_verify(u, self._rates_on(device), cu, steps)
-        else:
-            num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
-            if argmax is not None:
-                num_accepted = ops.greedy_verify(draft_ids, argmax[target_rows], cu, steps)
-            if probs is not None:
-                n_random, scale = self._verify_random(
-                    draft_ids,
-                    draft_probs,
-                    logits,
-                    probs,
-                    target_rows,
-                    seeds,
-                    positions,
-                    req_of,
-                    slot_of,
-                    cu,
-                    steps,
-                )
-                num_accepted = (
-                    torch.where(greedy_rows, num_accepted, n_random) if argmax is not None else n_random
-                )
-
-        num_accepted = torch.minimum(num_accepted, first_null)  # a placeholder ends the drafts
-        counts = cu.to(torch.int64) - torch.cat([cu.new_zeros(1, dtype=torch.int64), cu[:-1].to(torch.int64)])
+        num_accepted, scale = self._accept_counts(step, draft_probs, logits, probs, argmax, greedy_rows)
+        num_accepted = torch.minimum(num_accepted, step.first_null)  # a placeholder ends the drafts
+        cu, total = step.cu.to(torch.int64), step.draft_ids.shape[0]
+        counts = cu - torch.cat([cu.new_zeros(1), cu[:-1]])  # [B]
         is_bonus = num_accepted >= counts  # [B]
+        final_rows, draft_rows = step.bonus_rows, torch.full_like(step.bonus_rows, -1)  # [B], [B]
         if total:
-            draft_at = torch.clamp(cu.to(torch.int64) - counts + num_accepted, max=total - 1)  # [B]
-            final_rows = torch.where(is_bonus, bonus_rows, target_rows[draft_at])  # [B]
-            no_draft = is_bonus | null[draft_at]  # bonus row, or a placeholder's position: q = 0
-            draft_rows = torch.where(no_draft, torch.full_like(draft_at, -1), draft_at)  # [B]
-        else:
-            final_rows, draft_rows = bonus_rows, torch.full_like(bonus_rows, -1)
-        if self._rates is not None:
-            draft_rows = torch.full_like(draft_rows, -1)  # synthetic: the target's own token
-
-        final = torch.zeros(batch, dtype=torch.int64, device=device)
+            draft_at = torch.clamp(cu - counts + num_accepted, max=total - 1)  # [B]
+            final_rows = torch.where(is_bonus, step.bonus_rows, step.target_rows[draft_at])
+            no_draft = is_bonus | step.null[draft_at] | (self._rates is not None)  # q = 0 at these rows
+            draft_rows = torch.where(no_draft, torch.full_like(draft_at, -1), draft_at)
+        final = torch.zeros(step.batch, dtype=torch.int64, device=logits.device)  # [B]
         if probs is not None:
-            final = ops.sample_residual(
-                probs, final_rows, draft_probs, draft_ids, draft_rows, scale, seeds, positions + num_accepted
-            )
+            final = self.ops.sample_residual(
+                probs, final_rows, draft_probs, step.draft_ids, draft_rows, scale, step.seeds,
+                step.positions + num_accepted,
+            )  # fmt: skip
         if argmax is not None:
             final = (
                 torch.where(greedy_rows, argmax[final_rows], final)
                 if probs is not None
                 else argmax[final_rows]
             )
-        return build_output(draft_ids, cu, num_accepted, final, steps)
+        return build_output(step.draft_ids, step.cu, num_accepted, final, step.steps)
+
+    def _accept_counts(
+        self,
+        step: VerifyStep,
+        draft_probs: torch.Tensor | None,  # [T, V]
+        logits: torch.Tensor,  # [N, V]
+        probs: torch.Tensor | None,  # [N, V] processed target (None: every request greedy)
+        argmax: torch.Tensor | None,  # [N] (None: no greedy request)
+        greedy_rows: torch.Tensor,  # [B] bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted drafts [B] int64, residual weight [B] float64
+        ops, device = self.ops, logits.device
+        scale = torch.ones(step.batch, dtype=torch.float64, device=device)  # [B]
+        if self._rates is not None:
+            u_req = ops.uniforms(
+                step.seeds, step.positions, torch.zeros_like(step.seeds), rng.STREAM_SYNTHETIC
+            )
+            return ops.synthetic_verify(u_req, self._rates_on(device), step.cu, step.steps), scale
+        target_argmax = None if argmax is None else argmax[step.target_rows]  # [T]
+        u: torch.Tensor | None = None  # [T]
+        if probs is not None:
+            u = ops.uniforms(
+                step.seeds[step.req_of], step.positions[step.req_of], step.slot_of, rng.STREAM_ACCEPT
+            )
+        if self.fly is not None and step.draft_ids.numel():
+            layout = (step.cu, step.steps, step.req_of, step.slot_of)
+            rescue = fly_rescues(
+                self.fly, step.draft_ids, draft_probs, logits, probs, step.target_rows,
+                greedy_rows[step.req_of], target_argmax, u, layout,
+            )  # fmt: skip  # [T]
+            if target_argmax is not None:  # a rescued greedy draft counts as the argmax
+                target_argmax = torch.where(rescue, step.draft_ids.to(torch.int64), target_argmax)
+            if u is not None:  # a rescued sampled draft gets u = 0: the native rule accepts it
+                u = torch.where(rescue, torch.zeros_like(u), u)
+        num_accepted = torch.zeros(step.batch, dtype=torch.int64, device=device)  # [B]
+        if target_argmax is not None:
+            num_accepted = ops.greedy_verify(step.draft_ids, target_argmax, step.cu, step.steps)
+        if probs is None or u is None:
+            return num_accepted, scale
+        n_random, scale = self._verify_random(step, draft_probs, logits, probs, u)
+        return (
+            torch.where(greedy_rows, num_accepted, n_random) if target_argmax is not None else n_random
+        ), scale
 
     def _verify_random(
         self,
-        draft_ids: torch.Tensor,  # [T]
+        step: VerifyStep,
         draft_probs: torch.Tensor | None,  # [T, V]
         logits: torch.Tensor,  # [N, V]
         probs: torch.Tensor,  # [N, V]
-        target_rows: torch.Tensor,  # [T]
-        seeds: torch.Tensor,  # [B]
-        positions: torch.Tensor,  # [B]
-        req_of: torch.Tensor,  # [T]
-        slot_of: torch.Tensor,  # [T]
-        cu: torch.Tensor,  # [B]
-        steps: int,
+        u: torch.Tensor,  # [T] float64 acceptance uniforms
     ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B] int64, residual weight [B] float64
-        ops, cfg = self.ops, self.config
-        u = ops.uniforms(seeds[req_of], positions[req_of], slot_of, rng.STREAM_ACCEPT)  # [T]
+        ops, cfg, steps = self.ops, self.config, step.steps
         thresholds = None
         if cfg.enable_entropy_verify:
             thresholds = ops.entropy_thresholds(logits, cfg.posterior_alpha, cfg.posterior_threshold)[
-                target_rows
+                step.target_rows
             ]
-        ones = torch.ones(seeds.shape[0], dtype=torch.float64, device=seeds.device)
+        ones = torch.ones(step.batch, dtype=torch.float64, device=u.device)
         cumulative = cfg.enable_block_verify and cfg.block_verify_mode == "cumulative"
         if cumulative and steps < CUMULATIVE_MIN_SPEC_LEN and thresholds is None:
             thresholds = torch.ones_like(u)  # vllm-ascend's token-level rule (q > 0 and ρ >= u)
-        args = (draft_ids, draft_probs, probs, target_rows, u, thresholds, cu, steps)
+        args = (step.draft_ids, draft_probs, probs, step.target_rows, u, thresholds, step.cu, steps)
         if not cfg.enable_block_verify or (cumulative and steps < CUMULATIVE_MIN_SPEC_LEN):
             return ops.standard_verify(*args), ones
         if cumulative:
