@@ -36,6 +36,7 @@ from spec_backend.config.methods import (
     normalize_method,
 )
 from spec_backend.config.model_configs import LoadConfigLite, ModelConfigLite, ParallelConfigLite
+from spec_backend.config.ngram import resolve_lookup_window
 from spec_backend.config.sampler_methods import (
     SAMPLER_METHOD_BY_NAME,
     RejectionSampleMethod,
@@ -230,15 +231,10 @@ class SpeculativeConfig(BaseModel):
             )
 
     def _resolve_ngram(self) -> None:
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if lo is None and hi is None:
-            lo = hi = 5
-        lo = hi if lo is None else lo
-        hi = lo if hi is None else hi
-        assert lo is not None and hi is not None
-        if lo > hi:
-            raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
-        self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
+        assert self.method is not None
+        self.prompt_lookup_min, self.prompt_lookup_max = resolve_lookup_window(
+            self.method, self.prompt_lookup_min, self.prompt_lookup_max
+        )
         self.draft_model_config = self.target_model_config
         self.draft_parallel_config = self.target_parallel_config
 

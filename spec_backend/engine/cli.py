@@ -13,14 +13,45 @@ import time
 from typing import Any
 
 
-def _json_arg(text: str) -> dict[str, Any]:
+class CliError(Exception):
+    """A user error the CLI reports as one ``error: ...`` line on stderr with exit status 2."""
+
+
+def fail(message: object) -> int:
+    """Print ``message`` as one line (``error: ...``) on stderr; return the usage-error status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def _json_arg(text: str | None, name: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CliError(f"{name} is not valid JSON ({exc}): {text!r}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        raise CliError(f"{name} must be a JSON object, got {text!r}")
     return value
+
+
+def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
+    """The ``LLM`` of the engine flags; a bad flag, backend or model raises ``CliError``."""
+    from spec_backend.backends.base import BackendError
+    from spec_backend.engine import LLM
+
+    try:
+        return LLM(
+            args.model,
+            speculative_config=_json_arg(args.speculative_config, "--speculative-config"),
+            additional_config=_json_arg(args.additional_config, "--additional-config"),
+            backend=args.backend,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            **extra,
+        )
+    except (ValueError, BackendError, OSError) as exc:
+        raise CliError(exc) from exc
 
 
 def summary_table(outputs: list[Any], seconds: float) -> str:
@@ -61,13 +92,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="model folder, .gguf file, or 'smollm2' (bundled)")
     p.add_argument(
         "--speculative-config",
-        type=_json_arg,
         default=None,
         help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
     )
     p.add_argument(
         "--additional-config",
-        type=_json_arg,
         default=None,
         help="JSON, e.g. '{\"rejection_sampler_config\": {...}}'",
     )
@@ -78,32 +107,40 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate for ``--prompt``s / ``--prompts-file`` lines and print texts and a summary table."""
-    from spec_backend.engine import LLM, SamplingParams
+    try:
+        return _generate(args)
+    except CliError as exc:
+        return fail(exc)
 
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
     prompts: list[str] = list(args.prompt or [])
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as fh:
-            prompts += [line.rstrip("\n") for line in fh if line.strip()]
+        try:
+            with open(args.prompts_file, encoding="utf-8") as fh:
+                prompts += [line.rstrip("\n") for line in fh if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read --prompts-file {args.prompts_file!r}: {exc}") from exc
     if not prompts:
-        print("error: give --prompt or --prompts-file", file=sys.stderr)
-        return 2
+        raise CliError("give --prompt or --prompts-file")
+    return prompts
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from spec_backend.engine import SamplingParams
+
+    prompts = _read_prompts(args)
     try:
         params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-        llm = LLM(
-            args.model,
-            speculative_config=args.speculative_config,
-            additional_config=args.additional_config,
-            backend=args.backend,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len,
-            seed=args.seed,
-        )
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(exc) from exc
+    llm = build_llm(args, seed=args.seed)
     texts = [llm.chat_prompt(p) for p in prompts] if args.chat else prompts
     start = time.perf_counter()
-    outputs = llm.generate(texts, params, use_tqdm=not args.no_progress)
+    try:
+        outputs = llm.generate(texts, params, use_tqdm=not args.no_progress)
+    except ValueError as exc:  # inputs are checked before any work
+        raise CliError(exc) from exc
     seconds = time.perf_counter() - start
     for prompt, out in zip(prompts, outputs, strict=True):
         c = out.outputs[0]

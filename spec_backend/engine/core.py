@@ -18,6 +18,7 @@ A failure while processing one request (its drafts, its forward, its tokens) end
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +28,12 @@ from spec_backend.engine.request import Request
 from spec_backend.engine.runner import ModelRunner
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
+
+logger = logging.getLogger("spec_backend.engine")
+
+
+class EngineStateError(RuntimeError):
+    """The engine's own bookkeeping is inconsistent (a bug or an interrupted step); it is reset."""
 
 
 def _error_text(exc: BaseException) -> str:
@@ -69,8 +76,33 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def check_invariants(self) -> None:
+        """Raise ``EngineStateError`` unless every live cache slot belongs to a running request and no
+        forward is half-way (the state a step starts from)."""
+        cache = self.runner.cache
+        if cache.num_slots != len(self.running) or cache.plan is not None:
+            raise EngineStateError(
+                f"engine state is inconsistent: {cache.num_slots} cache slot(s) for {len(self.running)} "
+                f"running request(s), step plan {'open' if cache.plan is not None else 'closed'}"
+            )
+
+    def ensure_idle(self) -> None:
+        """Before new work: nothing waiting or running and no cache slot. A leftover (from an interrupted
+        step that could not clean up) is logged and cleared, so it can never leak into new requests."""
+        try:
+            self.check_invariants()
+            stale = self.has_unfinished()
+        except EngineStateError as exc:
+            stale, reason = True, str(exc)
+        else:
+            reason = f"{len(self.waiting)} waiting and {len(self.running)} running request(s) left over"
+        if stale:
+            logger.error("engine was not idle before new work (%s); clearing it", reason)
+            self.abort_all("engine reset: request left over from an interrupted call")
+
     def step(self) -> list[Request]:
         """Run one scheduling step; return the requests that finished during it."""
+        self.check_invariants()
         finished: list[Request] = []
         admitted: list[Request] = []
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
@@ -247,4 +279,4 @@ def seed_for(rng: random.Random) -> int:
     return rng.getrandbits(63)
 
 
-__all__ = ["EngineCore", "seed_for"]
+__all__ = ["EngineCore", "EngineStateError", "seed_for"]

@@ -19,8 +19,9 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Load the model, generate greedily for a few code-edit prompts, print results and statistics."""
+    from spec_backend.backends.base import BackendError
     from spec_backend.engine import LLM, SamplingParams
-    from spec_backend.engine.cli import summary_table
+    from spec_backend.engine.cli import fail, summary_table
     from spec_backend.engine.prompts import code_edit_prompts
 
     spec = {
@@ -30,7 +31,10 @@ def run_demo(args: argparse.Namespace) -> int:
         "prompt_lookup_max": 4,
     }
     print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
-    llm = LLM(args.model, speculative_config=spec, log_stats_interval=None)
+    try:
+        llm = LLM(args.model, speculative_config=spec, log_stats_interval=None)
+    except (ValueError, BackendError, OSError) as exc:
+        return fail(exc)
     messages = code_edit_prompts(args.num_prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate([llm.chat_prompt(messages[0])], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up

@@ -6,15 +6,17 @@ import json
 import logging
 import os
 import random
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from spec_backend.backends import load_backend
-from spec_backend.backends.base import Backend
+from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
 from spec_backend.engine.core import EngineCore, seed_for
+from spec_backend.engine.inputs import check_token_ids, parse_prompts
 from spec_backend.engine.loader import (
     load_model,
     load_tokenizer,
@@ -30,7 +32,7 @@ from spec_backend.metrics import SpecDecodingMetrics
 
 logger = logging.getLogger("spec_backend.engine")
 
-PromptInput = str | Sequence[int]
+PromptInput = str | Sequence[int] | dict[str, Any]
 
 
 def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
@@ -101,11 +103,19 @@ class LLM:
         if not isinstance(enforce_eager, bool):
             raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
         self.enforce_eager = enforce_eager
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an int (any value) or None (fresh seeds each run), got {seed!r}")
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
         self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
+        status = self.backend.probe()  # before any weights load: a missing device is not a model error
+        if not status.available:
+            raise BackendError(
+                f"backend {self.backend.name!r} cannot run on this machine: {status.reason} "
+                f"(installed backends and their status: spec-backend backends)"
+            )
         self.speculative_config = parse_speculative_config(speculative_config)
         rs_config = RejectionSamplerConfig.from_additional_config(additional_config)
         method, rates, fly = "standard", None, None
@@ -129,6 +139,8 @@ class LLM:
         self.metrics = SpecDecodingMetrics(registry=metrics_registry, log_interval_s=log_stats_interval)
         self._rng = random.Random(seed)
         self._next_id = 0
+        self._lock = threading.Lock()  # generate() calls run one at a time
+        self._owner: int | None = None  # thread inside generate(), to refuse re-entrant calls
         proposer, k, disable = None, 0, None
         if self.speculative_config is not None:
             from spec_backend.proposers import create_proposer
@@ -174,66 +186,60 @@ class LLM:
         return requested
 
     # -- input handling ------------------------------------------------------------------------------
-    def _tokenize(self, prompt: PromptInput, index: int) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError(f"prompt {index} is empty")
-            if self.tokenizer is None:
+    def _tokenize(self, text: str | None, ids: list[int] | None, index: int) -> list[int]:
+        if ids is not None:
+            return ids
+        assert text is not None
+        if self.tokenizer is None:
+            raise ValueError(
+                f"prompt {index} is text but model {self.source.display} has no tokenizer; pass token ids"
+            )
+        tokens = [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
+        if not tokens:
+            raise ValueError(f"prompt {index} is empty (no tokens)")
+        return tokens
+
+    def _params_list(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            params_list = [SamplingParams()] * count
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * count
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != count:
                 raise ValueError(
-                    f"prompt {index} is text but model {self.source.display} has no tokenizer; pass token ids"
+                    f"got {len(params_list)} SamplingParams for {count} prompts; pass one, or one per prompt"
                 )
-            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-            return prompt, [int(t) for t in ids]
-        ids = list(prompt)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError(f"prompt {index} must be a string or a list of token ids (ints), got {prompt!r}")
-        return None, ids
+        for i, params in enumerate(params_list):
+            if not isinstance(params, SamplingParams):
+                raise ValueError(
+                    f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}"
+                )
+            if params.stop and self.tokenizer is None:
+                raise ValueError(
+                    f"sampling_params[{i}] has stop strings {params.stop!r} but model {self.source.display} "
+                    "has no tokenizer to match them; use stop_token_ids"
+                )
+        return params_list
 
     def _make_requests(
         self,
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[Request]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
-        ):
-            prompt_list: list[PromptInput] = [prompts]  # type: ignore[list-item]
-        else:
-            prompt_list = list(prompts)  # type: ignore[arg-type]
-        if not prompt_list:
-            raise ValueError("generate() needs at least one prompt")
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompt_list)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(
-                    f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts; "
-                    "pass one, or one per prompt"
-                )
+        parsed = parse_prompts(prompts)
+        params_list = self._params_list(sampling_params, len(parsed))
         vocab = self.engine.runner.vocab_size
         requests = []
-        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
-            if not isinstance(params, SamplingParams):
-                raise ValueError(
-                    f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}"
-                )
-            text, ids = self._tokenize(prompt, i)
-            if not ids:
-                raise ValueError(f"prompt {i} is empty (no tokens)")
-            if len(ids) >= self.max_model_len:
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens; max_model_len={self.max_model_len} leaves no room to "
-                    "generate (prompt must be shorter than max_model_len)"
-                )
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-            seed = params.seed if params.seed is not None else seed_for(self._rng)
-            requests.append(Request(str(self._next_id), text, ids, params, seed, self.eos_token_ids))
-            self._next_id += 1
+        for i, ((text, ids), params) in enumerate(zip(parsed, params_list, strict=True)):
+            tokens = self._tokenize(text, ids, i)
+            check_token_ids(tokens, i, vocab, self.max_model_len)
+            requests.append(Request("", text, tokens, params, 0, self.eos_token_ids))
+        for request in requests:  # ids and seeds only once every prompt is known to be valid
+            request.request_id, self._next_id = str(self._next_id), self._next_id + 1
+            request.seed = request.params.seed if request.params.seed is not None else seed_for(self._rng)
         return requests
 
     # -- generation ----------------------------------------------------------------------------------
@@ -246,17 +252,36 @@ class LLM:
         """Generate for every prompt; outputs come back in prompt order.
 
         All inputs are validated before any work (``ValueError``). A request that fails while being
-        processed ends with ``finish_reason="error"`` and its message in ``outputs[0].error``.
+        processed ends with ``finish_reason="error"`` and its message in ``outputs[0].error``. Safe to call
+        from several threads: calls run one after another (each one's outputs are what it would get
+        alone). An exception escaping a step (``KeyboardInterrupt`` included) ends that call's requests
+        and leaves the engine empty and ready for the next call.
         """
-        requests = self._make_requests(prompts, sampling_params)
-        for request in requests:
-            self.engine.add(request)
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
+        if self._owner == threading.get_ident():
+            raise RuntimeError("LLM.generate was called again from inside a running generate() on one thread")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                return self._generate(prompts, sampling_params, use_tqdm)
+            finally:
+                self._owner = None
 
-            bar = tqdm(total=len(requests), desc="Generating", unit="req")
+    def _generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        self.engine.ensure_idle()
+        requests = self._make_requests(prompts, sampling_params)
+        bar = None
         try:
+            for request in requests:
+                self.engine.add(request)
+            if use_tqdm:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(requests), desc="Generating", unit="req")
             while self.engine.has_unfinished():
                 done = self.engine.step()
                 if bar is not None and done:

@@ -1,10 +1,11 @@
 """Loading the target model: a local Hugging Face folder, a GGUF file, or the bundled SmolLM2.
 
 Every failure here raises ``ModelLoadError`` with a message naming the path and what to do, before any
-generation work starts. The backend's attention function is registered in transformers'
-``AttentionInterface`` under the backend's name, with mask building disabled for it
-(``AttentionMaskInterface`` entry that returns ``None``): the ragged attention builds its own masks
-from ``RaggedAttentionMetadata``.
+generation work starts. Weights load from safetensors or GGUF only: pickled checkpoints (``*.bin``,
+``*.pt``, ...) are refused, since unpickling can run arbitrary code. The backend's attention function is
+registered in transformers' ``AttentionInterface`` under the backend's name, with mask building disabled
+for it (``AttentionMaskInterface`` entry that returns ``None``): the ragged attention builds its own
+masks from ``RaggedAttentionMetadata``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,31 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
     )
 
 
+#: File names of pickled PyTorch checkpoints: loading one can run arbitrary code, so none is ever loaded.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def refuse_pickles(source: ModelSource) -> None:
+    """``ModelLoadError`` when a folder's weights exist only as pickles (``*.bin``, ``*.pt``, ...).
+
+    Weights load from safetensors or GGUF only; the message names the file and how to convert it.
+    """
+    if source.gguf_file is not None:
+        return
+    folder = Path(source.directory)
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise ModelLoadError(
+            f"model folder {str(folder)!r} holds its weights as pickled PyTorch checkpoint(s) {pickles[:4]} "
+            "and no *.safetensors; pickles can run code when loaded, so spec-backend loads safetensors "
+            "or GGUF only. Convert once, with transformers, where you trust the file: "
+            "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(new_folder) "
+            "(writes model.safetensors), then pass new_folder"
+        )
+
+
 def check_gguf_architecture(source: ModelSource) -> None:
     """Fail early when transformers' GGUF loader does not support the file's architecture."""
     if source.gguf_file is None:
@@ -133,14 +159,17 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | None:
 def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, device: torch.device) -> Any:
     """Load the causal LM on ``device`` with the ragged attention; ``dtype=None`` keeps float32 on CPU."""
     check_gguf_architecture(source)
+    refuse_pickles(source)
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"attn_implementation": attn_name}
     if source.gguf_file is not None:
         kwargs["gguf_file"] = source.gguf_file
+    else:
+        kwargs["use_safetensors"] = True  # never fall back to a pickle
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except Exception as exc:  # corrupt weights raise library-specific errors (SafetensorError, ...)
         raise ModelLoadError(f"cannot load model {source.display}: {type(exc).__name__}: {exc}") from exc
     if dtype is None:
         dtype = model.dtype if device.type != "cpu" or model.dtype == torch.float64 else torch.float32

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spec_backend.metrics import SpecDecodingStats
+from spec_backend.sampling.metadata import check_seed
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -15,7 +16,8 @@ class SamplingParams:
     """How to sample one request; validated on construction (``ValueError`` naming the field).
 
     ``temperature`` 0 is greedy; ``top_k`` 0 disables top-k; ``top_p`` 1.0 disables nucleus sampling;
-    ``seed`` makes the request's samples reproducible whatever else is in the batch; ``max_tokens`` caps
+    ``seed`` (None, or an int in [0, 2**63 - 1]; vLLM's ``-1`` for "unseeded" is refused: pass None) makes
+    the request's samples reproducible whatever else is in the batch; ``max_tokens`` caps
     generated tokens; ``stop`` strings end generation (excluded from the text); ``stop_token_ids`` end it
     (included in ``token_ids``); ``ignore_eos`` keeps going past the model's end-of-sequence token.
     """
@@ -44,8 +46,7 @@ class SamplingParams:
         ):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         self.top_p = float(self.top_p)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        check_seed(self.seed)  # None or [0, 2**63 - 1]: every accepted seed is reproducible
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if isinstance(self.stop, str):

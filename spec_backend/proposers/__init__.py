@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec_backend.config.ngram import resolve_lookup_window
 from spec_backend.proposers.base import Proposer
 from spec_backend.proposers.ngram import NgramProposer
 from spec_backend.proposers.ngram_gpu import NgramGpuProposer
@@ -37,18 +38,13 @@ _PLANNED_METHODS: tuple[str, ...] = (
 )
 KNOWN_METHODS: tuple[str, ...] = IMPLEMENTED_METHODS + _PLANNED_METHODS
 _ALIASES = {"[ngram]": "ngram"}
-_NGRAM_DEFAULT = 5  # window size when neither prompt_lookup_min nor prompt_lookup_max is given
 
 
-def _lookup_window(config: Any) -> tuple[int, int]:
-    """(prompt_lookup_min, prompt_lookup_max); a missing bound takes the other's value."""
+def _lookup_window(config: Any, method: str) -> tuple[int, int]:
+    """(prompt_lookup_min, prompt_lookup_max) with the config's defaults and limits."""
     lo: int | None = getattr(config, "prompt_lookup_min", None)
     hi: int | None = getattr(config, "prompt_lookup_max", None)
-    if lo is None and hi is None:
-        return _NGRAM_DEFAULT, _NGRAM_DEFAULT
-    lo_, hi_ = (hi if lo is None else lo), (lo if hi is None else hi)
-    assert lo_ is not None and hi_ is not None
-    return int(lo_), int(hi_)
+    return resolve_lookup_window(method, lo, hi)
 
 
 def create_proposer(config: Any, device: Any = None) -> Proposer:
@@ -80,7 +76,7 @@ def create_proposer(config: Any, device: Any = None) -> Proposer:
         )
     if k is None:
         raise ValueError(f"num_speculative_tokens is required for speculative method {method!r}")
-    lo, hi = _lookup_window(config)
+    lo, hi = _lookup_window(config, method)
     if method == "ngram":
         return NgramProposer(int(k), lo, hi)
     return NgramGpuProposer(int(k), lo, hi, device=device)

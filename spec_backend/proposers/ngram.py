@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from spec_backend.config.ngram import MAX_PROMPT_LOOKUP
 from spec_backend.proposers.base import Proposer, draft_limits
 from spec_backend.proposers.hash_table import StaticHashTable
 
@@ -39,8 +40,8 @@ __all__ = ["NgramProposer", "last_occurrence"]
 _P = 0x100000001B3  # odd multiplier of the polynomial hash (64-bit FNV prime)
 _MASK64 = (1 << 64) - 1
 _MIN_DYNAMIC = 512  # the dynamic tier is merged into the static tier past max(this, static size / 2)
-_NBITS = 8  # values are ``start << _NBITS | n`` (inlined in update); a hit stored by another n = collision
-MAX_LOOKUP = (1 << _NBITS) - 1
+MAX_LOOKUP = MAX_PROMPT_LOOKUP
+_NBITS = MAX_LOOKUP.bit_length()  # values are ``start << _NBITS | n`` (inlined in update); other n: collision
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

@@ -12,7 +12,7 @@ from cuda_testlib import emulated_flash_with_kvcache
 from spec_backend_cuda import CudaBackend
 from spec_backend_cuda.attention import ragged_flash
 
-from spec_backend.backends.base import AttentionFn
+from spec_backend.backends.base import AttentionFn, Availability
 
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
@@ -23,6 +23,9 @@ class CpuEmulatedCuda(CudaBackend):
 
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def probe(self) -> Availability:
+        return Availability(True, "emulated on the CPU")  # the engine refuses unavailable backends
 
 
 def _emulated_flash(
