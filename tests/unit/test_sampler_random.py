@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from sampler_modes import CONFIG_MODES
 
 from spec_backend.config.rejection import RejectionSamplerConfig as Config
 from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
@@ -20,16 +21,7 @@ from spec_backend.sampling.torch_ops import (
 )
 
 V = 7
-MODES = {
-    "standard": Config(),
-    "block-lossless": Config(enable_block_verify=True),
-    "block-cumulative": Config(enable_block_verify=True, block_verify_mode="cumulative"),
-    "entropy": Config(enable_entropy_verify=True),
-    "block-cumulative+entropy": Config(
-        enable_block_verify=True, block_verify_mode="cumulative", enable_entropy_verify=True
-    ),
-    "block-lossless+entropy": Config(enable_block_verify=True, enable_entropy_verify=True),
-}
+MODES = CONFIG_MODES
 
 
 def batch(

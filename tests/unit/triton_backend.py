@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from sampler_modes import CONFIG_MODES
 
 from spec_backend.backends.base import SamplerTuning
 from spec_backend.backends.reference import ReferenceBackend
@@ -53,17 +54,7 @@ class TritonReferenceBackend(ReferenceBackend):
         return self.tuning
 
 
-MODES = {
-    "standard": Config(),
-    "block-lossless": Config(enable_block_verify=True),
-    "block-cumulative": Config(enable_block_verify=True, block_verify_mode="cumulative"),
-    "entropy": Config(enable_entropy_verify=True),
-    "block-cumulative+entropy": Config(
-        enable_block_verify=True, block_verify_mode="cumulative", enable_entropy_verify=True
-    ),
-    "block-lossless+entropy": Config(enable_block_verify=True, enable_entropy_verify=True),
-    "synthetic": Config(),
-}
+MODES = {**CONFIG_MODES, "synthetic": Config()}
 RATES = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 
 
