@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from spec_backend.backends import list_backends
+from spec_backend.backends.base import Availability
 
 
 def _limit(value: int | None) -> str:
@@ -19,7 +20,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     rows = [("backend", "device", "status", "max query tokens/request", "max spec tokens")]
     for info in list_backends():
         limits = info.backend.token_limits()
-        status = "available" if info.available else f"unavailable: {info.reason}"
+        status = str(Availability(info.available, info.reason))
         rows.append(
             (
                 info.name,

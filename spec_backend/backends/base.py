@@ -47,13 +47,16 @@ class BackendNotImplementedError(NotImplementedError, BackendError):
 
 @dataclass(frozen=True)
 class Availability:
-    """Result of a backend probe: ``reason`` explains why a backend is unavailable."""
+    """Result of a backend probe: ``reason`` explains why a backend is unavailable (for an available one,
+    an optional note, e.g. a slower path it falls back to)."""
 
     available: bool
     reason: str = ""
 
     def __str__(self) -> str:
-        return "available" if self.available else f"unavailable: {self.reason}"
+        if self.available:
+            return f"available ({self.reason})" if self.reason else "available"
+        return f"unavailable: {self.reason}"
 
 
 @dataclass(frozen=True)

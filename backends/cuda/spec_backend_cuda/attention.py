@@ -13,8 +13,9 @@ it never synchronises with the host and can be captured in a CUDA graph):
   ``< cache_seqlens - Q + j + 1``), which matches the contract only for *left*-padded queries, so
   each request's rows are rotated by ``Q - query_lens[b]`` before the call (real rows last) and
   rotated back after it: two gathers of ``[B, Q, Hq, D]``, no copy of the cache. Padding rows that
-  see no key come back as zeros. Used when ``flash_attn`` is importable, the tensors are on CUDA in
-  float16/bfloat16, the head dim is a multiple of 8 up to 256, and there is no dropout.
+  see no key come back as zeros. Used when ``flash_attn`` is importable, the GPU is Ampere (compute
+  capability 8.0) or newer, the tensors are on CUDA in float16/bfloat16, the head dim is a multiple of
+  8 up to 256, and there is no dropout.
 * **sdpa** — the reference itself (:func:`spec_backend.backends.attention.sdpa_ragged_attention`, its
   explicit boolean mask from ``ragged_causal_mask``): every dtype and device.
 """
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+from spec_backend_cuda.limits import FLASH_MIN_CAPABILITY
 
 #: ``flash_attn_with_kvcache``-compatible kernel: (q [B,Q,Hq,D], k [B,L,Hkv,D], v, **kw) -> [B,Q,Hq,D].
 FlashKernel = Callable[..., torch.Tensor]
@@ -57,13 +59,31 @@ def load_flash_kernel() -> FlashKernel:
     return kernel
 
 
+@functools.lru_cache(maxsize=16)
+def device_capability(index: int) -> tuple[int, int]:
+    """Compute capability of CUDA device ``index`` (a host query, cached: never a device sync)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
+
+
+def flash_capability_reason(capability: tuple[int, int]) -> str | None:
+    """Why flash-attn cannot run on a GPU of this compute capability (``None``: it can)."""
+    if capability >= FLASH_MIN_CAPABILITY:
+        return None
+    need = ".".join(map(str, FLASH_MIN_CAPABILITY))
+    return f"compute capability {capability[0]}.{capability[1]} (flash-attn needs {need}, Ampere, or newer)"
+
+
 def flash_unsupported_reason(query: torch.Tensor, key: torch.Tensor, dropout: float = 0.0) -> str | None:
-    """Why the flash path cannot run these tensors (``None``: it can). Shapes and dtypes only."""
+    """Why the flash path cannot run these tensors (``None``: it can). Shapes, dtypes and the GPU only."""
     head_dim = query.shape[-1]
     if not flash_attn_installed():
         return "flash_attn is not installed"
     if query.device.type != "cuda":
         return f"tensors are on {query.device.type}, not cuda"
+    too_old = flash_capability_reason(device_capability(query.device.index or 0))
+    if too_old is not None:
+        return too_old
     if query.dtype not in FLASH_DTYPES or key.dtype != query.dtype:
         return f"dtype {query.dtype} (flash-attn computes in float16/bfloat16 only)"
     if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
@@ -170,7 +190,9 @@ __all__ = [
     "ATTENTION_PATHS",
     "FlashKernel",
     "cuda_ragged_attention",
+    "device_capability",
     "flash_attn_installed",
+    "flash_capability_reason",
     "flash_ragged_attention",
     "flash_unsupported_reason",
     "load_flash_kernel",

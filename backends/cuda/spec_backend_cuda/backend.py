@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 ATTENTION_CHOICES = ("auto", "flash", "sdpa")
 
 
+def _flash_note() -> str:
+    """A note for the probe when flash-attn cannot run on device 0 (its attention then runs SDPA)."""
+    from spec_backend_cuda.attention import device_capability, flash_capability_reason
+
+    reason = flash_capability_reason(device_capability(0))
+    return "" if reason is None else f"attention runs on SDPA: {reason}"
+
+
 class CudaBackend(Backend):
     """NVIDIA GPUs through CUDA: flash-attn/SDPA attention, CUDA graphs, triton sampler kernels.
 
@@ -51,9 +59,10 @@ class CudaBackend(Backend):
                 built = torch.version.cuda
                 why = "torch was built without CUDA" if built is None else "no CUDA device is visible"
                 return Availability(False, f"{why} (torch {torch.__version__})")
+            old_gpu = _flash_note()
         except Exception as exc:  # a probe reports, it never raises
             return Availability(False, f"CUDA probe failed: {type(exc).__name__}: {exc}")
-        return Availability(True)
+        return Availability(True, old_gpu)
 
     def token_limits(self) -> TokenLimits:
         return TokenLimits(max_query_tokens_per_request=None)

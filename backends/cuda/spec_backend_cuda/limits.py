@@ -8,6 +8,8 @@
   as large as the largest graph's working set. The largest capture size is therefore capped by free
   device memory at start-up: ``CAPTURE_TOKENS_PER_GIB`` tokens per free GiB, clamped to
   ``[MIN_CAPTURE_SIZE, DEFAULT_MAX_CAPTURE_SIZE]``. There is no graph budget (``graph_budget=None``).
+* **Attention.** flash-attn needs compute capability ``FLASH_MIN_CAPABILITY`` (Ampere) or newer; on
+  older GPUs the ``auto`` attention runs SDPA, and the probe says so.
 * **Sampler tile.** The shared triton kernels run one program per logits row and stream the
   vocabulary in tiles of ``VOCAB_BLOCK`` elements (see docs/cuda.md for the reasoning; the bandwidth
   benchmark sweeps it).
@@ -15,6 +17,10 @@
 
 from __future__ import annotations
 
+#: flash-attn 2 runs on Ampere or newer GPUs only (Dao-AILab/flash-attention README, "Installation and
+#: features": "FlashAttention-2 with CUDA currently supports: Ampere, Ada, or Hopper GPUs"); older GPUs
+#: take the SDPA path.
+FLASH_MIN_CAPABILITY = (8, 0)
 #: Largest capture size when device memory is unknown (vLLM's default ceiling as well).
 DEFAULT_MAX_CAPTURE_SIZE = 512
 #: Smallest cap the memory rule may produce (one batch of K+1 = 16 tokens still gets a graph).

@@ -73,3 +73,32 @@ def test_rejection_sampler_with_cuda_ops_equals_the_reference(temperature: float
     cpu_sampling = SamplingMetadata.from_lists([temperature] * 3, seeds=[11, 12, 13], positions=[4, 9, 2])
     ref = RejectionSampler(backend=ReferenceBackend())(cpu_meta, None, logits.cpu(), cpu_sampling)
     assert torch.equal(out.cpu(), ref)
+
+
+def test_gpus_older_than_ampere_fall_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash-attn needs compute capability 8.0: a Turing GPU (7.5) runs SDPA, and the probe says so."""
+    from spec_backend_cuda import attention
+
+    assert (
+        attention.flash_capability_reason((8, 0)) is None
+        and attention.flash_capability_reason((9, 0)) is None
+    )
+    assert attention.flash_capability_reason((7, 5)) == (
+        "compute capability 7.5 (flash-attn needs 8.0, Ampere, or newer)"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    try:
+        for capability, note in (
+            (
+                (7, 5),
+                "attention runs on SDPA: compute capability 7.5 (flash-attn needs 8.0, Ampere, or newer)",
+            ),
+            ((9, 0), ""),
+        ):
+            attention.device_capability.cache_clear()
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0, c=capability: c)
+            status = CudaBackend().probe()
+            assert status.available and status.reason == note
+        assert str(status) == "available"
+    finally:
+        attention.device_capability.cache_clear()
