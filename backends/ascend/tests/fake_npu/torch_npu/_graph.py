@@ -1,11 +1,14 @@
 """Fake ``torch.npu`` graph machinery with real capture/replay semantics on CPU.
 
-Capture records every aten op executed inside ``torch.npu.graph(g)`` (a ``TorchDispatchMode``),
-with the very tensors it read and wrote. Replay re-executes the recorded ops and copies each result
-into the tensor the op produced at capture time, so later ops (and the caller holding the captured
-output) see fresh values — exactly like a device graph, Python control flow and host values
-(e.g. FIA's sequence-length lists) are frozen at capture. Host syncs (``.item()``, ``.tolist()``)
-inside a capture raise, as they do on the device.
+Capture records every aten op issued inside ``torch.npu.graph(g)`` (a ``TorchDispatchMode``), with
+the very tensors it reads and writes, and, like the device, does not run it: tensors an op would write
+in place keep their contents, and the outputs it allocates hold garbage (NaN, or 0 for integers) until
+a replay (``record_without_running``). Replay re-executes the recorded ops and copies each result into
+the tensor the op produced at capture time, so later ops (and the caller holding the captured output)
+see fresh values — exactly like a device graph, Python control flow and host values (e.g. FIA's
+sequence-length lists) are frozen at capture. Host syncs (``.item()``, ``.tolist()``) inside a capture
+raise, as they do on the device. A fake device kernel (``kernel``) issued while capturing or updating a
+task is recorded the same way.
 
 ``graph_task_group_begin/end`` name a range of recorded ops (a kernel task); between
 ``graph_task_update_begin(stream, handle)`` and ``graph_task_update_end(stream)`` the ops issued are
@@ -81,6 +84,49 @@ def _copy_into(dst: Any, src: Any) -> None:
             _copy_into(d, s)
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Tensors an aten op writes in place (``alias_info.is_write`` in its schema: ``x.add_``, ``out=``)."""
+    written: list[torch.Tensor] = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        written.extend(_tensors(value))
+    return written
+
+
+def poison(tensors: list[torch.Tensor]) -> None:
+    """Fill what a kernel that has not run yet would leave: NaN for floats, 0 for integers and bools."""
+    for t in tensors:
+        with _disable_current_modes():
+            t.fill_(float("nan") if t.is_floating_point() else 0)
+
+
+def record_without_running(fn: Any, inputs: list[torch.Tensor], written: list[torch.Tensor]) -> Any:
+    """Issue an op during capture as the device does: recorded, not run.
+
+    The op runs once to build its outputs (shapes, dtypes, aliasing), then every tensor it wrote in place
+    gets its previous contents back and every fresh output is poisoned, so code that reads a captured
+    result before a replay (or prepares a buffer after capture and never replays) sees garbage.
+    """
+    with _disable_current_modes():
+        saved = [t.clone() for t in written]
+        out = fn()
+        for t, old in zip(written, saved, strict=True):
+            t.copy_(old)
+    storages = {t.untyped_storage().data_ptr() for t in inputs + written}
+    poison([t for t in _tensors(out) if t.untyped_storage().data_ptr() not in storages])
+    return out
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, sink: list[Any]) -> None:
         super().__init__()
@@ -90,7 +136,10 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _SYNC_OPS:
             raise RuntimeError(f"{func} synchronises with the host and cannot be captured into an NPUGraph")
-        out = func(*args, **kwargs)
+        inputs = _tensors(list(args)) + _tensors(list(kwargs.values()))
+        out = record_without_running(
+            lambda: func(*args, **kwargs), inputs, _written_args(func, tuple(args), kwargs)
+        )
         self.sink.append(_Op(func, args, kwargs, out))
         return out
 
@@ -121,6 +170,7 @@ def kernel(fn: Any) -> Any:
         return fn()
     with _disable_current_modes():
         out = fn()
+    poison(_tensors(out))  # recorded, not run: its output holds nothing until a replay
     sink.append(_Kernel(fn, out))
     return out
 
