@@ -4,17 +4,25 @@ Same contract as the reference (``spec_backend.backends.attention.sdpa_ragged_at
 ``b`` carries ``query_lens[b]`` real query rows (right-padded to ``Q``), its cache holds ``kv_lens[b]``
 valid keys including this step's, and real query ``i`` sits at position ``kv_lens[b] - query_lens[b] + i``.
 
-Two documented FIA variants are used:
+Three documented FIA variants are used (every limit is in :mod:`spec_backend_ascend.limits` with its
+source):
 
-* **verification / decode** (``Q <= 16``), the path that ACLGraphs capture: ``input_layout="TND"``
-  with the keys presented as a *paged* cache (``block_table``), ``sparse_mode=3`` (right-down causal)
-  and the fixed 2048x2048 mask. Every request contributes all ``Q`` rows (padding rows included), so
-  the token count ``T = B*Q`` and the cumulative ``actual_seq_lengths`` are static; only
-  ``actual_seq_lengths_kv`` changes per step (``kv - q + Q``: the padding rows sit after the real ones
-  and the real rows keep their true positions). That single per-step parameter is what the graph
-  runner re-issues before every replay (see :mod:`spec_backend_ascend.graph_params`).
+* **verification / decode** (``Q <= 16``), the path that ACLGraphs capture, for head dims TND accepts
+  (64, 128, 192): ``input_layout="TND"`` with the keys presented as a *paged* cache (``block_table``),
+  ``sparse_mode=3`` (right-down causal) and the fixed 2048x2048 mask. Every request contributes all
+  ``Q`` rows (padding rows included), so the token count ``T = B*Q`` and the cumulative
+  ``actual_seq_lengths`` are static; only ``actual_seq_lengths_kv`` changes per step (``kv - q + Q``:
+  the padding rows sit after the real ones and the real rows keep their true positions). That single
+  per-step parameter is what the graph runner re-issues before every replay (see
+  :mod:`spec_backend_ascend.graph_params`).
+* **verification / decode for other head dims** (TND fails on them with error 561002):
+  ``input_layout="BNSD"`` over the dense cache padded by ``Q`` positions, with the same static query
+  lengths and shifted kv lengths, so capture and update work the same way.
 * **prefill** (``Q > 16``, beyond the TND decode path's 16-token limit): ``input_layout="BNSD_BSND"``
   over the padded cache with per-request ``actual_seq_lengths`` / ``actual_seq_lengths_kv``.
+
+Head dims must be multiples of 16 up to 512 in every layout (float16/bfloat16); others are refused
+with a ``ValueError`` before the op is called.
 
 FIA accepts float16 and bfloat16 only: float32 models run the op in float16 and cast back.
 ``torch_npu`` is imported lazily, on the first call.
@@ -30,10 +38,13 @@ import torch.nn.functional as F
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
 from spec_backend_ascend.limits import (
+    HEAD_DIM_ALIGN,
+    MAX_HEAD_DIM,
     MAX_QUERY_TOKENS_PER_REQUEST,
     PAGE_BLOCK_SIZE,
     SPARSE_MASK_SIZE,
     SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+    TND_HEAD_DIMS,
 )
 from spec_backend_ascend.npu import npu_namespace, torch_npu_module
 
@@ -108,15 +119,54 @@ def _decode_tnd(
         "block_size": PAGE_BLOCK_SIZE,
         "sparse_mode": SPARSE_MODE_RIGHT_DOWN_CAUSAL,
     }
+    return _issue(call, meta, batch, q_len, capacity).view(batch, q_len, heads, dim)
+
+
+def _decode_bnsd(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
+    """Verification / decode for head dims TND rejects: ``input_layout="BNSD"`` over the dense cache,
+    padded by ``Q`` positions, with the same static query lengths and shifted kv lengths as TND (so
+    ACLGraph capture and the per-replay update work unchanged)."""
+    batch, heads, q_len, _ = query.shape
+    dtype = op_dtype(query.dtype)
+    capacity = key.shape[2] + q_len
+    call: dict[str, Any] = {
+        "query": query.to(dtype).contiguous(),
+        "key": F.pad(key.to(dtype), (0, 0, 0, q_len)).contiguous(),  # [B, Hkv, L + Q, D]
+        "value": F.pad(value.to(dtype), (0, 0, 0, q_len)).contiguous(),
+        "atten_mask": causal_mask(query.device),
+        "actual_seq_lengths": [q_len] * batch,  # per request, static: padding rows included
+        "num_heads": heads,
+        "num_key_value_heads": key.shape[1],
+        "scale": scale,
+        "input_layout": "BNSD",
+        "sparse_mode": SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+    }
+    return _issue(call, meta, batch, q_len, capacity).transpose(1, 2)  # [B, N, Q, D] -> [B, Q, N, D]
+
+
+def _issue(
+    call: dict[str, Any], meta: RaggedAttentionMetadata, batch: int, q_len: int, capacity: int
+) -> torch.Tensor:  # the op's output
+    """Run the decode call, or record it into the graph being captured (with updatable kv lengths).
+
+    Every request presents all ``q_len`` query rows (padding rows after the real ones), so its kv length
+    is shifted by its padding: ``kv - q + q_len`` keeps each real row at its true position under
+    right-down causal masking.
+    """
     record = active_capture()
     if record is not None:
-        out = _captured_call(record, call, batch, q_len, capacity)
-    else:
-        q_list = [int(v) for v in meta.query_lens.tolist()]
-        kv_list = [int(v) for v in meta.kv_lens.tolist()]
-        kv_shifted = [kv - q + q_len for q, kv in zip(q_list, kv_list, strict=True)]
-        out, _ = torch_npu_module().npu_fused_infer_attention_score(**call, actual_seq_lengths_kv=kv_shifted)
-    return out.view(batch, q_len, heads, dim)
+        return _captured_call(record, call, batch, q_len, capacity)
+    q_list = [int(v) for v in meta.query_lens.tolist()]
+    kv_list = [int(v) for v in meta.kv_lens.tolist()]
+    kv_shifted = [kv - q + q_len for q, kv in zip(q_list, kv_list, strict=True)]
+    out, _ = torch_npu_module().npu_fused_infer_attention_score(**call, actual_seq_lengths_kv=kv_shifted)
+    return out  # type: ignore[no-any-return]
 
 
 def _captured_call(
@@ -199,9 +249,17 @@ def ascend_ragged_attention(
             f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
         )
     meta = _metadata(kwargs)
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    if query.shape[2] <= MAX_QUERY_TOKENS_PER_REQUEST:
+    head_dim = query.shape[-1]
+    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or key.shape[-1] != head_dim:
+        raise ValueError(
+            f"npu_fused_infer_attention_score needs query/key/value head dims that are equal multiples of "
+            f"{HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}, got query {head_dim}, key {key.shape[-1]}"
+        )
+    scale = float(scaling) if scaling is not None else head_dim**-0.5
+    if query.shape[2] > MAX_QUERY_TOKENS_PER_REQUEST:
+        out = _prefill_bnsd(query, key, value, meta, scale)
+    elif head_dim in TND_HEAD_DIMS:
         out = _decode_tnd(query, key, value, meta, scale)
     else:
-        out = _prefill_bnsd(query, key, value, meta, scale)
+        out = _decode_bnsd(query, key, value, meta, scale)
     return out.to(query.dtype), None

@@ -1,13 +1,25 @@
-"""Ascend device limits: the fused-attention query-token cap and the ACLGraph stream budget.
+"""Ascend device limits: the fused-attention layouts' caps and the ACLGraph stream budget.
 
-Pure constants and arithmetic: importing this module never touches ``torch_npu``.
+Pure constants and arithmetic: importing this module never touches ``torch_npu``. Every rule names its
+source (the op's documentation in Ascend/op-plugin, vllm-ascend's code or issues) so it can be
+re-checked against a new CANN release; docs/ascend.md lists them.
 """
 
 from __future__ import annotations
 
 #: npu_fused_infer_attention_score's TND decode path handles at most 16 query tokens per request, so
-#: verification (K draft tokens + 1 bonus position) needs K+1 <= 16.
+#: verification (K draft tokens + 1 bonus position) needs K+1 <= 16. Source: vllm-ascend
+#: attention_v1.py, "decode_threshold exceeded npu_fused_infer_attention_score TND layout's limit of 16".
 MAX_QUERY_TOKENS_PER_REQUEST = 16
+#: Head dims the TND layout accepts (q, k and v equal). Source: CANN's check quoted in vllm-ascend PR #9632
+#: (error 561002, "When layout is TND, queryD, keyD and valueD must be same equal 192/128/64, or queryD
+#: and keyD equal 192 and valueD equal 128"); older CANN accepted 192 only (vllm-ascend issue #8045).
+#: Other head dims take the BNSD layout.
+TND_HEAD_DIMS = (64, 128, 192)
+#: Head dims every other layout accepts: at most 512, a multiple of 16 for float16/bfloat16.
+#: Source: op-plugin docs torch_npu-npu_fused_infer_attention_score.md, "D: <= 512, 16-byte aligned".
+MAX_HEAD_DIM = 512
+HEAD_DIM_ALIGN = 16
 #: Hardware streams usable for captured graphs (each graph takes one stream per layer plus one).
 GRAPH_STREAM_BUDGET = 1800
 #: Layers assumed when the model is not known yet.

@@ -23,9 +23,27 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: RaggedAttentio
     return out
 
 
+def _layout(dim: int, q_len: int) -> str:
+    """The layout a call must use: TND for its head dims (64, 128, 192), BNSD for others, BNSD_BSND
+    beyond 16 query tokens per request."""
+    if q_len > 16:
+        return "BNSD_BSND"
+    return "TND" if dim in (64, 128, 192) else "BNSD"
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "q_len"),
-    [(4, 4, 16, 1), (4, 2, 32, 4), (8, 1, 16, 16), (6, 3, 64, 7), (4, 2, 16, 24)],
+    [
+        (4, 4, 16, 1),
+        (4, 2, 32, 4),
+        (8, 1, 16, 16),
+        (6, 3, 64, 7),
+        (4, 2, 16, 24),
+        (2, 2, 128, 3),
+        (2, 1, 192, 1),
+        (2, 1, 256, 5),
+        (2, 2, 256, 20),
+    ],
 )
 def test_matches_reference_on_random_ragged_batches(
     fake_npu: ModuleType, heads: int, kv_heads: int, dim: int, q_len: int
@@ -37,7 +55,7 @@ def test_matches_reference_on_random_ragged_batches(
         rows = real_rows(meta, q_len)
         torch.testing.assert_close(got[rows], want[rows], **FP16_OUT_TOL)
     layouts = [c[1]["input_layout"] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
-    assert layouts == ["TND" if q_len <= 16 else "BNSD_BSND"] * 2
+    assert layouts == [_layout(dim, q_len)] * 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -51,8 +69,8 @@ def test_half_precision_inputs(fake_npu: ModuleType, dtype: torch.dtype) -> None
 
 
 def test_decode_call_is_tnd_with_pages_and_right_down_causal(fake_npu: ModuleType) -> None:
-    q = torch.randn(2, 4, 3, 16)
-    k = v = torch.randn(2, 2, 10, 16)
+    q = torch.randn(2, 4, 3, 64)
+    k = v = torch.randn(2, 2, 10, 64)
     meta = RaggedAttentionMetadata(torch.tensor([3, 1]), torch.tensor([10, 6]))
     _run(q, k, v, meta)
     (call,) = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
@@ -60,6 +78,40 @@ def test_decode_call_is_tnd_with_pages_and_right_down_causal(fake_npu: ModuleTyp
     assert call["actual_seq_lengths"] == [3, 6]  # cumulative over the padded rows
     assert call["actual_seq_lengths_kv"] == [10, 8]  # kv - q + Q: padding rows after the real ones
     assert call["block_table"].dtype == torch.int32 and call["num_key_value_heads"] == 2
+
+
+@pytest.mark.parametrize("dim", [16, 32, 256])
+def test_head_dims_tnd_rejects_take_the_bnsd_layout(fake_npu: ModuleType, dim: int) -> None:
+    """TND accepts head dims 64/128/192 only (error 561002 on the device otherwise): other dims run the
+    BNSD layout over the padded dense cache with the same static query and shifted kv lengths."""
+    q = torch.randn(2, 4, 3, dim)
+    k = v = torch.randn(2, 2, 10, dim)
+    meta = RaggedAttentionMetadata(torch.tensor([3, 1]), torch.tensor([10, 6]))
+    _run(q, k, v, meta)
+    (call,) = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+    assert call["input_layout"] == "BNSD" and call["sparse_mode"] == 3 and "block_table" not in call
+    assert call["actual_seq_lengths"] == [3, 3] and call["actual_seq_lengths_kv"] == [10, 8]
+
+
+@pytest.mark.parametrize("dim", [8, 24, 528])
+def test_head_dims_no_layout_accepts_are_refused(fake_npu: ModuleType, dim: int) -> None:
+    q = torch.randn(1, 2, 2, dim)
+    k = torch.randn(1, 2, 4, dim)
+    meta = RaggedAttentionMetadata(torch.tensor([2]), torch.tensor([4]))
+    with pytest.raises(ValueError, match=rf"multiples of 16 up to 512, got query {dim}"):
+        _run(q, k, k, meta)
+    assert not [c for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+
+
+def test_fake_fia_refuses_bnsd_bsnd_with_one_query_token(fake_npu: ModuleType) -> None:
+    """BNSD_BSND (BNSD in, BSND out) supports only a query S > 1 (op doc), so prefill never uses it
+    for one token."""
+    q = torch.zeros(1, 2, 1, 32, dtype=torch.float16)
+    k = torch.zeros(1, 2, 4, 32, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"BNSD_BSND .* only query S > 1"):
+        fake_npu.npu_fused_infer_attention_score(
+            q, k, k, num_heads=2, input_layout="BNSD_BSND", actual_seq_lengths=[1], actual_seq_lengths_kv=[4]
+        )
 
 
 def test_backend_hands_out_the_fused_attention(fake_npu: ModuleType) -> None:
@@ -76,9 +128,9 @@ def test_backend_hands_out_the_fused_attention(fake_npu: ModuleType) -> None:
 
 def _fia_kwargs(fake: ModuleType, q_len: int = 4, batch: int = 2) -> dict[str, object]:
     return {
-        "query": torch.zeros(batch * q_len, 4, 16, dtype=torch.float16),
-        "key": torch.zeros(batch, 2, 128, 16, dtype=torch.float16),
-        "value": torch.zeros(batch, 2, 128, 16, dtype=torch.float16),
+        "query": torch.zeros(batch * q_len, 4, 64, dtype=torch.float16),
+        "key": torch.zeros(batch, 2, 128, 64, dtype=torch.float16),
+        "value": torch.zeros(batch, 2, 128, 64, dtype=torch.float16),
         "atten_mask": torch.ones(2048, 2048, dtype=torch.int8).triu(1),
         "block_table": torch.arange(batch, dtype=torch.int32).view(batch, 1),
         "actual_seq_lengths": [q_len * (b + 1) for b in range(batch)],
@@ -95,9 +147,9 @@ def _fia_kwargs(fake: ModuleType, q_len: int = 4, batch: int = 2) -> dict[str, o
     ("change", "error"),
     [
         ({}, None),
-        ({"_q_len": 17}, "1..16 query tokens per request"),
-        ({"query": torch.zeros(8, 4, 16)}, "float16 or bfloat16"),
-        ({"query": torch.zeros(4, 8, 16, dtype=torch.float16).transpose(0, 1)}, "contiguous"),
+        ({"_q_len": 17}, "0..16 query tokens per request"),
+        ({"query": torch.zeros(8, 4, 64)}, "float16 or bfloat16"),
+        ({"query": torch.zeros(4, 8, 64, dtype=torch.float16).transpose(0, 1)}, "contiguous"),
         ({"actual_seq_lengths": [4, 7]}, "cumulative"),
         ({"actual_seq_lengths": torch.tensor([4, 8])}, "list of ints"),
         ({"block_size": 64}, "multiple of 128"),
@@ -109,12 +161,20 @@ def _fia_kwargs(fake: ModuleType, q_len: int = 4, batch: int = 2) -> dict[str, o
         ({"actual_seq_lengths_kv": [2, 4]}, "query length <= kv length"),
         ({"actual_seq_lengths_kv": [4, 300]}, "needs 3 blocks"),
         ({"scale_value": 0.5}, "unexpected keyword argument 'scale_value'"),
+        ({"actual_seq_lengths": [4, 4], "query": torch.zeros(4, 4, 64, dtype=torch.float16)}, None),  # q=0
+        ({"actual_seq_lengths_kv": [4, 4]}, None),  # query as long as its keys
+        ({"_dim": 32}, r"561002: When layout is TND, queryD\(32\)"),
+        ({"_dim": 256}, r"561002: When layout is TND, queryD\(256\)"),
     ],
 )
 def test_fake_fia_validates_like_the_documented_op(
     fake_npu: ModuleType, change: dict[str, object], error: str | None
 ) -> None:
     kwargs = _fia_kwargs(fake_npu, q_len=int(change.pop("_q_len", 4)))  # type: ignore[call-overload]
+    dim = int(change.pop("_dim", 64))  # type: ignore[call-overload]
+    for name in ("query", "key", "value"):
+        tensor: torch.Tensor = kwargs[name]  # type: ignore[assignment]
+        kwargs[name] = tensor[..., :1].expand(*tensor.shape[:-1], dim).contiguous()
     kwargs.update(change)
     query, key, value = kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value")
     if error is None:

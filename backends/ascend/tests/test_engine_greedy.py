@@ -20,11 +20,15 @@ class CpuEmulatedAscend(AscendBackend):
         return torch.device("cpu")
 
 
-def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Path, head_dim: int) -> None:
+    """Head dims TND accepts (64, 128) verify through TND; the others (32, 256) through BNSD."""
     engine = pytest.importorskip("spec_backend.engine")
     from spec_backend.engine.tiny import make_tiny_model
 
-    model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    model = make_tiny_model(
+        tmp_path / "tiny", hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim
+    )
     prompts = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
     params = engine.SamplingParams(temperature=0.0, max_tokens=12)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
@@ -35,4 +39,5 @@ def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Pat
     assert outputs["ascend"] == outputs["reference"]
     assert isinstance(CpuEmulatedAscend().sampler_ops(), AscendSamplerOps)
     layouts = {c[1]["input_layout"] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"}
-    assert layouts == {"TND", "BNSD_BSND"}  # verification steps and the 19-token prefill
+    decode = "TND" if head_dim in (64, 128) else "BNSD"
+    assert layouts == {decode, "BNSD_BSND"}  # verification steps and the 19-token prefill

@@ -80,33 +80,36 @@ def test_k15_plan_is_multiples_of_16_within_budget() -> None:
         assert len(sizes) <= backend.capture_policy(layers).graph_budget  # type: ignore[operator]
 
 
-Q, HEADS, KV_HEADS, DIM, SLOTS, CACHE_LEN = 4, 4, 2, 16, 3, 40
+Q, HEADS, KV_HEADS, SLOTS, CACHE_LEN = 4, 4, 2, 3, 40
+#: head dims of the captured attention: 16 takes the BNSD layout, 64 the TND one
+DIMS = [16, 64]
 
 
-def _attention_graph(gen: torch.Generator) -> tuple[AclGraphRunner, dict[str, object]]:
+def _attention_graph(gen: torch.Generator, dim: int) -> tuple[AclGraphRunner, dict[str, object]]:
     """A runner over one attention layer: tokens [T, Hq, D] -> [T, Hq, D] against a static cache."""
     state: dict[str, object] = {
-        "k": torch.randn(SLOTS, KV_HEADS, CACHE_LEN, DIM, generator=gen).half().float(),
-        "v": torch.randn(SLOTS, KV_HEADS, CACHE_LEN, DIM, generator=gen).half().float(),
+        "k": torch.randn(SLOTS, KV_HEADS, CACHE_LEN, dim, generator=gen).half().float(),
+        "v": torch.randn(SLOTS, KV_HEADS, CACHE_LEN, dim, generator=gen).half().float(),
     }
 
     def fn(query: torch.Tensor) -> torch.Tensor:
         batch = query.shape[0] // Q
-        q = query.view(batch, Q, HEADS, DIM).transpose(1, 2)  # [B, Hq, Q, D]
+        q = query.view(batch, Q, HEADS, dim).transpose(1, 2)  # [B, Hq, Q, D]
         full = torch.full((batch,), Q)
         meta = RaggedAttentionMetadata(full, torch.full((batch,), CACHE_LEN))  # eager warm-up only
         k, v = state["k"][:batch], state["v"][:batch]  # type: ignore[index]
         out, _ = ascend_ragged_attention(torch.nn.Module(), q, k, v, None, spec_attn_metadata=meta)
-        return out.reshape(batch * Q, HEADS, DIM)
+        return out.reshape(batch * Q, HEADS, dim)
 
     runner = AclGraphRunner(fn, [Q, 2 * Q, 3 * Q])
-    runner.capture({"query": torch.zeros(3 * Q, HEADS, DIM)})
+    runner.capture({"query": torch.zeros(3 * Q, HEADS, dim)})
     return runner, state
 
 
-def test_attention_lengths_are_updated_before_every_replay(fake_npu: ModuleType) -> None:
+@pytest.mark.parametrize("dim", DIMS)
+def test_attention_lengths_are_updated_before_every_replay(fake_npu: ModuleType, dim: int) -> None:
     gen = torch.Generator().manual_seed(3)
-    runner, state = _attention_graph(gen)
+    runner, state = _attention_graph(gen, dim)
     assert [runner.attention_tasks(s) for s in runner.captured_sizes] == [1, 1, 1]
     steps = [([4, 2], [9, 30]), ([1, 3], [1, 40]), ([4], [12]), ([2, 4, 3], [5, 6, 33])]
     for query_lens, kv_lens in steps:
@@ -115,27 +118,28 @@ def test_attention_lengths_are_updated_before_every_replay(fake_npu: ModuleType)
             lambda size, inputs, m=meta: runner.update_attention(size, m.query_lens, m.kv_lens)
         )
         batch = len(query_lens)
-        query = torch.randn(batch * Q, HEADS, DIM, generator=gen).half().float()
+        query = torch.randn(batch * Q, HEADS, dim, generator=gen).half().float()
         fake_npu.reset()
-        got = runner.run({"query": query}).view(batch, Q, HEADS, DIM)
+        got = runner.run({"query": query}).view(batch, Q, HEADS, dim)
         assert _events(fake_npu, "task_update", "event_record", "replay") == [
             "task_update",
             "event_record",
             "replay",
         ]
         k, v = state["k"][:batch, :, : max(kv_lens)], state["v"][:batch, :, : max(kv_lens)]  # type: ignore[index]
-        want = reference(query.view(batch, Q, HEADS, DIM).transpose(1, 2), k, v, meta)
+        want = reference(query.view(batch, Q, HEADS, dim).transpose(1, 2), k, v, meta)
         rows = torch.arange(Q)[None, :] < meta.query_lens[:, None]
         torch.testing.assert_close(got[rows], want[rows], atol=2e-3, rtol=2e-3)
 
 
-def test_replay_without_update_is_refused(fake_npu: ModuleType) -> None:
-    runner, _ = _attention_graph(torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("dim", DIMS)
+def test_replay_without_update_is_refused(fake_npu: ModuleType, dim: int) -> None:
+    runner, _ = _attention_graph(torch.Generator().manual_seed(4), dim)
     with pytest.raises(RuntimeError, match="updated before every replay"):
-        runner.run({"query": torch.zeros(Q, HEADS, DIM)})
+        runner.run({"query": torch.zeros(Q, HEADS, dim)})
     runner.set_update_hook(lambda size, inputs: None)  # a hook that forgets the attention lengths
     with pytest.raises(RuntimeError, match="register an update hook"):
-        runner.run({"query": torch.zeros(Q, HEADS, DIM)})
+        runner.run({"query": torch.zeros(Q, HEADS, dim)})
     graph = next(c[1] for c in fake_npu.CALLS if c[0] == "capture_begin")
     with pytest.raises(RuntimeError, match="never recorded"):  # the device graph itself would block
         graph.replay()

@@ -21,14 +21,15 @@ def npu() -> torch.device:
     return torch.device("npu")
 
 
+@pytest.mark.parametrize("dim", [128, 256])  # TND, and the BNSD route for a dim TND rejects
 @pytest.mark.parametrize(
     ("q_len", "dtype"), [(1, torch.float16), (4, torch.bfloat16), (16, torch.float16), (40, torch.float16)]
 )
 def test_fused_attention_matches_reference_on_device(
-    npu: torch.device, q_len: int, dtype: torch.dtype
+    npu: torch.device, q_len: int, dtype: torch.dtype, dim: int
 ) -> None:
     gen = torch.Generator().manual_seed(q_len)
-    q, k, v, meta = ragged_batch(gen, 5, q_len, 8, 2, 128, dtype=dtype, max_prefix=300)
+    q, k, v, meta = ragged_batch(gen, 5, q_len, 8, 2, dim, dtype=dtype, max_prefix=300)
     on_device = RaggedAttentionMetadata(meta.query_lens.to(npu), meta.kv_lens.to(npu))
     out, _ = ascend_ragged_attention(
         torch.nn.Module(), q.to(npu), k.to(npu), v.to(npu), None, spec_attn_metadata=on_device

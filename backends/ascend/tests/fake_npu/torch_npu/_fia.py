@@ -6,8 +6,11 @@ only, contiguous inputs, the supported layouts, GQA ratio <= 64, N <= 256, D <= 
 ``actual_seq_lengths`` (non-decreasing, last = T) and only ``sparse_mode`` 0 without mask or 3 with
 mask, page attention needs ``block_table`` int32 ``[B, >= max blocks]``, block sizes that are
 multiples of 128 in [128, 512] and per-request ``actual_seq_lengths_kv``; the TND decode path holds
-1..16 query tokens per request. Anything this fake does not emulate (quantisation, pse, prefix,
-rope, left padding) raises ``NotImplementedError`` instead of being silently ignored.
+0..16 query tokens per request (a zero-length request repeats the previous cumulative length) and takes
+head dims 64, 128 and 192 only (error 561002 otherwise, CANN's text as vllm-ascend PR #9632 quotes it);
+``BNSD_BSND`` needs a query S > 1; a query as long as its keys is fine with ``sparse_mode=3``.
+Anything this fake does not emulate (quantisation, pse, prefix, rope, left padding) raises
+``NotImplementedError`` instead of being silently ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ _MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
 _LAYOUTS = ("TND", "BNSD", "BSND", "BSH", "BNSD_BSND")
 _INT_MAX = 2147483647
 MAX_DECODE_QUERY_TOKENS = 16
+#: TND head dims (q = k = v); source: CANN's error text quoted in vllm-ascend PR #9632
+TND_HEAD_DIMS = (64, 128, 192)
 _UNSUPPORTED = [
     "pse_shift",
     "dequant_scale1",
@@ -191,6 +196,14 @@ def fused_infer_attention_score(
     if dim > 512 or dim % 16:
         _fail(f"head dim must be 16-aligned and <= 512 for float16/bfloat16, got {dim}")
     causal = _check_mask(sparse_mode, atten_mask, input_layout)
+    if input_layout == "TND" and dim not in TND_HEAD_DIMS:
+        _fail(  # CANN's check, as quoted in vllm-ascend PR #9632
+            f"call aclnnFusedInferAttentionScoreV3 failed, error code is 561002: When layout is TND, "
+            f"queryD({dim}), keyD({dim}) and valueD({dim}) must be same equal 192/128/64, or queryD and "
+            "keyD equal 192 and valueD equal 128."
+        )
+    if input_layout == "BNSD_BSND" and query.shape[2] <= 1:
+        _fail("input_layout BNSD_BSND (BNSD in, BSND out) supports only query S > 1")
     if input_layout == "TND":
         out = _tnd(
             query,
@@ -248,16 +261,18 @@ def _tnd(
     q_lens = [b - a for a, b in zip([0, *cum], cum, strict=False)]
     if table is None:
         raise NotImplementedError("fake torch_npu emulates TND with page attention (block_table) only")
-    if any(not 1 <= q <= MAX_DECODE_QUERY_TOKENS for q in q_lens):
+    if any(not 0 <= q <= MAX_DECODE_QUERY_TOKENS for q in q_lens):
         _fail(
-            f"the TND decode path supports 1..{MAX_DECODE_QUERY_TOKENS} query tokens per request, "
+            f"the TND decode path supports 0..{MAX_DECODE_QUERY_TOKENS} query tokens per request, "
             f"got {q_lens}"
         )
-    if causal and any(q > k for q, k in zip(q_lens, kv, strict=False)):
+    if causal and any(0 < q > k for q, k in zip(q_lens, kv, strict=False)):
         _fail(f"sparse_mode=3 needs actual query length <= kv length per request: {q_lens} vs {kv}")
     kvs = _paged_kv(key, value, table, block_size, kv, n_kv)
     out = torch.empty_like(query)
     for b, (k, v) in enumerate(kvs):
+        if q_lens[b] == 0:  # a zero-length request (equal consecutive cumulative lengths): no rows
+            continue
         rows = slice(cum[b] - q_lens[b], cum[b])
         out[rows] = _attend(query[rows].transpose(0, 1), k, v, scale, causal).transpose(0, 1).to(query.dtype)
     return out
