@@ -1,6 +1,7 @@
 """Ascend NPU backend for spec-backend (distribution ``spec-backend-ascend``).
 
-Modules: ``limits`` (K+1 <= 16 query tokens per request, stream budget), ``backend`` (the probe and
+Modules: ``limits`` (K+1 <= 16 query tokens per request, head dims per layout, the stream budget
+shared by every graph runner), ``backend`` (the probe and
 the Backend class), ``attention`` (ragged attention through ``npu_fused_infer_attention_score``),
 ``graph_runner`` + ``graph_params`` (ACLGraph capture/replay with attention-length updates before
 each replay), ``sampler`` (the shared triton sampler kernels with Ascend tuning).
@@ -14,18 +15,18 @@ from __future__ import annotations
 
 from spec_backend_ascend.backend import AscendBackend
 from spec_backend_ascend.limits import (
-    DEFAULT_NUM_LAYERS,
     GRAPH_STREAM_BUDGET,
     MAX_CAPTURE_SIZE,
     MAX_QUERY_TOKENS_PER_REQUEST,
-    stream_graph_budget,
+    STREAMS_PER_GRAPH,
+    StreamLedger,
 )
 
 __all__ = [
-    "DEFAULT_NUM_LAYERS",
     "GRAPH_STREAM_BUDGET",
     "MAX_CAPTURE_SIZE",
     "MAX_QUERY_TOKENS_PER_REQUEST",
+    "STREAMS_PER_GRAPH",
     "AscendBackend",
-    "stream_graph_budget",
+    "StreamLedger",
 ]

@@ -18,12 +18,7 @@ from spec_backend.backends.base import (
     SamplerTuning,
     TokenLimits,
 )
-from spec_backend_ascend.limits import (
-    DEFAULT_NUM_LAYERS,
-    MAX_CAPTURE_SIZE,
-    MAX_QUERY_TOKENS_PER_REQUEST,
-    stream_graph_budget,
-)
+from spec_backend_ascend.limits import MAX_CAPTURE_SIZE, MAX_QUERY_TOKENS_PER_REQUEST, StreamLedger
 
 if TYPE_CHECKING:
     from spec_backend.sampling.ops import SamplerOps
@@ -37,6 +32,10 @@ class AscendBackend(Backend):
 
     name = "ascend"
     device_type = "npu"
+
+    def __init__(self) -> None:
+        #: streams of every graph this backend's runners capture (target and drafter): a heuristic budget
+        self.streams = StreamLedger()
 
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch_npu") is None:
@@ -60,8 +59,10 @@ class AscendBackend(Backend):
         return TokenLimits(max_query_tokens_per_request=MAX_QUERY_TOKENS_PER_REQUEST)
 
     def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
-        budget = stream_graph_budget(num_hidden_layers or DEFAULT_NUM_LAYERS)
-        return CapturePolicy(max_capture_size=MAX_CAPTURE_SIZE, graph_budget=budget)
+        """Whole-forward graphs: the budget is the streams left to this backend's runners (a heuristic),
+        whatever the model's depth (``num_hidden_layers`` is part of the contract, unused here)."""
+        del num_hidden_layers
+        return CapturePolicy(max_capture_size=MAX_CAPTURE_SIZE, graph_budget=self.streams.graphs_left)
 
     def graph_runner(
         self,
@@ -69,11 +70,15 @@ class AscendBackend(Backend):
         capture_sizes: Sequence[int],
         num_hidden_layers: int | None = None,
     ) -> GraphRunner:
-        """An :class:`AclGraphRunner` bounded by the stream budget for ``num_hidden_layers`` layers."""
+        """An :class:`AclGraphRunner` within the streams left by this backend's earlier runners (the
+        target's and every drafter's); its sizes are reserved from the shared budget."""
         from spec_backend_ascend.graph_runner import AclGraphRunner
 
-        budget = self.capture_policy(num_hidden_layers).graph_budget
-        return AclGraphRunner(fn, capture_sizes, graph_budget=budget)
+        runner = AclGraphRunner(
+            fn, capture_sizes, graph_budget=self.capture_policy(num_hidden_layers).graph_budget
+        )
+        self.streams.reserve(len(runner.capture_sizes))
+        return runner
 
     def attention_function(self) -> AttentionFn:
         from spec_backend_ascend.attention import ascend_ragged_attention

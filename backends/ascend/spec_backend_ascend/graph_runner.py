@@ -12,7 +12,9 @@
   (:mod:`spec_backend_ascend.graph_params`); before replaying a graph that contains them, the update
   hook must call :meth:`AclGraphRunner.update_attention` with the step's lengths. Replaying stale
   lengths is refused rather than silently computing wrong attention.
-* The graph budget (hardware streams) bounds how many graphs are captured.
+* The graph budget (hardware streams, a heuristic shared by every runner of one backend) bounds how many
+  graphs are captured; a capture that still runs out of streams (CANN error 207008) raises a
+  ``BackendError`` that says how to capture fewer graphs.
 
 Static buffers, padding, slicing, capture order and eager fallback are the backend-neutral
 :class:`spec_backend.backends.graph_common.PaddedGraphRunner`; this module supplies the ACLGraph
@@ -27,12 +29,23 @@ from typing import Any, cast
 
 import torch
 
+from spec_backend.backends.base import BackendError
 from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner
 from spec_backend.graphs import subsample_evenly
 from spec_backend_ascend.graph_params import CaptureRecord, capture_scope, update_attention
 from spec_backend_ascend.npu import npu_namespace
 
 logger = logging.getLogger(__name__)
+
+#: How CANN reports a capture that ran out of streams: runtime error 207008, "Stream resources are
+#: insufficient" (vllm-ascend RFC #9691; vllm_ascend/compilation/acl_graph.py matches the same markers).
+STREAM_ERROR_MARKERS = ("207008", "tream resources are insufficient", "insufficient_stream_resources")
+STREAM_ERROR_ADVICE = (
+    "ACLGraph capture ran out of NPU stream resources (error 207008); the stream budget is a heuristic "
+    "(spec_backend_ascend.limits.GRAPH_STREAM_BUDGET). Capture fewer or smaller graphs: pass fewer "
+    "capture sizes or a smaller max capture size to plan_capture_sizes, capture fewer drafter graphs, "
+    "upgrade HDK/CANN, or run eagerly (enforce_eager=True) to confirm. Device error: {error}"
+)
 
 #: hook(size, static_inputs): runs before every replay of the graph captured at ``size``.
 UpdateHook = Callable[[int, Mapping[str, torch.Tensor]], None]
@@ -67,8 +80,15 @@ class AclGraphDriver:
         npu = npu_namespace()
         graph = npu.NPUGraph()
         record = CaptureRecord(size=0)
-        with capture_scope(record), npu.graph(graph, pool=pool):
-            output = call()
+        try:
+            with capture_scope(record), npu.graph(graph, pool=pool):
+                output = call()
+        except RuntimeError as exc:
+            if any(marker in str(exc) for marker in STREAM_ERROR_MARKERS):
+                raise BackendError(
+                    STREAM_ERROR_ADVICE.format(error=" ".join(str(exc).split())[:300])
+                ) from exc
+            raise
         if isinstance(output, torch.Tensor) and output.dim() > 0:
             record.size = int(output.shape[0])
         return _AclGraph(graph, record), output

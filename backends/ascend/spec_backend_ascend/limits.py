@@ -20,10 +20,14 @@ TND_HEAD_DIMS = (64, 128, 192)
 #: Source: op-plugin docs torch_npu-npu_fused_infer_attention_score.md, "D: <= 512, 16-byte aligned".
 MAX_HEAD_DIM = 512
 HEAD_DIM_ALIGN = 16
-#: Hardware streams usable for captured graphs (each graph takes one stream per layer plus one).
+#: Hardware streams captured graphs may use on one device: 2048 minus 248 kept spare (the constant of
+#: vllm-ascend's update_aclgraph_sizes, vllm_ascend/utils.py, removed in PR #9962). A heuristic: CANN
+#: documents no per-graph stream cost, and newer HDK/CANN stacks capture many more graphs.
 GRAPH_STREAM_BUDGET = 1800
-#: Layers assumed when the model is not known yet.
-DEFAULT_NUM_LAYERS = 32
+#: Streams one whole-forward (FULL) graph is assumed to take: vllm-ascend's old rule charged one stream
+#: per full graph (the FULL_AND_PIECEWISE branch of update_aclgraph_sizes); a heuristic. Our graphs are
+#: whole forwards (target verify step, draft step), never per-layer pieces.
+STREAMS_PER_GRAPH = 1
 #: Largest capture size in tokens.
 MAX_CAPTURE_SIZE = 512
 #: KV positions per page when the engine's padded cache is presented to the op as a paged cache
@@ -36,8 +40,26 @@ SPARSE_MASK_SIZE = 2048
 SPARSE_MODE_RIGHT_DOWN_CAUSAL = 3
 
 
-def stream_graph_budget(num_hidden_layers: int) -> int:
-    """How many graphs fit in the stream budget when each needs ``num_hidden_layers + 1`` streams."""
-    if num_hidden_layers < 1:
-        raise ValueError(f"num_hidden_layers must be >= 1, got {num_hidden_layers}")
-    return max(1, GRAPH_STREAM_BUDGET // (num_hidden_layers + 1))
+class StreamLedger:
+    """The stream budget shared by every graph runner of one backend (target and drafter runners alike).
+
+    A runner reserves streams for the sizes it will capture when it is built; what is left bounds the
+    next runner. A heuristic guard: a capture that still fails for lack of streams (error 207008) is
+    reported with what to lower (``AclGraphDriver``).
+    """
+
+    def __init__(self, total: int = GRAPH_STREAM_BUDGET, per_graph: int = STREAMS_PER_GRAPH) -> None:
+        if total < 0 or per_graph < 1:
+            raise ValueError(f"need total >= 0 and per_graph >= 1, got {total}, {per_graph}")
+        self.total, self.per_graph, self.used = total, per_graph, 0
+
+    @property
+    def graphs_left(self) -> int:
+        """How many more whole-forward graphs fit."""
+        return (self.total - self.used) // self.per_graph
+
+    def reserve(self, graphs: int) -> None:
+        """Take the streams of ``graphs`` graphs; ``ValueError`` when they do not fit."""
+        if graphs > self.graphs_left:
+            raise ValueError(f"{graphs} graphs do not fit the {self.graphs_left} left in the stream budget")
+        self.used += graphs * self.per_graph

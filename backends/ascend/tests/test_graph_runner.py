@@ -8,11 +8,12 @@ from types import ModuleType
 import pytest
 import torch
 from helpers import reference
-from spec_backend_ascend import AscendBackend
+from spec_backend_ascend import GRAPH_STREAM_BUDGET, AscendBackend, StreamLedger
 from spec_backend_ascend.attention import ascend_ragged_attention
 from spec_backend_ascend.graph_runner import AclGraphRunner
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.backends.base import BackendError
 from spec_backend.graphs import plan_capture_sizes
 
 
@@ -59,14 +60,32 @@ def test_host_sync_inside_capture_is_rejected(fake_npu: ModuleType) -> None:
         runner.capture({"x": torch.ones(2)})
 
 
-def test_graph_budget_is_never_exceeded(fake_npu: ModuleType) -> None:
+def test_graph_budget_is_shared_by_every_runner_of_a_backend(fake_npu: ModuleType) -> None:
+    """Whole-forward graphs take one stream each (a heuristic); the target's and the drafter's runners
+    draw on one budget, so the second runner gets what the first left, never more."""
     backend = AscendBackend()
+    backend.streams = StreamLedger(total=20)
     requested = [16 * n for n in range(1, 33)]  # 32 sizes
-    runner = backend.graph_runner(lambda x: x + 1, requested, num_hidden_layers=99)  # budget 18
-    assert len(runner.capture_sizes) == 18 and runner.capture_sizes[0] == 16
-    assert runner.capture_sizes[-1] == 512
-    runner.capture({"x": torch.zeros(512)})
-    assert _events(fake_npu, "capture_begin").count("capture_begin") == 18
+    target = backend.graph_runner(lambda x: x + 1, requested, num_hidden_layers=99)
+    assert len(target.capture_sizes) == 20 and target.capture_sizes[0] == 16
+    assert target.capture_sizes[-1] == 512 and backend.capture_policy().graph_budget == 0
+    target.capture({"x": torch.zeros(512)})
+    assert _events(fake_npu, "capture_begin").count("capture_begin") == 20
+    backend.streams = StreamLedger(total=20)
+    target = backend.graph_runner(lambda x: x + 1, requested[:12])
+    drafter = backend.graph_runner(lambda x: x * 2, requested)
+    assert len(target.capture_sizes) == 12 and len(drafter.capture_sizes) == 8
+    assert backend.capture_policy(61).graph_budget == 0  # depth does not change whole-forward graphs
+    assert AscendBackend().capture_policy().graph_budget == GRAPH_STREAM_BUDGET
+
+
+def test_running_out_of_streams_at_capture_says_what_to_lower(fake_npu: ModuleType) -> None:
+    fake_npu._graph.STREAMS["limit"] = 3  # the device has fewer streams than the heuristic assumed
+    runner = AscendBackend().graph_runner(lambda x: x + 1, [4, 8, 12, 16])
+    with pytest.raises(
+        BackendError, match=r"ran out of NPU stream resources \(error 207008\).*fewer capture sizes"
+    ):
+        runner.capture({"x": torch.zeros(16)})
 
 
 def test_k15_plan_is_multiples_of_16_within_budget() -> None:

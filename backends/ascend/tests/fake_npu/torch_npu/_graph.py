@@ -215,11 +215,27 @@ class NPUGraph:
                 item.run()
 
 
+#: Streams the fake device has for captured graphs (the real one has 2048 in all); each capture takes one.
+STREAMS = {"limit": 2048, "used": 0}
+
+
+def _take_capture_stream() -> None:
+    """Fail as CANN does (runtime error 207008, text as in vllm-ascend RFC #9691) when streams run out."""
+    if STREAMS["used"] >= STREAMS["limit"]:
+        raise RuntimeError(
+            "capture_begin:../torch_npu/csrc/core/npu/NPUGraph.cpp:230 NPU function error: "
+            "c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), error code is 207008\n"
+            "[Error]: Stream resources are insufficient."
+        )
+    STREAMS["used"] += 1
+
+
 @contextmanager
 def graph(npu_graph: NPUGraph, pool: int | None = None, stream: Any = None, **_: Any) -> Iterator[None]:
     """Capture context: every aten op inside is recorded into ``npu_graph``."""
     if STATE.capturing is not None:
         raise RuntimeError("nested NPUGraph capture")
+    _take_capture_stream()
     npu_graph.pool_id = pool if pool is not None else next(_pool_ids)
     CALLS.append(("capture_begin", npu_graph))
     STATE.capturing, STATE.recorder = npu_graph, _Recorder(npu_graph.items)
