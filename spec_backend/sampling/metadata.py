@@ -243,7 +243,8 @@ class SamplingMetadata:
     Wrong dtypes (a float ``top_k``, float seeds, ...) are ``SamplerInputError``s naming the field.
     The constructor validates the values and records host-side flags (``all_greedy``, ``all_random``,
     ``apply_top_k``, ``apply_top_p``) with one small device-to-host copy at construction time, so the
-    sampler's hot path can branch on them without synchronising. After construction ``top_k`` is an
+    sampler's hot path can branch on them without synchronising; ``max_top_k`` is the largest top_k of the
+    sampled rows when each of them applies top-k (``None`` otherwise). After construction ``top_k`` is an
     int64 tensor, ``top_p`` a float32 tensor, ``seeds`` and ``positions`` int64 (or None).
     """
 
@@ -257,6 +258,9 @@ class SamplingMetadata:
     apply_top_k: bool = field(init=False, default=False)
     apply_top_p: bool = field(init=False, default=False)
     has_seeds: bool = field(init=False, default=False)
+    #: the largest top_k of the sampled rows when every sampled row applies top-k (else None): lets a
+    #: backend pick a top-k kernel with a k limit without reading the tensor back
+    max_top_k: int | None = field(init=False, default=None)
 
     def __init__(
         self,
@@ -297,19 +301,24 @@ class SamplingMetadata:
     def _check_values(self) -> None:
         temp = self.temperature.to(torch.float32)
         no = torch.tensor(False, device=temp.device)
-        stats = torch.stack(
+        sampled = temp > 0  # [B]
+        flags = torch.stack(
             [
                 (temp < 0).any() | ~torch.isfinite(temp).all(),
                 ((self.top_p <= 0) | (self.top_p > 1) | torch.isnan(self.top_p)).any(),
                 (self.top_k < 0).any(),
                 (temp == 0).all(),
-                (temp > 0).all(),
-                ((self.top_k > 0) & (temp > 0)).any(),
-                ((self.top_p < 1) & (temp > 0)).any(),
+                sampled.all(),
+                ((self.top_k > 0) & sampled).any(),
+                ((self.top_p < 1) & sampled).any(),
                 (self.seeds >= 0).any() if self.seeds is not None else no,
                 (self.seeds < -1).any() if self.seeds is not None else no,
+                ((self.top_k == 0) & sampled).any(),
             ]
-        ).tolist()
+        ).to(torch.int64)
+        k_sampled = torch.where(sampled, self.top_k, torch.zeros_like(self.top_k))  # [B]
+        k_max = k_sampled.amax(0, keepdim=True) if k_sampled.numel() else flags.new_zeros(1)
+        stats = torch.cat([flags, k_max]).tolist()  # one host copy
         if stats[0]:
             raise SamplerInputError(f"temperature must be finite and >= 0, got {self.temperature.tolist()}")
         if stats[1]:
@@ -323,6 +332,7 @@ class SamplingMetadata:
             )
         self.all_greedy, self.all_random = bool(stats[3]), bool(stats[4])
         self.apply_top_k, self.apply_top_p, self.has_seeds = bool(stats[5]), bool(stats[6]), bool(stats[7])
+        self.max_top_k = int(stats[10]) if self.apply_top_k and not stats[9] else None
 
     @property
     def batch_size(self) -> int:

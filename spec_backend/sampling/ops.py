@@ -36,8 +36,10 @@ class SamplerOps(Protocol):
         top_p: torch.Tensor,  # [N] float32 in (0, 1]
         apply_top_k: bool,
         apply_top_p: bool,
+        max_top_k: int | None = None,  # host: largest k when every sampled row applies top-k
     ) -> torch.Tensor:  # [N, V] float32
-        """Temperature, then top-k, then top-p; softmax. See ``spec_backend.sampling.probs``."""
+        """Temperature, then top-k, then top-p; softmax. See ``spec_backend.sampling.probs``.
+        ``max_top_k`` (``SamplingMetadata.max_top_k``) lets a kernel with a k limit decide on the host."""
         ...
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64

@@ -231,6 +231,7 @@ class RejectionSampler:
                 sampling.top_p[row_req],
                 sampling.apply_top_k,
                 sampling.apply_top_p,
+                max_top_k=sampling.max_top_k,
             )  # [N, V]
         num_accepted, scale = self._accept_counts(step, draft_probs, logits, probs, argmax, greedy_rows)
         num_accepted = torch.minimum(num_accepted, step.first_null)  # a placeholder ends the drafts

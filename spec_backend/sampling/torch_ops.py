@@ -208,7 +208,9 @@ class TorchSamplerOps:
         top_p: torch.Tensor,
         apply_top_k: bool,
         apply_top_p: bool,
+        max_top_k: int | None = None,
     ) -> torch.Tensor:
+        del max_top_k  # the reference filter has no k limit
         return _probs.target_probs(logits, temperature, top_k, top_p, apply_top_k, apply_top_p)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,9 @@ class TritonSamplerOps:
         top_p: torch.Tensor,  # [N]
         apply_top_k: bool,
         apply_top_p: bool,
+        max_top_k: int | None = None,
     ) -> torch.Tensor:  # [N, V] float32
+        del max_top_k  # the torch filter below has no k limit
         if apply_top_k or apply_top_p:  # needs a sort: the torch reference (same device)
             return _probs.target_probs(logits, temperature, top_k, top_p, apply_top_k, apply_top_p)
         logits = _rows(logits)

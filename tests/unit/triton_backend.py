@@ -32,8 +32,8 @@ class OnDevice:
         if not callable(fn):
             return fn
 
-        def run(*args: Any) -> Any:
-            out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args))
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
             return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
 
         return run

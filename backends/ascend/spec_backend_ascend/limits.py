@@ -20,6 +20,9 @@ TND_HEAD_DIMS = (64, 128, 192)
 #: Source: op-plugin docs torch_npu-npu_fused_infer_attention_score.md, "D: <= 512, 16-byte aligned".
 MAX_HEAD_DIM = 512
 HEAD_DIM_ALIGN = 16
+#: k range npu_top_k_top_p documents (op-plugin docs torch_npu-npu_top_k_top_p.md: "[1, 1024]"); larger k
+#: (or a row with top-k off, which vLLM passes as k = V) takes the torch filter.
+TOP_K_MAX = 1024
 #: Hardware streams captured graphs may use on one device: 2048 minus 248 kept spare (the constant of
 #: vllm-ascend's update_aclgraph_sizes, vllm_ascend/utils.py, removed in PR #9962). A heuristic: CANN
 #: documents no per-graph stream cost, and newer HDK/CANN stacks capture many more graphs.

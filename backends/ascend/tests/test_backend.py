@@ -73,24 +73,69 @@ def test_sampler_ops_need_torch_npu() -> None:
         AscendBackend().sampler_ops()
 
 
+def _npu_calls(fake: ModuleType) -> int:
+    return sum(1 for c in fake.CALLS if c[0] == "npu_top_k_top_p")
+
+
 def test_sampler_ops_are_the_shared_triton_kernels_with_npu_top_k_top_p(fake_npu: ModuleType) -> None:
     ops = AscendBackend().sampler_ops()
     assert isinstance(ops, AscendSamplerOps) and isinstance(ops, TritonSamplerOps)
     assert ops.tuning == AscendBackend().sampler_tuning()
+    ref = TorchSamplerOps()
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 50, generator=gen)  # [N, V]
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.9, 1.0])
-    top_k = torch.tensor([0, 5, 0, 10, 60, 3])
     top_p = torch.tensor([1.0, 1.0, 0.8, 0.5, 0.9, 1.0])
+    cases = [  # (top_k, the sampler's max_top_k, whether the NPU op runs)
+        (torch.tensor([0, 5, 2, 10, 60, 3]), 60, True),  # every sampled row applies top-k, k <= 1024
+        (torch.tensor([0, 5, 0, 10, 60, 3]), None, False),  # a sampled row with top-k off (vLLM: k = V)
+        (torch.tensor([0, 5, 2, 10, 2000, 3]), 2000, True),  # k >= V = 50: top-k off there, k = V fits
+    ]
+    for top_k, max_top_k, npu in cases:
+        fake_npu.reset()
+        got = ops.target_probs(logits, temperature, top_k, top_p, True, True, max_top_k=max_top_k)
+        assert _npu_calls(fake_npu) == int(npu)
+        want = ref.target_probs(logits, temperature, top_k, top_p, True, True)
+        sampled = temperature > 0  # greedy rows' probabilities are never used
+        torch.testing.assert_close(got[sampled], want[sampled], rtol=0, atol=1e-6)
     fake_npu.reset()
-    got = ops.target_probs(logits, temperature, top_k, top_p, True, True)  # [N, V]
-    assert ("npu_top_k_top_p", None) in fake_npu.CALLS
-    want = TorchSamplerOps().target_probs(logits, temperature, top_k, top_p, True, True)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)  # random logits: no ties at the k-th value
-    plain = ops.target_probs(logits, temperature, top_k, top_p, False, False)
+    top_p_only = ops.target_probs(logits, temperature, torch.zeros(6, dtype=torch.long), top_p, False, True)
+    assert _npu_calls(fake_npu) == 1
+    want = ref.target_probs(logits, temperature, torch.zeros(6, dtype=torch.long), top_p, False, True)
+    torch.testing.assert_close(top_p_only, want, rtol=0, atol=1e-6)
+    plain = ops.target_probs(logits, temperature, top_p.long(), top_p, False, False)
     torch.testing.assert_close(
-        plain, TorchSamplerOps().target_probs(logits, temperature, top_k, top_p, False, False)
+        plain, ref.target_probs(logits, temperature, top_p.long(), top_p, False, False)
     )
+
+
+def test_k_above_the_documented_1024_takes_the_torch_filter(fake_npu: ModuleType) -> None:
+    ops = AscendBackend().sampler_ops()
+    logits = torch.randn(2, 3000, generator=torch.Generator().manual_seed(2))
+    temperature, top_p = torch.ones(2), torch.ones(2)
+    top_k = torch.tensor([1500, 20])
+    fake_npu.reset()
+    got = ops.target_probs(logits, temperature, top_k, top_p, True, False, max_top_k=1500)
+    assert _npu_calls(fake_npu) == 0
+    torch.testing.assert_close(
+        got, TorchSamplerOps().target_probs(logits, temperature, top_k, top_p, True, False)
+    )
+    with pytest.raises(RuntimeError, match=r"k must lie in \[1, 1024\]"):  # what the op documents
+        fake_npu.npu_top_k_top_p(logits, None, top_k.to(torch.int32))
+
+
+def test_npu_top_k_keeps_ties_at_the_kth_value_like_the_reference(fake_npu: ModuleType) -> None:
+    """The documented rule masks values below the k-th largest: ties at it are kept (3 tokens for k=2)."""
+    logits = torch.tensor([[3.0, 2.0, 2.0, 1.0, 0.5], [1.0, 1.0, 1.0, 0.0, 0.0]])
+    k = torch.tensor([2, 1], dtype=torch.int32)
+    masked = fake_npu.npu_top_k_top_p(logits, None, k)
+    assert torch.isfinite(masked).tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, False, False],
+    ]
+    ops = AscendBackend().sampler_ops()
+    args = (logits, torch.ones(2), k.long(), torch.ones(2), True, False)
+    assert torch.equal(ops.target_probs(*args, max_top_k=2), TorchSamplerOps().target_probs(*args))
 
 
 def test_rejection_sampler_runs_on_ascend_ops(fake_npu: ModuleType) -> None:

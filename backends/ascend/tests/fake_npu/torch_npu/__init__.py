@@ -75,28 +75,43 @@ def _npu_fused_infer_attention_score_get_max_workspace(
     return torch.empty(1 << 10, dtype=torch.uint8)
 
 
+#: k range of npu_top_k_top_p (op-plugin docs torch_npu-npu_top_k_top_p.md: "值域为[1, 1024]")
+TOP_K_MAX = 1024
+
+
 def npu_top_k_top_p(
     logits: torch.Tensor, p: torch.Tensor | None = None, k: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Mask logits outside each row's top-k, then outside its top-p nucleus, with -inf (vLLM's rule)."""
+    """The documented rule (op-plugin docs, torch_npu-npu_top_k_top_p.md), on CPU.
+
+    Sort ascending (stable); top-k masks every value below the k-th largest (ties at it are kept);
+    softmax; top-p masks the values whose ascending cumulative probability is <= 1 - p, always keeping
+    the largest; masked values become -inf. Validation as documented: logits 2-D float16/bfloat16/
+    float32; k int32 [B] in [1, 1024] and <= V; p [B] in [0, 1] with the logits' dtype.
+    """
     CALLS.append(("npu_top_k_top_p", None))
-    rows = logits.shape[0]
+    rows, vocab = logits.shape[0], logits.shape[-1]
     if logits.dim() != 2 or logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise RuntimeError(f"npu_top_k_top_p: logits [B, V] float16/bfloat16/float32, got {logits.dtype}")
-    if k is not None and (k.shape != (rows,) or k.dtype.is_floating_point or bool((k < 1).any())):
-        raise RuntimeError("npu_top_k_top_p: k must be an integer tensor [B] with values >= 1")
-    if p is not None and (p.shape != (rows,) or not p.dtype.is_floating_point):
-        raise RuntimeError("npu_top_k_top_p: p must be a float tensor [B]")
-    sorted_logits, order = logits.float().sort(dim=-1, descending=True)
-    keep = torch.ones_like(sorted_logits, dtype=torch.bool)
+    if k is not None and (k.shape != (rows,) or k.dtype != torch.int32):
+        raise RuntimeError(f"npu_top_k_top_p: k must be an int32 tensor [B], got {k.dtype} {tuple(k.shape)}")
+    if k is not None and bool(((k < 1) | (k > min(TOP_K_MAX, vocab))).any()):
+        raise RuntimeError(f"npu_top_k_top_p: k must lie in [1, 1024] and <= V={vocab}, got {k.tolist()}")
+    if p is not None and (p.shape != (rows,) or p.dtype != logits.dtype):
+        raise RuntimeError(f"npu_top_k_top_p: p must be [B] with the logits' dtype, got {p.dtype}")
+    if p is not None and bool(((p < 0) | (p > 1)).any()):
+        raise RuntimeError(f"npu_top_k_top_p: p must lie in [0, 1], got {p.tolist()}")
+    values, order = logits.float().sort(dim=-1, descending=False, stable=True)  # ascending
     if k is not None:
-        keep &= torch.arange(logits.shape[1])[None, :] < k[:, None].long()
+        kth = values.gather(1, (vocab - k.long())[:, None])  # [B, 1] the k-th largest
+        values = values.masked_fill(values < kth, float("-inf"))
     if p is not None:
-        probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
-        keep &= (probs.cumsum(-1) - probs) < p[:, None].float()
-    keep[:, 0] = True
-    mask = torch.zeros_like(keep).scatter(1, order, keep)
-    return logits.masked_fill(~mask, float("-inf"))
+        cumulative = torch.softmax(values, dim=-1).cumsum(dim=-1)  # from the smallest probability
+        drop = cumulative <= 1 - p.float()[:, None]
+        drop[:, -1] = False  # the largest is always kept
+        values = values.masked_fill(drop, float("-inf"))
+    kept = torch.zeros_like(values, dtype=torch.bool).scatter(1, order, values > float("-inf"))
+    return logits.masked_fill(~kept, float("-inf"))
 
 
 def npu_fusion_attention(*args: Any, **kwargs: Any) -> Any:
