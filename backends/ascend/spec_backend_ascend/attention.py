@@ -48,6 +48,7 @@ from spec_backend_ascend.limits import (
 )
 from spec_backend_ascend.npu import npu_namespace, torch_npu_module
 
+#: FIA computes in float16 / bfloat16 only (op-plugin docs torch_npu-npu_fused_infer_attention_score.md).
 _OP_DTYPES = (torch.float16, torch.bfloat16)
 _MASKS: dict[torch.device, torch.Tensor] = {}
 

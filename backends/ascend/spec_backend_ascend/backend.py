@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from spec_backend.sampling.ops import SamplerOps
 
 #: Vector cores on Atlas A2/A3 (Ascend 910B/910C) devices: the sampler kernels' grid cap.
+#: Source: the Atlas A2/A3 product specifications (40 AIV cores); triton-ascend runs one program per core.
 VECTOR_CORES = 40
 
 

@@ -31,15 +31,19 @@ GRAPH_STREAM_BUDGET = 1800
 #: per full graph (the FULL_AND_PIECEWISE branch of update_aclgraph_sizes); a heuristic. Our graphs are
 #: whole forwards (target verify step, draft step), never per-layer pieces.
 STREAMS_PER_GRAPH = 1
-#: Largest capture size in tokens.
+#: Largest capture size in tokens. Source: vLLM's default max_cudagraph_capture_size (512), which
+#: vllm-ascend keeps for ACLGraph.
 MAX_CAPTURE_SIZE = 512
-#: KV positions per page when the engine's padded cache is presented to the op as a paged cache
-#: (the documented page-attention block sizes are multiples of 128 in [128, 512]).
+#: KV positions per page when the engine's padded cache is presented to the op as a paged cache.
+#: Source: op-plugin docs torch_npu-npu_fused_infer_attention_score.md (page attention: block_size a
+#: multiple of 128 in [128, 512]); vllm-ascend's get_supported_kernel_block_sizes() is [128].
 PAGE_BLOCK_SIZE = 128
 #: Side of the compressed causal mask that sparse_mode 2/3/4 require (a fixed 2048 x 2048 matrix).
+#: Source: the same op document (sparse_mode 2/3/4 take the optimised 2048 x 2048 atten_mask).
 SPARSE_MASK_SIZE = 2048
 #: sparse_mode 3: "rightDownCausal", causal aligned to the bottom-right corner of each request's
 #: (query length x kv length) block — query i of a request sees keys at positions <= kv - q + i.
+#: Source: the same op document (sparse_mode table); vllm-ascend passes 3 for causal attention.
 SPARSE_MODE_RIGHT_DOWN_CAUSAL = 3
 
 

@@ -36,7 +36,10 @@ from spec_backend_cuda.limits import FLASH_MIN_CAPABILITY
 #: ``flash_attn_with_kvcache``-compatible kernel: (q [B,Q,Hq,D], k [B,L,Hkv,D], v, **kw) -> [B,Q,Hq,D].
 FlashKernel = Callable[..., torch.Tensor]
 
+#: flash-attn computes in float16 / bfloat16 (flash-attention README: "Datatype fp16 and bf16").
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
+#: flash-attention README: "All head dimensions up to 256"; head dims are multiples of 8 (its kernels
+#: round the head dim up to 32/64/96/128/192/256 templates and check `head_size % 8 == 0`).
 FLASH_MAX_HEAD_DIM = 256
 
 
