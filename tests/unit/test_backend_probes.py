@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from spec_backend_ascend import MAX_QUERY_TOKENS_PER_REQUEST, AscendBackend, stream_graph_budget
+from spec_backend_ascend import GRAPH_STREAM_BUDGET, MAX_QUERY_TOKENS_PER_REQUEST, AscendBackend, StreamLedger
 from spec_backend_cuda import CudaBackend, memory_capped_capture_size
 
 from spec_backend.backends import BackendError, load_backend
@@ -75,10 +75,15 @@ def test_capture_policies() -> None:
     assert memory_capped_capture_size(2 << 30) == 128  # 2 GiB free -> 128 tokens
     assert memory_capped_capture_size(80 << 30) == 512
     assert memory_capped_capture_size(0) == 16
-    assert stream_graph_budget(32) == 1800 // 33
-    assert AscendBackend().capture_policy(num_hidden_layers=59).graph_budget == 30
-    with pytest.raises(ValueError, match="num_hidden_layers must be >= 1, got 0"):
-        stream_graph_budget(0)
+    # whole-forward graphs: one stream each out of 1800, whatever the depth (a heuristic)
+    assert AscendBackend().capture_policy(num_hidden_layers=59).graph_budget == GRAPH_STREAM_BUDGET == 1800
+    ledger = StreamLedger(total=10, per_graph=2)
+    ledger.reserve(3)
+    assert ledger.graphs_left == 2
+    with pytest.raises(ValueError, match="3 graphs do not fit the 2 left in the stream budget"):
+        ledger.reserve(3)
+    with pytest.raises(ValueError, match="need total >= 0 and per_graph >= 1, got 10, 0"):
+        StreamLedger(total=10, per_graph=0)
     assert not load_backend("reference").capture_policy().enabled
     assert AscendBackend().sampler_tuning().vocab_block == 2048
 

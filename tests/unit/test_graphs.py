@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from spec_backend_ascend import AscendBackend, stream_graph_budget
+from spec_backend_ascend import AscendBackend, StreamLedger
 
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.graphs import padded_size, plan_capture_sizes, subsample_evenly
@@ -34,9 +34,10 @@ def test_fallback_is_one_request() -> None:
 
 
 def test_ascend_budget_subsamples_keeping_ends() -> None:
-    sizes = plan_capture_sizes(15, 256, backend=AscendBackend(), num_hidden_layers=300)
-    budget = stream_graph_budget(300)  # 1800 // 301 = 5
-    assert len(sizes) == budget == 5
+    backend = AscendBackend()
+    backend.streams = StreamLedger(total=5)  # 5 streams left: 5 whole-forward graphs
+    sizes = plan_capture_sizes(15, 256, backend=backend, num_hidden_layers=300)
+    assert len(sizes) == backend.capture_policy().graph_budget == 5
     assert sizes[0] == 16 and sizes[-1] == 512
     assert all(s % 16 == 0 for s in sizes)
 
@@ -82,7 +83,7 @@ def test_plan_properties(
     assert all(s % step == 0 for s in sizes)
     cap = min(seqs * step, batched or 10**9, 512)
     assert sizes == [step] or all(s <= cap for s in sizes)
-    assert len(sizes) <= stream_graph_budget(layers)
+    assert len(sizes) <= backend.capture_policy(layers).graph_budget  # type: ignore[operator]
 
 
 def test_padded_size_and_eager_runner() -> None:
