@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from spec_backend.config.fly import FlyConfig
-from spec_backend.sampling.torch_ops import draft_ratios, padded, request_layout
+from spec_backend.sampling.torch_ops import draft_p_q, draft_ratios, padded, request_layout
 
 
 def top_k_entropy(probs: torch.Tensor, top_k: int) -> torch.Tensor:  # [R, V] -> [R] float32
@@ -80,14 +80,9 @@ def fly_rescues(
         )
     if probs is not None and uniforms is not None:
         rho = draft_ratios(draft_ids, draft_probs, probs, target_rows)  # [T] 0 for null drafts
-        p_x = probs[target_rows, safe]  # [T]
-        q_ok = (
-            draft_probs[torch.arange(ids.shape[0], device=ids.device), safe] > 0
-            if draft_probs is not None
-            else real
-        )
+        p_x, q_x = draft_p_q(draft_ids, draft_probs, probs, target_rows)  # [T], [T]
         native = torch.where(greedy, native, uniforms < rho)
-        eligible = torch.where(greedy, eligible, (p_x > 0) & q_ok)
+        eligible = torch.where(greedy, eligible, (p_x > 0) & (q_x > 0))
         entropy = torch.where(greedy, entropy, top_k_entropy(probs[target_rows], fly.entropy_top_k))
     cu, max_spec_len, req_of, slot_of = layout
     window = window_accepted(native, cu, max_spec_len, fly.window_size, req_of, slot_of)

@@ -34,12 +34,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from spec_backend.config.fly import FlyConfig
 from spec_backend.config.rejection import RejectionSamplerConfig
+from spec_backend.config.sampler_methods import SamplerMethod
 from spec_backend.sampling import rng
 from spec_backend.sampling.fly import fly_rescues
 from spec_backend.sampling.grouping import merge_outputs, split_batch
@@ -51,7 +52,8 @@ from spec_backend.sampling.validation import SamplerInputError, check_inputs, ch
 
 logger = logging.getLogger("spec_backend.sampling")
 
-METHODS = ("standard", "synthetic", "fly")
+#: the sampler's methods: the one list of them is ``config.sampler_methods.SamplerMethod``
+METHODS: tuple[str, ...] = get_args(SamplerMethod)
 #: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
 #: least this many drafts; shorter batches take its token-level rule (vllm_ascend/sample/rejection_sampler.py)
 CUMULATIVE_MIN_SPEC_LEN = 3

@@ -67,32 +67,14 @@ def last_true(ok: torch.Tensor) -> torch.Tensor:  # [B, S] bool -> [B] int64
     return torch.where(ok, slot, torch.zeros_like(slot)).amax(dim=1)
 
 
-def draft_ratios(
-    draft_ids: torch.Tensor,  # [T]
-    draft_probs: torch.Tensor | None,  # [T, V]
-    target_probs: torch.Tensor,  # [N, V]
-    target_rows: torch.Tensor,  # [T]
-) -> torch.Tensor:  # [T] float64
-    """ρ = p(x)/q(x) with ρ = 0 where p(x) = 0 and ρ = inf where q(x) = 0 < p(x); ρ = 0 for a null draft."""
-    ids = draft_ids.to(torch.int64)
-    real, safe = ids >= 0, ids.clamp(min=0)  # [T] null drafts (-1) are never used as an index
-    p_x = target_probs[target_rows.to(torch.int64), safe].to(torch.float64)  # [T]
-    p_x = torch.where(real, p_x, torch.zeros_like(p_x))
-    if draft_probs is None:
-        return p_x
-    tokens = torch.arange(ids.shape[0], device=ids.device)
-    q_x = draft_probs[tokens, safe].to(torch.float64)  # [T]
-    return torch.where(p_x > 0, p_x / q_x, torch.zeros_like(p_x))
-
-
-def compat_ratios(
+def draft_p_q(
     draft_ids: torch.Tensor,  # [T]
     draft_probs: torch.Tensor | None,  # [T, V]
     target_probs: torch.Tensor,  # [N, V]
     target_rows: torch.Tensor,  # [T]
 ) -> tuple[torch.Tensor, torch.Tensor]:  # p(x) [T] float64, q(x) [T] float64
-    """p(x) and q(x) of each draft as vllm-ascend's rules read them: q = 1 for point masses, and a null
-    draft (-1) has p = q = 0 (it can never pass)."""
+    """p(x) and q(x) of each draft: q = 1 for point masses, and a null draft (-1) has p = q = 0 (it can
+    never pass, and is never used as an index)."""
     ids = draft_ids.to(torch.int64)
     real, safe = ids >= 0, ids.clamp(min=0)  # [T]
     zero = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
@@ -101,6 +83,19 @@ def compat_ratios(
         return p_x, real.to(torch.float64)
     tokens = torch.arange(ids.shape[0], device=ids.device)
     return p_x, torch.where(real, draft_probs[tokens, safe].to(torch.float64), zero)
+
+
+def draft_ratios(
+    draft_ids: torch.Tensor,  # [T]
+    draft_probs: torch.Tensor | None,  # [T, V]
+    target_probs: torch.Tensor,  # [N, V]
+    target_rows: torch.Tensor,  # [T]
+) -> torch.Tensor:  # [T] float64
+    """ρ = p(x)/q(x) with ρ = 0 where p(x) = 0 and ρ = inf where q(x) = 0 < p(x); ρ = 0 for a null draft."""
+    p_x, q_x = draft_p_q(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
+    if draft_probs is None:
+        return p_x
+    return torch.where(p_x > 0, p_x / q_x, torch.zeros_like(p_x))
 
 
 def relaxed_ratios(ratios: torch.Tensor, thresholds: torch.Tensor | None) -> torch.Tensor:  # [T] float64
@@ -250,7 +245,7 @@ class TorchSamplerOps:
         if thresholds is None:  # lossless: u < ρ, with ρ = inf when q(x) = 0 < p(x)
             rho = draft_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T]
             return leading_run(padded(uniforms < rho, index, valid, False))
-        p_x, q_x = compat_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
+        p_x, q_x = draft_p_q(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
         accept = (q_x > 0) & (p_x / torch.where(q_x > 0, q_x, 1.0) >= thresholds * uniforms)  # vllm-ascend
         return leading_run(padded(accept, index, valid, False))
 
@@ -266,7 +261,7 @@ class TorchSamplerOps:
         max_spec_len: int,
     ) -> torch.Tensor:
         index, valid, _ = request_layout(cu_num_draft_tokens, max_spec_len)
-        p_x, q_x = compat_ratios(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
+        p_x, q_x = draft_p_q(draft_ids, draft_probs, target_probs, target_rows)  # [T], [T]
         p_pad, q_pad = padded(p_x, index, valid, 1.0), padded(q_x, index, valid, 1.0)  # [B, S]
         cum_u = torch.cumprod(padded(uniforms, index, valid, 1.0), dim=1)  # [B, S] Π_{j<=i} u_j
         if thresholds is not None:
@@ -356,7 +351,7 @@ __all__ = [
     "TorchSamplerOps",
     "block_thresholds",
     "block_weights",
-    "compat_ratios",
+    "draft_p_q",
     "draft_ratios",
     "exponential_race",
     "last_true",

@@ -46,7 +46,7 @@ def draft_p_q(
     HAS_Q: tl.constexpr,
     F64: tl.constexpr,
 ):
-    """``torch_ops.compat_ratios`` for one draft: (p(x), q(x)); q = 1 for a point mass, (0, 0) for a null
+    """``torch_ops.draft_p_q`` for one draft: (p(x), q(x)); q = 1 for a point mass, (0, 0) for a null
     draft (x = -1), which is never used as an index."""
     x = tl.load(draft_ptr + t).to(tl.int64)
     real = x >= 0
