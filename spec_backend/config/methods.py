@@ -17,6 +17,8 @@ import difflib
 import logging
 from typing import Any, Final, Literal, cast
 
+from spec_backend.proposers.registry import METHODS
+
 logger = logging.getLogger("spec_backend.config")
 
 #: Per-architecture MTP method names (deprecated as method names: all mean ``mtp``).
@@ -40,11 +42,11 @@ MTP_MODEL_TYPES: Final[tuple[str, ...]] = (
     "hy_v3_mtp",
 )
 
-#: Methods whose drafter runs on the target's hidden states (EAGLE-style).
-EAGLE_METHODS: Final[tuple[str, ...]] = ("eagle", "eagle3", "mtp", "dflash")
+#: Methods whose drafter runs on the target's hidden states (EAGLE-style), from the method registry.
+EAGLE_METHODS: Final[tuple[str, ...]] = tuple(n for n, m in METHODS.items() if m.family == "eagle")
 
 #: Methods that return auxiliary hidden states from the target (changes the target's graph).
-AUX_HIDDEN_STATE_METHODS: Final[tuple[str, ...]] = ("eagle3", "extract_hidden_states", "dflash")
+AUX_HIDDEN_STATE_METHODS: Final[tuple[str, ...]] = tuple(n for n, m in METHODS.items() if m.aux_hidden_states)
 
 #: Target model types that can expose auxiliary hidden states (substring match, as in vLLM).
 AUX_HIDDEN_STATES_SUPPORTED: Final[tuple[str, ...]] = (
@@ -64,24 +66,23 @@ AUX_HIDDEN_STATES_SUPPORTED: Final[tuple[str, ...]] = (
     "gemma4",
 )
 
-#: Every accepted value of ``method`` (before normalisation).
-SPECULATIVE_METHODS: Final[tuple[str, ...]] = (
-    "ngram",
-    "[ngram]",
-    "ngram_gpu",
-    "suffix",
-    "draft_model",
-    "medusa",
-    "mlp_speculator",
-    "eagle",
-    "eagle3",
-    "dflash",
-    "extract_hidden_states",
-    *MTP_MODEL_TYPES,
-)
+
+
+def _accepted_names() -> tuple[str, ...]:
+    names: list[str] = []
+    for name in METHODS:
+        if name != "mtp":  # listed with the per-architecture MTP names
+            names.append(name)
+        if name == "ngram":
+            names.append("[ngram]")
+    return (*names, *MTP_MODEL_TYPES)
+
+
+#: Every accepted value of ``method`` (before normalisation): the registry's names and their aliases.
+SPECULATIVE_METHODS: Final[tuple[str, ...]] = _accepted_names()
 
 #: Methods that need no draft weights: ``model`` is set to the method name.
-MODEL_FREE_METHODS: Final[tuple[str, ...]] = ("ngram", "ngram_gpu", "suffix", "extract_hidden_states")
+MODEL_FREE_METHODS: Final[tuple[str, ...]] = tuple(n for n, m in METHODS.items() if m.model_free)
 
 SpeculativeMethod = Literal[
     "ngram",

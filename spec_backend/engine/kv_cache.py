@@ -1,106 +1,133 @@
 """The engine's ragged KV cache: a ``transformers`` ``Cache`` with per-request lengths and rollback.
 
-Layout: every layer owns two tensors ``[slots, num_kv_heads, capacity, head_dim]``. A request lives in
-one *slot* (a row of the batch dimension) for its whole life; the engine keeps the live slots packed
-at ``0 .. n-1`` (``move_slot`` fills a freed slot with the last one), so one step's batch is always a
-contiguous slot range and the keys handed to attention are views, never gathers.
+Layout: every layer owns two tensors ``[slots, num_kv_heads, capacity, head_dim]``, **allocated once at
+start-up** (``capacity = max_len + headroom``), so their addresses never change and captured graphs
+stay valid. A request lives in one *slot* for its whole life; the engine keeps the live slots packed at
+``0 .. n-1`` (``move_slot`` fills a freed slot with the last one), so one step's batch is a contiguous
+slot range and the keys handed to attention are views, never gathers.
 
-One step: ``begin_step(start, query_lens)`` reserves ``query_lens[b]`` positions after slot
-``start+b``'s current length, returns the ``RaggedAttentionMetadata`` and the ``position_ids`` for the
-forward, and commits the new lengths (kv lengths include this step's tokens). Each layer's ``update``
-scatters the new keys/values of the valid (non-padding) query rows into place and returns the views
-``[B, H, max_kv_len, D]``. Rollback of rejected drafts is ``truncate(slot, length)``: an O(1) length
-change — stale entries beyond a length are masked by attention and overwritten later.
+One step: ``begin_step(batch)`` takes the step's ``StepBatch`` (its positions, rows/cols and seq lens
+are the plan), commits the new lengths, and each layer's ``update`` scatters the new keys/values of the
+valid query rows into place and returns the views ``[B, H, max_seq_len, D]``. Rollback of rejected
+drafts is ``truncate(slot, length)``: an O(1) length change — stale entries beyond a length are masked
+by attention and overwritten later. Memory is reserved with ``torch.empty`` and zeroed lazily up to each
+slot's high-water mark, so masked-out positions attention reads are always finite.
+
+*headroom*: positions past ``max_len`` a drafter may write while drafting beyond the last position it
+can emit (a draft cache); the target's cache has none.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.step import StepBatch
 
-#: Capacity along the sequence dimension grows in multiples of this many positions.
-_LEN_GRANULE = 256
+logger = logging.getLogger("spec_backend.engine")
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    """Where one forward's new keys go: flattened over the valid query rows of the batch."""
+class KVLayout:
+    """Shape of one model's KV cache: decoder layers, kv heads, head dim, dtype, device."""
 
-    start: int  # first slot of the batch (the batch covers slots start .. start+B-1)
-    batch: int  # B
-    max_kv_len: int  # longest kv length in the batch after this step
-    rows: torch.Tensor  # [N] int64, batch row (0..B-1) of each valid query token
-    cols: torch.Tensor  # [N] int64, query index (0..Q-1) of each valid query token
-    positions: torch.Tensor  # [N] int64, absolute cache position of each valid query token
-    metadata: RaggedAttentionMetadata
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def bytes_per_position(self) -> int:
+        """Bytes one cached position costs over all layers (keys and values)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+def kv_layout(config: Any, dtype: torch.dtype, device: torch.device) -> KVLayout:
+    """The KV layout of a transformers config (its text config for multimodal wrappers)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
+    return KVLayout(int(text.num_hidden_layers), int(kv_heads), int(head_dim), dtype, device)
+
+
+def plan_num_slots(bytes_per_slot: int, max_len: int, max_num_seqs: int, memory_bytes: int | None) -> int:
+    """Slots to preallocate: ``max_num_seqs``, or fewer when ``memory_bytes`` (every cache together, one
+    slot costing ``bytes_per_slot``) cannot hold that many full-length requests. A budget below one
+    full-length request is an error naming the numbers."""
+    per_slot = bytes_per_slot
+    if memory_bytes is None:
+        return max_num_seqs
+    fits = memory_bytes // per_slot
+    if fits < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes={memory_bytes} cannot hold one request of max_model_len={max_len}: "
+            f"one full-length request needs {per_slot} bytes of KV cache (target and draft caches); "
+            f"raise kv_cache_memory_bytes to >= {per_slot} or lower max_model_len"
+        )
+    if fits < max_num_seqs:
+        logger.warning(
+            "KV cache budget of %d bytes holds %d full-length requests: max_num_seqs lowered from %d to %d",
+            memory_bytes,
+            fits,
+            max_num_seqs,
+            fits,
+        )
+    return int(min(fits, max_num_seqs))
 
 
 class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
-    """One decoder layer's keys and values for every slot; grows its capacity on demand."""
+    """One decoder layer's keys and values for every slot (allocated by the owner)."""
 
     is_croppable = True
     is_sliding = False
 
-    def __init__(self, owner: RaggedKVCache) -> None:
+    def __init__(self, owner: RaggedKVCache, layout: KVLayout, shape: tuple[int, int, int, int]) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Allocate at the owner's current capacity with the model's head count, head dim and dtype."""
-        b_cap, l_cap = self.owner.slot_capacity, self.owner.len_capacity
-        k_shape = (b_cap, key_states.shape[1], l_cap, key_states.shape[3])
-        v_shape = (b_cap, value_states.shape[1], l_cap, value_states.shape[3])
-        self.keys = torch.zeros(k_shape, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(v_shape, dtype=value_states.dtype, device=value_states.device)
+        self.keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, D]
+        self.values = torch.empty(shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, D]
         self.is_initialized = True
 
-    def _grow(self) -> None:
-        assert self.keys is not None and self.values is not None
-        b_cap, l_cap = self.owner.slot_capacity, self.owner.len_capacity
-        if self.keys.shape[0] >= b_cap and self.keys.shape[2] >= l_cap:
-            return
-        old_b, old_l = self.keys.shape[0], self.keys.shape[2]
-        new_b, new_l = max(b_cap, old_b), max(l_cap, old_l)
-        for name in ("keys", "values"):
-            old: torch.Tensor = getattr(self, name)
-            new = old.new_zeros((new_b, old.shape[1], new_l, old.shape[3]))
-            new[:old_b, :, :old_l] = old
-            setattr(self, name, new)
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the tensors are allocated at start-up."""
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's keys/values ``[B, H, Q, D]`` and return the batch's views ``[B, H, L, D]``."""
-        plan = self.owner.plan
-        if plan is None:
+        """Write this step's keys/values ``[B, H, Q, D]``; return the batch's views ``[B, H, L, D]``."""
+        batch = self.owner.plan
+        if batch is None:
             raise RuntimeError("RaggedKVCache.update called outside a step: call begin_step() first")
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self._grow()
         assert self.keys is not None and self.values is not None
-        if plan.batch == 1:  # one request: a plain slice copy
-            first, n = plan.max_kv_len - plan.rows.numel(), plan.rows.numel()
-            self.keys[plan.start, :, first : first + n] = key_states[0, :, :n]
-            self.values[plan.start, :, first : first + n] = value_states[0, :, :n]
+        if key_states.shape[1] != self.keys.shape[1] or key_states.shape[3] != self.keys.shape[3]:
+            raise ValueError(
+                f"the model produced keys of shape {list(key_states.shape)} but the cache was allocated for "
+                f"{self.keys.shape[1]} kv heads of dim {self.keys.shape[3]} (from the model config)"
+            )
+        if batch.batch_size == 1:  # one request: a plain slice copy
+            n = batch.num_tokens
+            first = batch.max_seq_len - n
+            self.keys[batch.start, :, first : first + n] = key_states[0, :, :n]
+            self.values[batch.start, :, first : first + n] = value_states[0, :, :n]
         else:
-            slots = plan.rows + plan.start  # [N]
-            self.keys[slots, :, plan.positions] = key_states[plan.rows, :, plan.cols].to(self.keys.dtype)
-            self.values[slots, :, plan.positions] = value_states[plan.rows, :, plan.cols].to(
+            slots = batch.rows + batch.start  # [N]
+            self.keys[slots, :, batch.positions] = key_states[batch.rows, :, batch.cols].to(self.keys.dtype)
+            self.values[slots, :, batch.positions] = value_states[batch.rows, :, batch.cols].to(
                 self.values.dtype
             )
-        end = plan.start + plan.batch
-        return self.keys[plan.start : end, :, : plan.max_kv_len], self.values[
-            plan.start : end, :, : plan.max_kv_len
-        ]
+        end, length = batch.start + batch.batch_size, batch.max_seq_len
+        return self.keys[batch.start : end, :, :length], self.values[batch.start : end, :, :length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         plan = self.owner.plan
-        return (plan.max_kv_len if plan is not None else query_length), 0
+        return (plan.max_seq_len if plan is not None else query_length), 0
 
     def get_seq_length(self) -> int:
         return self.owner.get_seq_length()
@@ -115,17 +142,22 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
 class RaggedKVCache(Cache):
     """Per-request KV cache for batched speculative verification (see module docstring).
 
-    ``max_len``: most positions one request may hold (the engine's ``max_model_len``).
-    ``num_layers``: the model's decoder layers (one ``RaggedKVLayer`` each).
+    ``layout``: the model's KV shape; ``max_len``: most positions one request may hold (the engine's
+    ``max_model_len``); ``num_slots``: requests it holds at once; ``headroom``: see module docstring.
     """
 
-    def __init__(self, num_layers: int, max_len: int, initial_slots: int = 1) -> None:
+    def __init__(self, layout: KVLayout, max_len: int, num_slots: int, headroom: int = 0) -> None:
+        if num_slots < 1 or max_len < 1 or headroom < 0:
+            raise ValueError(f"bad cache size: num_slots={num_slots}, max_len={max_len}, headroom={headroom}")
+        self.layout = layout
         self.max_len = max_len
-        self.slot_capacity = max(1, initial_slots)
-        self.len_capacity = min(max_len, _LEN_GRANULE)
+        self.capacity = max_len + headroom
+        self.slot_capacity = num_slots
         self.lengths: list[int] = []  # per live slot, valid cached positions
-        self.plan: StepPlan | None = None
-        super().__init__(layers=[RaggedKVLayer(self) for _ in range(num_layers)])
+        self._zeroed = [0] * num_slots  # per slot, positions known to hold finite values
+        self.plan: StepBatch | None = None
+        shape = (num_slots, layout.num_kv_heads, self.capacity, layout.head_dim)
+        super().__init__(layers=[RaggedKVLayer(self, layout, shape) for _ in range(layout.num_layers)])
 
     # -- slots ---------------------------------------------------------------------------------------
     @property
@@ -135,20 +167,20 @@ class RaggedKVCache(Cache):
 
     def add_slot(self) -> int:
         """Open a new empty slot at the end and return its index."""
+        if len(self.lengths) >= self.slot_capacity:
+            raise RuntimeError(f"all {self.slot_capacity} KV cache slots are in use")
         self.lengths.append(0)
-        if len(self.lengths) > self.slot_capacity:
-            self.slot_capacity = max(len(self.lengths), 2 * self.slot_capacity)
         return len(self.lengths) - 1
 
     @torch.inference_mode()
     def move_slot(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s cached positions into slot ``dst`` (used to keep live slots packed)."""
         n = self.lengths[src]
-        for layer in self.layers:
-            if isinstance(layer, RaggedKVLayer) and layer.keys is not None and layer.values is not None:
-                layer.keys[dst, :, :n] = layer.keys[src, :, :n]
-                layer.values[dst, :, :n] = layer.values[src, :, :n]
+        for layer in self._layers():
+            layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+            layer.values[dst, :, :n] = layer.values[src, :, :n]
         self.lengths[dst] = n
+        self._zeroed[dst] = max(self._zeroed[dst], n)
 
     def pop_slot(self) -> None:
         """Drop the last slot (the engine moved it elsewhere or it finished)."""
@@ -160,44 +192,30 @@ class RaggedKVCache(Cache):
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
         self.lengths[slot] = length
 
-    # -- one forward ---------------------------------------------------------------------------------
-    def begin_step(
-        self, start: int, query_lens: list[int], device: torch.device
-    ) -> tuple[RaggedAttentionMetadata, torch.Tensor]:
-        """Reserve positions for one forward over slots ``start .. start+len(query_lens)-1``.
+    def _layers(self) -> list[RaggedKVLayer]:
+        return [layer for layer in self.layers if isinstance(layer, RaggedKVLayer)]
 
-        Returns the attention metadata and ``position_ids [B, Q]`` (padding rows repeat valid positions).
-        The new lengths are committed immediately; roll back with ``truncate``.
-        """
-        batch, q_max = len(query_lens), max(query_lens)
-        old = self.lengths[start : start + batch]
-        new = [o + q for o, q in zip(old, query_lens, strict=True)]
-        max_kv = max(new)
-        if max_kv > self.max_len:
+    # -- one forward ---------------------------------------------------------------------------------
+    def begin_step(self, batch: StepBatch) -> None:
+        """Commit ``batch``'s seq lens for its slots; ``update`` writes the keys where it says."""
+        end = batch.start + batch.batch_size
+        if batch.start < 0 or end > len(self.lengths):
+            raise ValueError(f"step covers slots {batch.start}..{end - 1}, {len(self.lengths)} slot(s) are live")
+        if batch.max_seq_len > self.capacity:
             raise ValueError(
-                f"KV cache overflow: a request needs {max_kv} positions, max_model_len is {self.max_len}"
+                f"KV cache overflow: a request needs {batch.max_seq_len} positions, "
+                f"max_model_len is {self.max_len}"
             )
-        if max_kv > self.len_capacity:
-            granules = -(-max(max_kv, 2 * self.len_capacity) // _LEN_GRANULE)
-            self.len_capacity = min(self.max_len, granules * _LEN_GRANULE)
-        q_lens = torch.tensor(query_lens, dtype=torch.long, device=device)  # [B]
-        kv_lens = torch.tensor(new, dtype=torch.long, device=device)  # [B]
-        q_idx = torch.arange(q_max, device=device)  # [Q]
-        base = kv_lens - q_lens  # [B] first new position per request
-        position_ids = base[:, None] + torch.minimum(q_idx[None, :], (q_lens - 1)[:, None])  # [B, Q]
-        valid = q_idx[None, :] < q_lens[:, None]  # [B, Q]
-        rows, cols = valid.nonzero(as_tuple=True)  # [N], [N]
-        self.plan = StepPlan(
-            start=start,
-            batch=batch,
-            max_kv_len=max_kv,
-            rows=rows,
-            cols=cols,
-            positions=base[rows] + cols,
-            metadata=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=kv_lens),
-        )
-        self.lengths[start : start + batch] = new
-        return self.plan.metadata, position_ids
+        for slot in range(batch.start, end):  # masked positions attention reads must be finite
+            if self._zeroed[slot] < batch.max_seq_len:
+                for layer in self._layers():
+                    layer.keys[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
+                    layer.values[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
+                self._zeroed[slot] = batch.max_seq_len
+        self.lengths[batch.start : end] = [
+            length + q for length, q in zip(self.lengths[batch.start : end], batch.query_lens_host, strict=True)
+        ]
+        self.plan = batch
 
     def end_step(self) -> None:
         """Forget the step plan (guards against stray updates outside a step)."""
@@ -209,7 +227,7 @@ class RaggedKVCache(Cache):
         return max(self.lengths, default=0)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return (self.plan.max_kv_len if self.plan is not None else query_length), 0
+        return (self.plan.max_seq_len if self.plan is not None else query_length), 0
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         return 0
@@ -227,3 +245,6 @@ class RaggedKVCache(Cache):
         """Forget every slot (allocations are kept for reuse)."""
         self.lengths = []
         self.plan = None
+
+
+__all__ = ["KVLayout", "RaggedKVCache", "RaggedKVLayer", "kv_layout", "plan_num_slots"]

@@ -15,6 +15,7 @@ import torch
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
+from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, parse_prompts
 from spec_backend.engine.loader import (
@@ -26,8 +27,8 @@ from spec_backend.engine.loader import (
 )
 from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.request import Request
-from spec_backend.engine.runner import ModelRunner
 from spec_backend.engine.verify import Verifier
+from spec_backend.proposers.registry import DrafterContext
 from spec_backend.metrics import SpecDecodingMetrics
 
 logger = logging.getLogger("spec_backend.engine")
@@ -61,6 +62,30 @@ def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _check_args(
+    enforce_eager: Any,
+    seed: Any,
+    max_num_seqs: Any,
+    max_model_len: Any,
+    kv_cache_memory_bytes: Any,
+    kv_transfer_config: Any,
+) -> None:
+    if not isinstance(enforce_eager, bool):
+        raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int (any value) or None (fresh seeds each run), got {seed!r}")
+    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
+    if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+        raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
+    if kv_cache_memory_bytes is not None and (
+        isinstance(kv_cache_memory_bytes, bool) or not isinstance(kv_cache_memory_bytes, int) or kv_cache_memory_bytes < 1
+    ):
+        raise ValueError(f"kv_cache_memory_bytes must be None or an int >= 1 (bytes), got {kv_cache_memory_bytes!r}")
+    if kv_transfer_config is not None and not isinstance(kv_transfer_config, dict):
+        raise ValueError(f"kv_transfer_config must be a dict, got {type(kv_transfer_config).__name__}")
+
+
 class LLM:
     """A Hugging Face causal LM with speculative decoding and continuous batching.
 
@@ -92,23 +117,18 @@ class LLM:
         log_stats_interval: float | None = 10.0,
         tensor_parallel_size: int = 1,
         enforce_eager: bool = False,
+        kv_cache_memory_bytes: int | None = None,
+        kv_transfer_config: dict[str, Any] | None = None,
     ) -> None:
         # vLLM-compatible arguments, so vLLM's offline examples run unchanged: the embedded engine runs
-        # on one device, and it runs the target eagerly (graph capture is not wired into it yet).
+        # on one device.
         if tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size must be 1 (the embedded engine runs on one device), "
                 f"got {tensor_parallel_size!r}"
             )
-        if not isinstance(enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+        _check_args(enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config)
         self.enforce_eager = enforce_eager
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an int (any value) or None (fresh seeds each run), got {seed!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
-        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
-            raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
         self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
         status = self.backend.probe()  # before any weights load: a missing device is not a model error
         if not status.available:
@@ -121,17 +141,20 @@ class LLM:
         method, rates, fly = "standard", None, None
         if self.speculative_config is not None:
             self.speculative_config.bind(self.backend)
-            self._check_method(self.speculative_config)
+            check_embedded_method(self.speculative_config, kv_transfer_config)
             from spec_backend.config import effective_rejection_sampler_config
 
             rs_config = effective_rejection_sampler_config(self.speculative_config, rs_config)
             method = self.speculative_config.sampler_method
             rates = self.speculative_config.synthetic_acceptance_rates
             fly = self.speculative_config.fly
+        elif kv_transfer_config is not None:
+            raise ValueError("kv_transfer_config needs speculative_config={'method': 'extract_hidden_states', ...}")
         torch_dtype = resolve_dtype(dtype)
         self.source = resolve_model(model)
         device = self.backend.device()
-        self.model = load_model(self.source, register_attention(self.backend), torch_dtype, device)
+        attn_name = register_attention(self.backend)
+        self.model = load_model(self.source, attn_name, torch_dtype, device)
         self.backend.prepare_model(self.model)
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
@@ -141,33 +164,33 @@ class LLM:
         self._next_id = 0
         self._lock = threading.Lock()  # generate() calls run one at a time
         self._owner: int | None = None  # thread inside generate(), to refuse re-entrant calls
-        proposer, k, disable = None, 0, None
+        ctx, k, disable = None, 0, None
         if self.speculative_config is not None:
-            from spec_backend.proposers import create_proposer
-
-            proposer = create_proposer(self.speculative_config, device=device)
+            load = draft_loader(attn_name, self.model.dtype, device, self.backend.prepare_model)
+            ctx = DrafterContext(
+                self.speculative_config,
+                device,
+                self.model,
+                max_num_seqs,
+                self.max_model_len,
+                load,
+                kv_transfer_config,
+                dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
+            )
             k = int(self.speculative_config.num_speculative_tokens or 0)
             disable = self.speculative_config.disable_by_batch_size
-        runner = ModelRunner(self.model, self.max_model_len, max_num_seqs, device)
+        runner, slots, drafter = assemble(self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes)
         self.engine = EngineCore(
             runner,
+            slots,
             Verifier(self.backend, rs_config, method, rates, fly),
-            proposer,
+            drafter,
             k,
             max_num_seqs,
             disable,
             self.metrics,
             self.tokenizer,
         )
-
-    @staticmethod
-    def _check_method(config: SpeculativeConfig) -> None:
-        supported = ("ngram", "ngram_gpu", "suffix")
-        if config.method not in supported:
-            raise ValueError(
-                f"speculative method {config.method!r} is not supported by the embedded engine yet; "
-                f"use one of {list(supported)}"
-            )
 
     def _max_model_len(self, requested: int | None) -> int:
         config = self.model.config
@@ -299,7 +322,7 @@ class LLM:
 
     def set_speculation(self, enabled: bool) -> None:
         """Turn speculation on or off for later ``generate`` calls (benchmarks compare both on one model)."""
-        if enabled and self.engine.proposer is None:
+        if enabled and self.engine.drafter is None:
             raise ValueError("this LLM was built without a speculative_config: nothing to enable")
         k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
         self.engine.k = int(k or 0) if enabled else 0

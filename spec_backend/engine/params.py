@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from spec_backend.metrics import SpecDecodingStats
 from spec_backend.sampling.metadata import check_seed
@@ -98,6 +98,9 @@ class RequestOutput:
     spec_stats: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
     #: Steps (target forwards after prefill) this request took part in.
     num_steps: int = 0
+    #: What the drafter reported when the request finished (vLLM's name: ``extract_hidden_states``
+    #: puts ``{"hidden_states_path": ...}`` here); ``None`` otherwise.
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def num_draft_tokens(self) -> int:

@@ -31,6 +31,12 @@ class Request:
     text: str = ""
     stats: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
     num_steps: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def temperature(self) -> float:
+        """The request's sampling temperature (0: greedy)."""
+        return self.params.temperature
 
     @property
     def finished(self) -> bool:
@@ -120,4 +126,5 @@ class Request:
             finished=self.finished,
             spec_stats=self.stats,
             num_steps=self.num_steps,
+            kv_transfer_params=self.kv_transfer_params,
         )

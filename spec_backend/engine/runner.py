@@ -1,4 +1,4 @@
-"""One batched target forward over ragged per-request query tokens, on the ragged KV cache."""
+"""One batched forward of a causal LM over a ``StepBatch`` on its preallocated ragged KV cache."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from typing import Any
 
 import torch
 
+from spec_backend.engine.hidden import HiddenCapture
 from spec_backend.engine.kv_cache import RaggedKVCache
+from spec_backend.proposers.contract import HiddenStateRequest, TargetOutput
+from spec_backend.step import StepBatch
 
 
 def num_decoder_layers(config: Any) -> int:
@@ -16,51 +19,52 @@ def num_decoder_layers(config: Any) -> int:
 
 
 class ModelRunner:
-    """Owns the target model and its ``RaggedKVCache``; runs prefill and verification forwards.
+    """Runs a model (the target, or a draft LM) on its own ``RaggedKVCache``.
 
-    ``forward(start, tokens, last_only)``: request ``b`` (cache slot ``start+b``) feeds ``tokens[b]``;
-    returns float32 logits ``[R, V]`` where ``R = B`` when ``last_only`` (each request's last position,
-    used for prefill) and ``R = sum(len(tokens[b]))`` otherwise (every position, request-major: the
-    sampler's layout of K target rows then the bonus row per request).
+    ``forward(batch, last_only)`` returns a ``TargetOutput``: float32 logits ``[R, V]`` where ``R = B``
+    when ``last_only`` (each request's last query row: prefill, drafting) and ``R = N`` otherwise (every
+    query row, request-major: the sampler's layout of K target rows then the bonus row per request),
+    plus the hidden states ``hidden`` declares for every query row.
     """
 
-    def __init__(self, model: Any, max_model_len: int, max_num_seqs: int, device: torch.device) -> None:
+    def __init__(
+        self, model: Any, cache: RaggedKVCache, hidden: HiddenStateRequest | None = None
+    ) -> None:
         self.model = model
-        self.device = device
-        self.cache = RaggedKVCache(
-            num_decoder_layers(model.config), max_model_len, initial_slots=max_num_seqs
-        )
+        self.cache = cache
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        request = hidden if hidden is not None else HiddenStateRequest()
+        layers = num_decoder_layers(model.config)
+        self.capture = HiddenCapture(model, request, layers) if request.any else None
 
     @torch.inference_mode()
-    def forward(self, start: int, tokens: list[list[int]], last_only: bool) -> torch.Tensor:
+    def forward(self, batch: StepBatch, last_only: bool) -> TargetOutput:
         """See the class docstring. On failure the cache lengths are restored before re-raising."""
-        query_lens = [len(t) for t in tokens]
-        batch, q_max = len(tokens), max(query_lens)
         saved = list(self.cache.lengths)
         try:
-            meta, position_ids = self.cache.begin_step(start, query_lens, self.device)  # [B, Q]
-            input_ids = torch.zeros((batch, q_max), dtype=torch.long)  # [B, Q], padded with token 0
-            for b, seq in enumerate(tokens):
-                input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            q_idx = torch.arange(q_max)  # [Q]
+            self.cache.begin_step(batch)
+            keep = torch.zeros(
+                (batch.batch_size, batch.max_query_len), dtype=torch.bool, device=batch.input_ids.device
+            )  # [B, Q]
             if last_only:
-                keep = q_idx[None, :] == (meta.query_lens.cpu() - 1)[:, None]  # [B, Q]
+                keep[torch.arange(batch.batch_size, device=keep.device), batch.query_lens - 1] = True
             else:
-                keep = q_idx[None, :] < meta.query_lens.cpu()[:, None]  # [B, Q]
-            keep = keep.to(self.device)
+                keep[batch.rows, batch.cols] = True
             out = self.model(
-                input_ids=input_ids.to(self.device),
-                position_ids=position_ids,
+                input_ids=batch.padded(batch.input_ids),  # [B, Q]
+                position_ids=batch.padded_positions(),  # [B, Q]
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
-                spec_attn_metadata=meta,
+                spec_attn_metadata=batch.attention,
             )
             logits: torch.Tensor = out.logits
             if logits.ndim == 3:  # a model that ignores boolean logits_to_keep: select rows here
+                q_max = batch.max_query_len
                 logits = logits[keep] if logits.shape[1] == q_max else logits.reshape(-1, logits.shape[-1])
-            return logits if logits.dtype == torch.float64 else logits.float()  # [R, V]
+            logits = logits if logits.dtype == torch.float64 else logits.float()  # [R, V]
+            final, aux = self.capture.collect(batch) if self.capture is not None else (None, None)
+            return TargetOutput(logits=logits, final=final, aux=aux)
         except BaseException:
             self.cache.lengths[: len(saved)] = saved
             raise

@@ -16,6 +16,7 @@ from spec_backend.backends.base import Backend
 from spec_backend.config import RejectionSamplerConfig
 from spec_backend.config.fly import FlyConfig
 from spec_backend.engine.request import Request
+from spec_backend.step import StepBatch
 
 
 class Verifier:
@@ -43,24 +44,30 @@ class Verifier:
         self.method = method
 
     def __call__(
-        self, requests: Sequence[Request], drafts: Sequence[Sequence[int]], logits: torch.Tensor
+        self,
+        batch: StepBatch,
+        requests: Sequence[Request],
+        logits: torch.Tensor,
+        draft_probs: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> list[list[int]]:
-        """Verify ``drafts[b]`` of ``requests[b]`` against ``logits`` ``[sum(K_b + 1), V]``.
+        """Verify the drafts of ``batch`` (its ``SpecDecodeMetadata`` view) against ``logits``.
 
+        ``logits``: ``[N, V]`` (every query row), or ``[B, V]`` with ``last_only`` (a prefill: no drafts).
+        ``draft_probs``: ``[T, V]`` the probabilities the drafts were sampled from (``None``: point masses).
         Returns, per request, its accepted drafts followed by the recovered or bonus token.
         """
-        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
+        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, SamplingMetadata
 
-        device = logits.device
-        metadata = SpecDecodeMetadata.from_draft_tokens([list(d) for d in drafts], device)
+        metadata = batch.spec_decode_metadata(last_only)
         sampling = SamplingMetadata.from_lists(
             temperature=[r.params.temperature for r in requests],
             top_k=[r.params.top_k for r in requests],
             top_p=[r.params.top_p for r in requests],
             seeds=[r.seed for r in requests],
             positions=[r.num_tokens for r in requests],  # absolute position of each first draft token
-            device=device,
+            device=logits.device,
         )
-        out = self.sampler(metadata, None, logits, sampling)  # [B, max_K + 1] int32
+        out = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max_K + 1] int32
         rows: list[list[int]] = out.cpu().tolist()
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spec_backend.proposers.registry import METHODS
 from spec_backend.config import (
     ADDITIONAL_CONFIG_KEY,
     RejectionSamplerConfig,
@@ -35,7 +36,6 @@ logger = logging.getLogger("spec_backend.integrations.vllm")
 
 _MARK = "_spec_backend_wrapped"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-_MODEL_FREE = ("ngram", "ngram_gpu", "suffix")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def to_spec_config(vllm_spec: Any) -> SpeculativeConfig:
     method = getattr(vllm_spec, "method", None)
     k = getattr(vllm_spec, "num_speculative_tokens", None)
     data: dict[str, Any] = {"num_speculative_tokens": k}
-    if method in _MODEL_FREE:
+    if method in METHODS and METHODS[method].family == "host":
         data["method"] = method
     else:
         data["method"] = "ngram"  # model-free stand-in: no draft-model resolution from our side

@@ -1,7 +1,8 @@
-"""Drafting methods behind one interface, and the factory that builds one from a speculative config.
+"""Drafting methods: the drafter contract (``contract``), the method registry (``registry``), and the
+factory of host proposers.
 
-``create_proposer(config, device=None)`` reads only the attributes it needs (vLLM's field names) with
-``getattr``, so any object carrying them works: ``method``, ``num_speculative_tokens``,
+``create_proposer(config, device=None)`` builds the host proposer of a model-free method; it reads only
+the attributes it needs (vLLM's field names) with ``getattr``, so any object carrying them works: ``method``, ``num_speculative_tokens``,
 ``prompt_lookup_min/max`` (ngram, ngram_gpu) and ``suffix_decoding_*`` (suffix).
 """
 
@@ -13,6 +14,7 @@ from spec_backend.config.ngram import resolve_lookup_window
 from spec_backend.proposers.base import Proposer
 from spec_backend.proposers.ngram import NgramProposer
 from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+from spec_backend.proposers.registry import METHODS
 from spec_backend.proposers.suffix import SuffixProposer
 
 __all__ = [
@@ -25,18 +27,9 @@ __all__ = [
     "create_proposer",
 ]
 
-IMPLEMENTED_METHODS: tuple[str, ...] = ("ngram", "ngram_gpu", "suffix")
-_PLANNED_METHODS: tuple[str, ...] = (
-    "eagle",
-    "eagle3",
-    "draft_model",
-    "mtp",
-    "medusa",
-    "dflash",
-    "mlp_speculator",
-    "extract_hidden_states",
-)
-KNOWN_METHODS: tuple[str, ...] = IMPLEMENTED_METHODS + _PLANNED_METHODS
+#: Methods built from a host ``Proposer`` (read from the one registry, ``proposers.registry.METHODS``).
+IMPLEMENTED_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.family == "host")
+KNOWN_METHODS: tuple[str, ...] = tuple(METHODS)
 _ALIASES = {"[ngram]": "ngram"}
 
 
@@ -60,9 +53,14 @@ def create_proposer(config: Any, device: Any = None) -> Proposer:
     if method not in KNOWN_METHODS:
         raise ValueError(f"unknown speculative method {method!r}; known methods: {', '.join(KNOWN_METHODS)}")
     if method not in IMPLEMENTED_METHODS:
+        if METHODS[method].implemented:
+            raise ValueError(
+                f"speculative method {method!r} drafts with a model: build it with "
+                "spec_backend.proposers.registry.build_drafter (the engine does), not create_proposer"
+            )
         raise NotImplementedError(
             f"speculative method {method!r} is not implemented yet "
-            f"(available: {', '.join(IMPLEMENTED_METHODS)})"
+            f"(available: {', '.join(n for n, m in METHODS.items() if m.implemented)})"
         )
     k = getattr(config, "num_speculative_tokens", None)
     if method == "suffix":

@@ -46,6 +46,8 @@ STREAM_ACCEPT = 1
 STREAM_SAMPLE = 2
 #: the single per-request uniform of the synthetic acceptance mode
 STREAM_SYNTHETIC = 3
+#: per-vocabulary noise of a sampled draft token, keyed by that draft's absolute position
+STREAM_DRAFT = 4
 
 #: largest seed drawn for unseeded requests (63 bits, non-negative int64)
 MAX_SEED = 2**63 - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -207,7 +208,7 @@ def test_failing_request_reports_error_without_killing_others(
 ) -> None:
     llm = LLM(llama_dir, speculative_config=NGRAM, dtype="float64")
     expected = token_ids(llm.generate(PROMPTS, GREEDY))
-    proposer = llm.engine.proposer
+    proposer = llm.engine.drafter.proposer  # the host proposer behind the HostDrafter adapter
     original = proposer.propose
     bad_id = str(llm._next_id + 1)  # the second request of the next generate() call
 
@@ -232,11 +233,11 @@ def test_failure_inside_a_batched_step_is_isolated(llama_dir: str, monkeypatch: 
     bad_id = str(llm._next_id + 2)
     calls = {"n": 0}
 
-    def flaky(requests: list, drafts: list, logits: torch.Tensor) -> list[list[int]]:
+    def flaky(batch: Any, requests: list, logits: torch.Tensor, *args: Any) -> list[list[int]]:
         calls["n"] += 1
         if calls["n"] > 3 and any(r.request_id == bad_id for r in requests):
             raise RuntimeError("kernel fault")
-        return verifier(requests, drafts, logits)
+        return verifier(batch, requests, logits, *args)
 
     monkeypatch.setattr(llm.engine, "verifier", flaky)
     outs = llm.generate(PROMPTS, GREEDY)

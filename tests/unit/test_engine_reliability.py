@@ -60,7 +60,7 @@ def _idle(llm: LLM) -> bool:
     return (
         engine.runner.cache.num_slots == 0
         and not engine.has_unfinished()
-        and engine.runner.cache.plan is None
+        and engine.slots.consistent()
     )
 
 
@@ -111,20 +111,20 @@ class _Interrupting:
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"])
 def test_exception_escaping_mid_step_leaves_a_clean_engine(llm: LLM, exc: BaseException) -> None:
     expected = _tokens(llm, 1)
-    proposer = llm.engine.proposer
-    llm.engine.proposer = _Interrupting(proposer, exc, after=2)
+    proposer = llm.engine.drafter.proposer  # the host proposer behind the HostDrafter adapter
+    llm.engine.drafter.proposer = _Interrupting(proposer, exc, after=2)
     try:
         with pytest.raises(type(exc)):
             _tokens(llm, 1)
     finally:
-        llm.engine.proposer = proposer
+        llm.engine.drafter.proposer = proposer
     assert _idle(llm)
     assert _tokens(llm, 1) == expected
 
 
 def test_stale_slot_is_detected_and_cleared(llm: LLM, caplog: pytest.LogCaptureFixture) -> None:
     expected = _tokens(llm, 2)
-    llm.engine.runner.cache.add_slot()  # what an interrupted step used to leave behind
+    llm.engine.slots.add()  # what an interrupted step used to leave behind
     with caplog.at_level(logging.ERROR, logger="spec_backend.engine"):
         assert _tokens(llm, 2) == expected
     assert "engine was not idle before new work (engine state is inconsistent: 1 cache slot(s)" in caplog.text

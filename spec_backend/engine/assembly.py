@@ -1,0 +1,79 @@
+"""Start-up assembly of the engine: drafter from the method registry, preallocated caches, slot table.
+
+Order: the target is loaded; the drafter is built (draft weights load here); the KV budget is split
+into slots over the target's and the drafter's caches (``plan_num_slots``: ``max_num_seqs``, or fewer
+when ``kv_cache_memory_bytes`` is set; one full-length request must fit or start-up fails naming the
+numbers); every cache is allocated once; the slot table ties them together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from spec_backend.config import SpeculativeConfig
+from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
+from spec_backend.engine.loader import load_model, resolve_model
+from spec_backend.engine.runner import ModelRunner
+from spec_backend.engine.slots import SlotTable
+from spec_backend.proposers.contract import Drafter, HiddenStateRequest
+from spec_backend.proposers.registry import DrafterContext, build_drafter, method_spec
+
+
+def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[str, Any] | None) -> None:
+    """Refuse methods the embedded engine has no drafter for, and a connector without its method."""
+    spec = method_spec(config.method)
+    if not spec.implemented:
+        from spec_backend.proposers.registry import implemented_methods
+
+        raise ValueError(
+            f"speculative method {config.method!r} is not supported by the embedded engine yet; "
+            f"use one of {list(implemented_methods())}"
+        )
+    if kv_transfer_config is not None and spec.family != "record":
+        raise ValueError(
+            f"kv_transfer_config is used only with method='extract_hidden_states', got method={config.method!r}"
+        )
+
+
+def draft_loader(
+    attn_name: str, target_dtype: torch.dtype, device: torch.device, prepare: Callable[[Any], None]
+) -> Callable[[str, torch.dtype | None], torch.nn.Module]:
+    """``load_model(path, dtype)`` for drafters: the engine's attention, the backend's preparation."""
+
+    def load(path: str, dtype: torch.dtype | None) -> torch.nn.Module:
+        source = resolve_model(os.fspath(path))
+        model = load_model(source, attn_name, dtype if dtype is not None else target_dtype, device)
+        prepare(model)
+        module: torch.nn.Module = model
+        return module
+
+    return load
+
+
+def assemble(
+    target: Any,
+    ctx: DrafterContext | None,
+    max_model_len: int,
+    max_num_seqs: int,
+    kv_cache_memory_bytes: int | None,
+) -> tuple[ModelRunner, SlotTable, Drafter | None]:
+    """Build the drafter, size and allocate every cache, and return the target runner and slot table."""
+    drafter = build_drafter(ctx) if ctx is not None else None
+    layout = kv_layout(target.config, target.dtype, ctx.device if ctx is not None else target.device)
+    target_bytes = layout.bytes_per_position * max_model_len
+    draft_bytes = drafter.cache_bytes_per_slot() if drafter is not None else 0
+    num_slots = plan_num_slots(target_bytes + draft_bytes, max_model_len, max_num_seqs, kv_cache_memory_bytes)
+    cache = RaggedKVCache(layout, max_model_len, num_slots)
+    if drafter is not None:
+        drafter.allocate_caches(num_slots)
+    hidden = drafter.hidden_states if drafter is not None else HiddenStateRequest()
+    runner = ModelRunner(target, cache, hidden)
+    slots = SlotTable(cache, drafter.caches() if drafter is not None else ())
+    return runner, slots, drafter
+
+
+__all__ = ["assemble", "check_embedded_method", "draft_loader"]

@@ -1,0 +1,144 @@
+"""One engine step over a group of requests: forward → verify → accept → draft-next, with isolation.
+
+A group is a contiguous slot range (a prefill's admitted requests, or every running request). When the
+forward or the verification of a group fails, each request is retried alone so that only the failing
+one ends with ``finish_reason="error"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.engine.pending import DecodeInputs
+from spec_backend.engine.request import Request
+from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, TargetOutput
+from spec_backend.step import StepBatch, build_step_batch
+
+if TYPE_CHECKING:
+    from spec_backend.engine.core import EngineCore
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class _Result:
+    batch: StepBatch
+    target: TargetOutput
+    emitted: list[list[int]]  # per request: accepted drafts, then the recovered or bonus token
+
+
+class Stepper:
+    """Runs the prefill and decode stages of ``EngineCore.step`` (see the module docstring)."""
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.runner.cache.layout.device
+
+    def prefill(self, start: int, requests: list[Request]) -> None:
+        """Prefill newly admitted requests (slots ``start ..``), sample their first tokens, draft."""
+        lens = [len(r.prompt_token_ids) for r in requests]
+        tokens = torch.zeros((len(requests), max(lens)), dtype=torch.int64)  # [B, P]
+        for b, request in enumerate(requests):
+            tokens[b, : lens[b]] = torch.tensor(request.prompt_token_ids, dtype=torch.int64)
+        self._group(start, requests, DecodeInputs(tokens.to(self.device), [0] * len(requests), None), True)
+
+    def decode(self, requests: list[Request]) -> None:
+        """One speculative step for every running request (slots ``0 ..``)."""
+        inputs = self.engine.pending.take(requests, self.device)
+        self._group(0, requests, inputs, False)
+
+    def _group(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> None:
+        lengths = self.engine.runner.cache.lengths
+        saved = list(lengths)
+        try:
+            result = self._run(start, requests, inputs, last_only)
+        except Exception as exc:
+            lengths[: len(saved)] = saved  # undo this step's reservations
+            if len(requests) == 1:
+                requests[0].fail(f"step failed: {_error_text(exc)}")
+                return
+            for i, request in enumerate(requests):  # retry alone to find the failing request(s)
+                probs = inputs.probs[i : i + 1] if inputs.probs is not None else None
+                one = DecodeInputs(inputs.tokens[i : i + 1], inputs.counts[i : i + 1], probs)
+                self._group(start + i, [request], one, last_only)
+            return
+        self._accept(start, requests, result, inputs.counts, last_only)
+
+    def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
+        engine = self.engine
+        query_lens = [len(r.prompt_token_ids) for r in requests] if last_only else [1 + c for c in inputs.counts]
+        cached = engine.runner.cache.lengths[start : start + len(requests)]
+        batch = build_step_batch(start, inputs.tokens, query_lens, cached, None if last_only else inputs.counts)
+        target = engine.runner.forward(batch, last_only)
+        flat_probs = None
+        if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
+            k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
+            counts = batch.query_lens - 1  # [B]
+            flat_probs = inputs.probs[k_idx[None, :] < counts[:, None]]
+        emitted = engine.verifier(batch, requests, target.logits, flat_probs, last_only)
+        return _Result(batch, target, emitted)
+
+    def _accept(
+        self, start: int, requests: list[Request], result: _Result, counts: list[int], last_only: bool
+    ) -> None:
+        engine = self.engine
+        kept_all: list[list[int]] = []
+        drafted, accepted = [], []
+        for i, (request, tokens) in enumerate(zip(requests, result.emitted, strict=True)):
+            kept: list[int] = []
+            if not request.finished:
+                try:
+                    if not last_only:
+                        request.record_verification(counts[i], len(tokens) - 1)
+                        drafted.append(counts[i])
+                        accepted.append(len(tokens) - 1)
+                    kept = request.append_tokens(tokens, engine.tokenizer)
+                    # the cache holds every token but the newest (the next step's first input)
+                    engine.slots.truncate(start + i, request.num_tokens - 1)
+                    if not request.finished and request.num_tokens >= engine.max_model_len:
+                        request.finish_reason = "length"
+                except Exception as exc:
+                    request.fail(_error_text(exc))
+            kept_all.append(kept)
+        if drafted:
+            engine.metrics.observe_many(drafted, accepted)
+        self._draft_next(requests, result, last_only, kept_all)
+
+    def _draft_next(
+        self, requests: list[Request], result: _Result, last_only: bool, kept: list[list[int]]
+    ) -> None:
+        engine, drafter = self.engine, self.engine.drafter
+        if drafter is None:
+            return
+        disabled = engine.speculation_disabled
+        budgets = tuple(0 if disabled else engine.draft_budget(r) for r in requests)
+        num_accepted = tuple(0 if last_only else max(0, len(e) - 1) for e in result.emitted)
+        inputs = DraftInputs(
+            batch=result.batch,
+            target=result.target,
+            accepted=AcceptedTokens(tuple(kept), num_accepted, last_only),
+            requests=requests,
+            budgets=budgets,
+        )
+        try:
+            out = drafter.propose(inputs)
+        except Exception as exc:
+            for request in requests:
+                if not request.finished:
+                    request.fail(f"drafter failed: {_error_text(exc)}")
+            return
+        for request, error in zip(requests, out.errors, strict=False):
+            if error is not None and not request.finished:
+                request.fail(error)
+        engine.pending.store(requests, out, budgets, engine.runner.vocab_size)
+
+
+__all__ = ["Stepper"]

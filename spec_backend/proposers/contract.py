@@ -1,0 +1,226 @@
+"""The drafter contract: one interface for every drafting method, model-free or model-based.
+
+The engine runs each step as **forward → verify → accept → draft-next** (vLLM's order). After a step's
+tokens are accepted, the drafter receives a :class:`DraftInputs` — the step's :class:`StepBatch`, the
+target's :class:`TargetOutput` (logits plus the hidden states the drafter declared in
+``Drafter.hidden_states``), the tokens each request accepted, and per-request draft budgets — and
+returns a :class:`DraftOutput`: draft ids ``[B, K]`` on the device, per-request counts, and optionally
+the draft probabilities ``[B, K, V]`` the drafts were sampled from (probabilistic verification).
+
+Glossary:
+
+* *committed rows* — the query rows of this step whose tokens are now part of a request (a prefill's
+  prompt rows; a decode step's first token plus its accepted drafts); their hidden states are valid;
+* *aux layer id* ``l`` — the hidden state entering decoder layer ``l`` (the residual stream, what
+  vLLM's EAGLE-3 ``aux_hidden_states`` hold); ``l == num_hidden_layers`` is the last layer's output
+  before the final norm;
+* *budget* — most drafts a request may get this step (its remaining tokens and cache room, or 0 when
+  speculation is off for the batch).
+
+Model-free drafters (ngram, ngram_gpu, suffix) keep their host algorithms behind :class:`HostDrafter`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from spec_backend.proposers.base import Proposer
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
+from spec_backend.step import StepBatch
+
+
+@dataclass(frozen=True)
+class HiddenStateRequest:
+    """Which target hidden states a drafter needs from each forward (see the glossary)."""
+
+    final: bool = False  # post-norm last hidden state [N, H]
+    aux_layer_ids: tuple[int, ...] = ()  # residual streams [N, len(ids), H], in this order
+
+    def __or__(self, other: HiddenStateRequest) -> HiddenStateRequest:
+        ids = self.aux_layer_ids + tuple(i for i in other.aux_layer_ids if i not in self.aux_layer_ids)
+        return HiddenStateRequest(self.final or other.final, ids)
+
+    @property
+    def any(self) -> bool:
+        return self.final or bool(self.aux_layer_ids)
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """One target forward: logits of the rows the sampler reads, hidden states of every query row."""
+
+    logits: torch.Tensor  # [R, V] float
+    final: torch.Tensor | None = None  # [N, H] post-norm
+    aux: torch.Tensor | None = None  # [N, n_aux, H]
+
+
+class DraftRequest(Protocol):
+    """What a drafter may read about a request (the engine's ``Request`` satisfies it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    seed: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def temperature(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class AcceptedTokens:
+    """This step's outcome per request: tokens appended (accepted drafts + recovered/bonus, after stop
+    checks) and drafts accepted. A prefill appends its first token and accepts nothing."""
+
+    new_token_ids: tuple[list[int], ...]  # host [B]
+    num_accepted: tuple[int, ...]  # host [B]
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class DraftInputs:
+    """Everything a drafter receives after a step (see the module docstring)."""
+
+    batch: StepBatch
+    target: TargetOutput
+    accepted: AcceptedTokens
+    requests: Sequence[DraftRequest]
+    budgets: tuple[int, ...]  # host [B]
+
+
+@dataclass(frozen=True)
+class DraftOutput:
+    """Drafts for the next step: ids ``[B, K]`` (``PLACEHOLDER_TOKEN_ID`` past each count), counts,
+    optional probabilities ``[B, K, V]`` the drafts were sampled from, and per-request failures."""
+
+    token_ids: torch.Tensor  # [B, K] int64
+    num_draft_tokens: tuple[int, ...]  # host [B]
+    draft_probs: torch.Tensor | None = None  # [B, K, V] float32
+    errors: tuple[str | None, ...] = field(default=())  # host [B] or empty: a message fails that request
+
+
+class SlotCache(Protocol):
+    """A per-slot cache a drafter owns; the engine's slot table moves and frees its slots."""
+
+    def add_slot(self) -> int: ...
+
+    def move_slot(self, src: int, dst: int) -> None: ...
+
+    def pop_slot(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    @property
+    def num_slots(self) -> int: ...
+
+
+class Drafter(ABC):
+    """Every drafting method. ``num_speculative_tokens`` is K; ``hidden_states`` what it reads."""
+
+    num_speculative_tokens: int
+    hidden_states: HiddenStateRequest = HiddenStateRequest()
+    #: whether it emits drafts at all (``extract_hidden_states`` only records)
+    drafts: bool = True
+
+    def cache_bytes_per_slot(self) -> int:
+        """Bytes of cache one slot costs (for the engine's memory budget; default: no cache)."""
+        return 0
+
+    def allocate_caches(self, num_slots: int) -> None:
+        """Preallocate ``num_slots`` slots of the caches ``caches()`` returns (called once, at start-up)."""
+        del num_slots
+
+    def caches(self) -> Sequence[SlotCache]:
+        """Caches that live in the engine's slot table next to the target's (default: none)."""
+        return ()
+
+    def add_request(self, request: DraftRequest) -> None:
+        """A request joined (its slot is the last one of every cache in ``caches()``)."""
+
+    def remove_request(self, request_id: str) -> None:
+        """A request left (finished or aborted); forget it. Unknown ids are ignored."""
+
+    def finish_request(self, request: DraftRequest) -> dict[str, Any] | None:
+        """A request finished normally; return what to report in its ``kv_transfer_params``."""
+        del request
+        return None
+
+    @abstractmethod
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        """Drafts for the next step of ``inputs.requests`` (see the module docstring)."""
+
+
+def pack_drafts(drafts: Sequence[Sequence[int]], k: int, device: torch.device) -> torch.Tensor:
+    """Host draft lists → ``[B, K]`` int64 padded with ``PLACEHOLDER_TOKEN_ID``."""
+    out = torch.full((len(drafts), max(k, 1)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
+    for b, draft in enumerate(drafts):
+        if draft:
+            out[b, : len(draft)] = torch.tensor(list(draft), dtype=torch.int64)
+    return out.to(device)
+
+
+class HostDrafter(Drafter):
+    """Adapter for the model-free host proposers (``Proposer``): their algorithms are unchanged.
+
+    It feeds each request's appended tokens to ``Proposer.update``, asks ``Proposer.propose`` for the
+    budgets, and packs the lists. A proposer failure is isolated by retrying request by request.
+    """
+
+    def __init__(self, proposer: Proposer, device: torch.device) -> None:
+        self.proposer = proposer
+        self.num_speculative_tokens = proposer.num_speculative_tokens
+        self.device = device
+
+    def add_request(self, request: DraftRequest) -> None:
+        self.proposer.add_request(request.request_id, list(request.prompt_token_ids))
+
+    def remove_request(self, request_id: str) -> None:
+        self.proposer.remove_request(request_id)
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        ids = [r.request_id for r in inputs.requests]
+        errors: list[str | None] = [None] * len(ids)
+        for b, tokens in enumerate(inputs.accepted.new_token_ids):
+            try:
+                self.proposer.update(ids[b], list(tokens))
+            except Exception as exc:
+                errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
+        live = [b for b in range(len(ids)) if errors[b] is None and inputs.budgets[b] > 0]
+        drafts: list[list[int]] = [[] for _ in ids]
+        try:
+            got = self.proposer.propose([ids[b] for b in live], max_tokens=[inputs.budgets[b] for b in live])
+            for b, draft in zip(live, got, strict=True):
+                drafts[b] = list(draft)
+        except Exception:  # isolate the failing request(s)
+            for b in live:
+                try:
+                    drafts[b] = list(self.proposer.propose([ids[b]], max_tokens=[inputs.budgets[b]])[0])
+                except Exception as exc:
+                    errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
+        drafts = [[int(t) for t in d[: inputs.budgets[b]]] for b, d in enumerate(drafts)]
+        return DraftOutput(
+            token_ids=pack_drafts(drafts, self.num_speculative_tokens, self.device),
+            num_draft_tokens=tuple(len(d) for d in drafts),
+            errors=tuple(errors),
+        )
+
+
+__all__ = [
+    "AcceptedTokens",
+    "DraftInputs",
+    "DraftOutput",
+    "DraftRequest",
+    "Drafter",
+    "HiddenStateRequest",
+    "HostDrafter",
+    "SlotCache",
+    "TargetOutput",
+    "pack_drafts",
+]

@@ -1,0 +1,175 @@
+"""``draft_model``: a separate small causal LM with the target's vocabulary drafts K tokens per step.
+
+Per request, after the target accepted ``a`` drafts of the previous step:
+
+1. roll the draft cache back to the committed prefix: the positions fed before drafting plus the
+   ``min(a, fed drafts)`` accepted drafts (entries past it are forgotten in O(1));
+2. catch up: feed the committed tokens the draft cache lacks (the new bonus/recovered token, a whole
+   prompt after prefill) in one ragged forward, whose last row gives draft 1;
+3. feed each draft back for drafts 2..K (one token per request per forward).
+
+The draft cache lives in the engine's slot table (moves and frees follow the target's), with K positions
+of headroom: a request may draft past the last position it can emit. Drafts are the argmax, or sampled
+with their probabilities under probabilistic verification (``draft_sampling``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spec_backend.proposers.contract import (
+    DraftInputs,
+    DraftOutput,
+    Drafter,
+    DraftRequest,
+    SlotCache,
+    pack_drafts,
+)
+from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.step import build_step_batch
+
+if TYPE_CHECKING:
+    from spec_backend.engine.runner import ModelRunner
+    from spec_backend.proposers.registry import DrafterContext
+
+
+@dataclass
+class _Fed:
+    """What a request's draft cache holds beyond its committed prefix: drafts fed from ``start``."""
+
+    start: int = 0
+    drafts: int = 0
+
+
+class DraftModelDrafter(Drafter):
+    """See the module docstring. ``probabilistic``: sample drafts and return their probabilities."""
+
+    def __init__(self, model: Any, k: int, max_model_len: int, probabilistic: bool) -> None:
+        from spec_backend.engine.kv_cache import kv_layout
+
+        self.model = model
+        self.num_speculative_tokens = k
+        self.max_model_len = max_model_len
+        self.probabilistic = probabilistic
+        self.layout = kv_layout(model.config, model.dtype, next(model.parameters()).device)
+        self.runner: ModelRunner | None = None
+        self._fed: dict[str, _Fed] = {}
+
+    def cache_bytes_per_slot(self) -> int:
+        return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
+
+    def allocate_caches(self, num_slots: int) -> None:
+        from spec_backend.engine.kv_cache import RaggedKVCache
+        from spec_backend.engine.runner import ModelRunner
+
+        cache = RaggedKVCache(self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens)
+        self.runner = ModelRunner(self.model, cache)
+
+    def caches(self) -> Sequence[SlotCache]:
+        return (self._runner().cache,)
+
+    def _runner(self) -> ModelRunner:
+        if self.runner is None:
+            raise RuntimeError("the draft model's cache was not allocated (allocate_caches)")
+        return self.runner
+
+    def add_request(self, request: DraftRequest) -> None:
+        self._fed[request.request_id] = _Fed()
+
+    def remove_request(self, request_id: str) -> None:
+        self._fed.pop(request_id, None)
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        runner, requests = self._runner(), inputs.requests
+        start, batch = inputs.batch.start, len(requests)
+        device = self.layout.device
+        k_max = max(inputs.budgets, default=0)
+        feeds = self._roll_back(inputs, start)
+        if k_max == 0:
+            empty = torch.full((batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=device)
+            return DraftOutput(empty, (0,) * batch)
+        tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
+        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
+        drafts, probs = [], []
+        query_lens = [len(f) for f in feeds]
+        for step in range(k_max):
+            cached = runner.cache.lengths[start : start + batch]
+            step_batch = build_step_batch(start, tokens, query_lens, cached)
+            logits = runner.forward(step_batch, last_only=True).logits  # [B, V]
+            ids, q = select_drafts(logits, requests, positions + step, self.probabilistic)
+            drafts.append(ids)
+            if q is not None:
+                probs.append(q)
+            tokens, query_lens = ids[:, None], [1] * batch  # [B, 1] the next forward feeds this draft
+        for b, request in enumerate(requests):
+            self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=k_max - 1)
+        counts = tuple(min(budget, k_max) for budget in inputs.budgets)
+        return DraftOutput(
+            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
+            num_draft_tokens=counts,
+            draft_probs=torch.stack(probs, dim=1) if probs else None,  # [B, K_max, V]
+        )
+
+    def _roll_back(self, inputs: DraftInputs, start: int) -> list[list[int]]:
+        """Truncate each request's draft cache to its committed prefix; return the tokens to feed."""
+        cache = self._runner().cache
+        feeds: list[list[int]] = []
+        for b, request in enumerate(inputs.requests):
+            slot = start + b
+            fed = self._fed.setdefault(request.request_id, _Fed())
+            kept = min(cache.lengths[slot], fed.start + min(inputs.accepted.num_accepted[b], fed.drafts))
+            if fed.drafts == 0:
+                kept = min(cache.lengths[slot], request.num_tokens - 1)
+            kept = min(kept, request.num_tokens - 1)  # the newest token is never cached yet
+            cache.truncate(slot, kept)
+            self._fed[request.request_id] = _Fed(start=kept, drafts=0)
+            prompt = request.prompt_token_ids
+            tail = prompt[kept:] + request.output_token_ids if kept < len(prompt) else []
+            feeds.append(tail or request.output_token_ids[kept - len(prompt) :])
+        return feeds
+
+
+def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
+    """Load ``speculative_config.model`` and check it against the target (vocabulary, tokenizer, TP)."""
+    config = ctx.config
+    if config.model is None:
+        raise ValueError("method='draft_model' needs speculative_config['model'] (a folder or a .gguf file)")
+    tp = config.draft_tensor_parallel_size
+    if tp not in (None, 1):
+        raise ValueError(f"draft_tensor_parallel_size must be 1 in the embedded engine, got {tp}")
+    dtype = None
+    if config.draft_model_config is not None and config.draft_model_config.dtype not in (None, "auto"):
+        from spec_backend.engine.loader import resolve_dtype
+
+        dtype = resolve_dtype(str(config.draft_model_config.dtype))
+    model = ctx.load_model(config.model, dtype)
+    _check_vocab(ctx, model, config.model)
+    assert config.num_speculative_tokens is not None
+    return DraftModelDrafter(model, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs)
+
+
+def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
+    target_v = int(ctx.target.get_output_embeddings().weight.shape[0])
+    draft_v = int(draft.get_output_embeddings().weight.shape[0])
+    if target_v != draft_v:
+        raise ValueError(
+            f"the draft model must share the target's vocabulary: target has {target_v} tokens, draft model "
+            f"{path!r} has {draft_v}"
+        )
+    if ctx.target_vocab is None:
+        return
+    from spec_backend.engine.loader import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(path))
+    if tokenizer is not None and dict(tokenizer.get_vocab()) != ctx.target_vocab:
+        raise ValueError(
+            f"the draft model {path!r} has a different tokenizer from the target (their vocabularies map "
+            "tokens to different ids); use a draft model trained with the target's tokenizer"
+        )
+
+
+__all__ = ["DraftModelDrafter", "build_draft_model_drafter"]

@@ -1,0 +1,159 @@
+"""``StepBatch``: the one batch descriptor of an engine step, built once and read by every stage.
+
+The engine builds it from its slot table; the KV cache, the attention function, the rejection sampler
+and the drafter all read views of it, so nothing re-derives per-token indices from Python lists.
+
+Glossary:
+
+* *slot* — the row of the KV caches a request occupies for its whole life (live slots are packed at
+  ``0 .. n-1``; one step covers the contiguous range ``start .. start+B-1``);
+* *query tokens* — the tokens fed to the target this step: a prefill feeds the prompt, a decode step
+  feeds ``[last token] + drafts``; ``N`` of them in the whole batch, ``Q`` at most per request;
+* *padded layout* — the ``[B, Q]`` grid transformers models take; ``rows``/``cols`` map each of the
+  ``N`` valid tokens into it (request-major, the order of every flat ``[N]`` tensor here);
+* *seq len* — cached positions of a request after this step's keys are written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.sampling.metadata import SpecDecodeMetadata
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One forward's batch (see the module docstring). Device tensors unless noted."""
+
+    start: int  # host: first slot of the batch
+    slot_ids: torch.Tensor  # [B] int64
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64 absolute positions (= cache positions)
+    query_start_loc: torch.Tensor  # [B+1] int64
+    query_lens: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64, cached positions after this step
+    rows: torch.Tensor  # [N] int64, batch row of each token in the padded layout
+    cols: torch.Tensor  # [N] int64, query column of each token in the padded layout
+    query_lens_host: tuple[int, ...]  # host: [B]
+    num_draft_tokens: tuple[int, ...]  # host: [B] drafts fed after each request's first token
+    max_seq_len: int  # host: longest seq len (the width of the cache views attention reads)
+    draft_token_ids: torch.Tensor  # [T] int32, the drafts in request order (T = sum of num_draft_tokens)
+    attention: RaggedAttentionMetadata  # view: (query_lens, seq_lens)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.query_lens_host)
+
+    @property
+    def num_tokens(self) -> int:
+        """N: valid query tokens."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens_host)
+
+    @property
+    def last_token_index(self) -> torch.Tensor:
+        """``[B]`` flat index of each request's last query token."""
+        return self.query_start_loc[1:] - 1
+
+    def padded(self, flat: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
+        """Scatter a flat ``[N, ...]`` tensor into the ``[B, Q, ...]`` padded layout."""
+        out = flat.new_full((self.batch_size, self.max_query_len, *flat.shape[1:]), fill)
+        out[self.rows, self.cols] = flat
+        return out
+
+    def padded_positions(self) -> torch.Tensor:
+        """``[B, Q]`` position ids; padding columns repeat the request's last valid position."""
+        q_idx = torch.arange(self.max_query_len, device=self.positions.device)  # [Q]
+        first = self.seq_lens - self.query_lens  # [B]
+        return first[:, None] + torch.minimum(q_idx[None, :], (self.query_lens - 1)[:, None])
+
+    def spec_decode_metadata(self, last_only: bool = False) -> SpecDecodeMetadata:
+        """The sampler's metadata as a view: every query row has logits (K target rows + bonus row), or
+        with ``last_only`` (a prefill) one bonus row per request and no drafts."""
+        nums = list(self.num_draft_tokens)
+        if last_only:
+            if any(nums):
+                raise ValueError(f"last_only logits cannot verify drafts, got num_draft_tokens={nums}")
+            rows = torch.arange(self.batch_size, dtype=torch.int32, device=self.input_ids.device)  # [B]
+            return SpecDecodeMetadata(
+                draft_token_ids=self.draft_token_ids,
+                num_draft_tokens=nums,
+                cu_num_draft_tokens=torch.zeros_like(rows),
+                target_logits_indices=rows[:0],
+                bonus_logits_indices=rows,
+                logits_indices=rows,
+                standard_layout=True,
+            )
+        counts = self.query_lens - 1  # [B] drafts per request
+        bonus = (self.query_start_loc[1:] - 1).to(torch.int32)  # [B]
+        is_bonus = torch.zeros(self.num_tokens, dtype=torch.bool, device=self.input_ids.device)
+        is_bonus[bonus.long()] = True
+        target = torch.nonzero(~is_bonus).reshape(-1).to(torch.int32)  # [T]
+        return SpecDecodeMetadata(
+            draft_token_ids=self.draft_token_ids,
+            num_draft_tokens=nums,
+            cu_num_draft_tokens=torch.cumsum(counts, 0).to(torch.int32),
+            target_logits_indices=target,
+            bonus_logits_indices=bonus,
+            logits_indices=torch.arange(self.num_tokens, dtype=torch.int32, device=self.input_ids.device),
+            standard_layout=True,
+        )
+
+
+def build_step_batch(
+    start: int,
+    tokens: torch.Tensor,  # [B, Q] int64 padded query tokens (device)
+    query_lens: Sequence[int],  # host [B]
+    cache_lens: Sequence[int],  # host [B] cached positions before this step
+    num_draft_tokens: Sequence[int] | None = None,
+) -> StepBatch:
+    """Build the step's descriptor from the slot table's host counts and the padded query tokens.
+
+    ``num_draft_tokens`` defaults to none (a prefill); in a decode step request ``b`` feeds its last
+    token then ``query_lens[b] - 1`` drafts.
+    """
+    batch = len(query_lens)
+    if batch == 0 or tokens.shape[0] != batch or min(query_lens) < 1 or max(query_lens) > tokens.shape[1]:
+        raise ValueError(
+            f"a step needs >= 1 request with >= 1 query token each, got query_lens={list(query_lens)} "
+            f"for tokens of shape {list(tokens.shape)}"
+        )
+    device = tokens.device
+    q_lens = torch.tensor(list(query_lens), dtype=torch.int64).to(device)  # [B]
+    cached = torch.tensor(list(cache_lens), dtype=torch.int64).to(device)  # [B]
+    seq_lens = cached + q_lens  # [B]
+    q_idx = torch.arange(tokens.shape[1], device=device)  # [Q]
+    valid = q_idx[None, :] < q_lens[:, None]  # [B, Q]
+    rows, cols = valid.nonzero(as_tuple=True)  # [N], [N]
+    loc = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    loc[1:] = torch.cumsum(q_lens, 0)
+    drafts = tuple(num_draft_tokens) if num_draft_tokens is not None else (0,) * batch
+    if any(d != q - 1 for d, q in zip(drafts, query_lens, strict=True)) and any(drafts):
+        raise ValueError(f"num_draft_tokens {list(drafts)} must be query_lens - 1 {list(query_lens)}")
+    draft_mask = valid & (q_idx[None, :] >= 1)  # [B, Q]
+    return StepBatch(
+        start=start,
+        slot_ids=torch.arange(start, start + batch, device=device),
+        input_ids=tokens[rows, cols],
+        positions=cached[rows] + cols,
+        query_start_loc=loc,
+        query_lens=q_lens,
+        seq_lens=seq_lens,
+        rows=rows,
+        cols=cols,
+        query_lens_host=tuple(int(q) for q in query_lens),
+        num_draft_tokens=drafts,
+        max_seq_len=max(c + q for c, q in zip(cache_lens, query_lens, strict=True)),
+        draft_token_ids=tokens[draft_mask].to(torch.int32) if any(drafts) else tokens.new_zeros(0, dtype=torch.int32),
+        attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=seq_lens),
+    )
+
+
+__all__ = ["StepBatch", "build_step_batch"]
