@@ -100,7 +100,7 @@ class DraftModelDrafter(Drafter):
             cached = runner.cache.lengths[start : start + batch]
             step_batch = build_step_batch(start, tokens, query_lens, cached)
             logits = runner.forward(step_batch, last_only=True).logits  # [B, V]
-            ids, q = select_drafts(logits, requests, positions + step, self.probabilistic)
+            ids, q = select_drafts(logits, requests, positions, step, self.probabilistic)
             drafts.append(ids)
             if q is not None:
                 probs.append(q)

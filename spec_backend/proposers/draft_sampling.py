@@ -4,9 +4,14 @@
 probabilities are passed, so the sampler treats each draft as ``q = 1`` at the draft. *Probabilistic
 drafting* (any method that reads draft probabilities: ``probabilistic``, ``standard``, ``block``,
 ``fly``): requests with a temperature draw each draft from ``q`` = the drafter's distribution under the
-request's temperature / top-k / top-p (counter-based noise keyed by the request's seed and the draft's
-absolute position, ``rng.STREAM_DRAFT``), and ``q`` goes to the sampler, where lossless block
-verification can gain over standard. Greedy requests draft the argmax with a one-hot ``q``.
+request's temperature (counter-based noise keyed by the request's seed, the position of the block's first
+draft and the draft's index in the block, ``rng.STREAM_DRAFT``), and ``q`` goes to the sampler, where
+lossless block verification can gain over standard. Greedy requests draft the argmax with a one-hot ``q``.
+
+The noise of a draft is never reused: a block's first position grows every step. Keying by the draft's
+own position instead would redraw a rejected block's later positions with the noise block verification
+already looked at (its decision depends on every draft of the block), which biases the output —
+``tests/statistical/test_engine_draft_probs.py`` detects that.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from spec_backend.sampling.torch_ops import exponential_race
 def select_drafts(
     logits: torch.Tensor,  # [B, V]
     requests: Sequence[DraftRequest],
-    positions: torch.Tensor,  # [B] int64 absolute position of each draft token
+    block_start: torch.Tensor,  # [B] int64 absolute position of the block's first draft
+    index: int,  # this draft's index in the block (0-based)
     probabilistic: bool,
     top_k: torch.Tensor | None = None,  # [B] int64 (0: off)
     top_p: torch.Tensor | None = None,  # [B] float32 (1: off)
@@ -40,7 +46,8 @@ def select_drafts(
     p = top_p if top_p is not None else torch.ones(batch, dtype=torch.float32, device=device)
     probs = target_probs(logits, temps, k, p)  # [B, V]
     seeds = torch.tensor([r.seed for r in requests], dtype=torch.int64).to(device)  # [B]
-    sampled = exponential_race(probs, rng.row_key(seeds, positions, rng.STREAM_DRAFT)[:, None])  # [B]
+    key = rng.absorb(rng.row_key(seeds, block_start, rng.STREAM_DRAFT), index)  # [B]
+    sampled = exponential_race(probs, key[:, None])  # [B]
     is_greedy = temps <= 0  # [B]
     tokens = torch.where(is_greedy, greedy, sampled)
     one_hot = torch.nn.functional.one_hot(greedy, logits.shape[-1]).to(torch.float32)  # [B, V]
