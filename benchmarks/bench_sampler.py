@@ -25,11 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+
+if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend
 
 MODES = ("greedy", "standard", "block", "cumulative", "entropy", "synthetic")
 RATES = [0.8, 0.6, 0.45, 0.35, 0.25, 0.2, 0.15, 0.1]
@@ -40,14 +44,17 @@ FMT = "{:>7} {:>4} {:>2} {:>10} {:>10} {:>10} {:>6} {:>14} {:>9}"
 
 def make_backend(
     impl: str, vocab_block: int = 4096, max_grid: int | None = None, group_elements: int | None = None
-) -> object:
+) -> Backend:
     """The backend whose sampler is timed: the reference backend, with the triton ops for ``triton``.
 
-    For ``torch``, ``group_elements`` None keeps the default backend (its own grouping); an int
-    overrides ``SamplerTuning.group_elements`` (0: one pass), for A/B runs of the grouped verification.
+    For ``torch``, ``group_elements`` None keeps the default backend (``load_backend()``, with its own
+    grouping); an int overrides ``SamplerTuning.group_elements`` (0: one pass), for A/B runs of the
+    grouped verification.
     """
     if impl == "torch" and group_elements is None:
-        return None
+        from spec_backend.backends import load_backend
+
+        return load_backend()
     from spec_backend.backends.base import SamplerTuning
     from spec_backend.backends.reference import ReferenceBackend
     from spec_backend.sampling.ops import SamplerOps
@@ -68,7 +75,7 @@ def make_backend(
     return TunedReference()
 
 
-def make_sampler(mode: str, device: str, backend: object = None) -> RejectionSampler:
+def make_sampler(mode: str, device: str, backend: Backend | None = None) -> RejectionSampler:
     cfg = {
         "block": RejectionSamplerConfig(enable_block_verify=True),
         "cumulative": RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative"),

@@ -5,7 +5,8 @@ Every graph backend does the same bookkeeping around its device's graph object:
 * **static inputs** — one buffer per input, allocated once at the largest capture size; the graph of
   size ``s`` reads the views ``buffer[:s]`` (:class:`StaticInputs`);
 * **padding** — a call with ``n`` tokens replays the smallest captured size ``s >= n``: the inputs are
-  copied into ``buffer[:n]`` and ``buffer[n:s]`` is zeroed; the output is sliced back to ``n`` rows;
+  copied into ``buffer[:n]`` and ``buffer[n:s]`` is zeroed; the output — one tensor or a tuple of
+  tensors, each with the token count as its leading dimension — is sliced back to ``n`` rows;
 * **eager fallback** — above the largest captured size (or before ``capture``) the callable runs
   eagerly on the caller's tensors;
 * **capture order** — largest size first, every size in one memory pool, so the smaller graphs reuse
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from spec_backend.backends.base import GraphRunner
+from spec_backend.backends.base import GraphFn, GraphOutput, GraphRunner
 from spec_backend.graphs import padded_size
 
 logger = logging.getLogger(__name__)
@@ -49,12 +50,12 @@ class GraphDriver(Protocol):
         """A memory-pool handle shared by every graph of one runner."""
         ...
 
-    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+    def warm_up(self, call: Callable[[], GraphOutput], iterations: int) -> None:
         """Run ``call`` eagerly ``iterations`` times as the device requires before capture."""
         ...
 
-    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
-        """Capture ``call()`` into a graph that allocates from ``pool``; return it and its output."""
+    def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
+        """Capture ``call()`` into a graph that allocates from ``pool``; return it and its output(s)."""
         ...
 
     def synchronize(self) -> None:
@@ -110,6 +111,36 @@ class StaticInputs:
         return views
 
 
+def output_tensors(output: object) -> tuple[torch.Tensor, ...]:
+    """The tensors of a captured callable's output: ``(output,)`` for one tensor, the tuple itself for a
+    non-empty tuple of tensors; ``TypeError`` naming what was returned otherwise."""
+    if isinstance(output, torch.Tensor):
+        return (output,)
+    if isinstance(output, tuple) and output and all(isinstance(t, torch.Tensor) for t in output):
+        return output
+    got = type(output).__name__
+    if isinstance(output, tuple):
+        got = f"tuple({', '.join(type(t).__name__ for t in output)})"
+    raise TypeError(f"captured callables must return one tensor or a non-empty tuple of tensors, got {got}")
+
+
+def check_outputs(output: GraphOutput, size: int) -> None:
+    """Every output tensor must have the token count ``size`` as its leading dimension."""
+    for i, tensor in enumerate(output_tensors(output)):
+        if tensor.dim() == 0 or tensor.shape[0] != size:
+            where = "the output's" if isinstance(output, torch.Tensor) else f"output {i}'s"
+            raise ValueError(
+                f"{where} leading dimension must be the token count {size}, got shape {list(tensor.shape)}"
+            )
+
+
+def slice_outputs(output: GraphOutput, n: int, copy: bool) -> GraphOutput:
+    """``output`` (one tensor [S, ...] or a tuple of them) cut to its first ``n`` rows, copied if ``copy``."""
+    if isinstance(output, torch.Tensor):
+        return output[:n].clone() if copy else output[:n]
+    return tuple(t[:n].clone() if copy else t[:n] for t in output)
+
+
 def num_tokens(inputs: Mapping[str, torch.Tensor]) -> int:
     """The common leading (token) dimension of ``inputs``; ``ValueError`` when they disagree."""
     counts = {t.shape[0] for t in inputs.values()}
@@ -133,16 +164,17 @@ def _progress(sizes: Sequence[int], desc: str, enabled: bool) -> Iterable[int]:
 class PaddedGraphRunner(GraphRunner):
     """``GraphRunner`` over a :class:`GraphDriver` (see the module docstring for the behaviour).
 
-    ``warmup_iters``: eager runs per size before it is captured (lazy initialisation, autotuning and
-    allocator growth must happen outside the graph). ``copy_output``: return a copy of the sliced
-    output (default) — the static output is overwritten by the next replay of that graph; pass
-    ``False`` when the caller consumes the result before the next ``run``. ``progress``: a tqdm bar
-    while capturing.
+    ``fn`` returns one tensor or a tuple of tensors, each [size, ...]; ``run`` returns the same
+    structure cut to the real token count. ``warmup_iters``: eager runs per size before it is captured
+    (lazy initialisation, autotuning and allocator growth must happen outside the graph).
+    ``copy_output``: return copies of the sliced outputs (default) — the static outputs are overwritten
+    by the next replay of that graph; pass ``False`` when the caller consumes the result before the next
+    ``run``. ``progress``: a tqdm bar while capturing.
     """
 
     def __init__(
         self,
-        fn: Callable[..., torch.Tensor],
+        fn: GraphFn,
         capture_sizes: Sequence[int],
         driver: GraphDriver,
         warmup_iters: int = 2,
@@ -162,7 +194,7 @@ class PaddedGraphRunner(GraphRunner):
         self.desc = desc
         self.pool: Any = None
         self._graphs: dict[int, CapturedGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, GraphOutput] = {}
         self._static: StaticInputs | None = None
         self.replays = 0  # replays served (for tests and metrics)
         self.eager_calls = 0  # calls that ran eagerly (above the largest size or before capture)
@@ -190,25 +222,20 @@ class PaddedGraphRunner(GraphRunner):
             for size in _progress(list(reversed(self.capture_sizes)), self.desc, self.progress):
                 views = static.views(size)
 
-                def call(views: dict[str, torch.Tensor] = views) -> torch.Tensor:
+                def call(views: dict[str, torch.Tensor] = views) -> GraphOutput:
                     return self.fn(**views)
 
                 self.driver.warm_up(call, self.warmup_iters)
                 graph, output = self.driver.capture(call, self.pool)
-                if not isinstance(output, torch.Tensor):
-                    raise TypeError(f"captured callables must return one tensor, got {type(output).__name__}")
-                if output.dim() == 0 or output.shape[0] != size:
-                    raise ValueError(
-                        f"the output's leading dimension must be the token count {size}, got shape "
-                        f"{list(output.shape)}"
-                    )
+                check_outputs(output, size)
                 self._graphs[size], self._outputs[size] = graph, output
         self.driver.synchronize()
         self._static = static
         logger.info("captured %d graphs for sizes %s", len(self._graphs), list(self.captured_sizes))
 
-    def run(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Replay the smallest captured graph that holds the inputs; eager above the largest."""
+    def run(self, inputs: Mapping[str, torch.Tensor]) -> GraphOutput:
+        """Replay the smallest captured graph that holds the inputs; eager above the largest. Returns the
+        callable's structure (one tensor or a tuple), every tensor [n, ...]."""
         n = num_tokens(inputs) if self._static is None else self._static.check(inputs)
         size = padded_size(n, self._graphs)
         if size is None or self._static is None:
@@ -219,8 +246,7 @@ class PaddedGraphRunner(GraphRunner):
         self.before_replay(size, views)
         self._graphs[size].replay()
         self.replays += 1
-        out = self._outputs[size][:n]
-        return out.clone() if self.copy_output else out
+        return slice_outputs(self._outputs[size], n, self.copy_output)
 
     def before_replay(self, size: int, views: Mapping[str, torch.Tensor]) -> None:
         """Extension point: runs after the inputs are in the static buffers, before each replay
@@ -229,13 +255,16 @@ class PaddedGraphRunner(GraphRunner):
 
 
 class _SimulatedGraph:
-    """Records the callable; ``replay`` re-runs it and writes into the first output (same buffers)."""
+    """Records the callable; ``replay`` re-runs it and copies every output into the captured outputs
+    (the same buffers, as a device graph writes them)."""
 
-    def __init__(self, call: Callable[[], torch.Tensor], output: torch.Tensor) -> None:
+    def __init__(self, call: Callable[[], GraphOutput], output: GraphOutput) -> None:
         self.call, self.output, self.replays = call, output, 0
 
     def replay(self) -> None:
-        self.output.copy_(self.call())
+        fresh = output_tensors(self.call())
+        for static, new in zip(output_tensors(self.output), fresh, strict=True):
+            static.copy_(new)
         self.replays += 1
 
 
@@ -260,14 +289,15 @@ class SimulatedGraphDriver:
         self.events.append(("pool", self._pools))
         return self._pools
 
-    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+    def warm_up(self, call: Callable[[], GraphOutput], iterations: int) -> None:
         for _ in range(iterations):
             call()
         self.events.append(("warm_up", iterations))
 
-    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+    def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
         output = call()
-        self.events.append(("capture", (getattr(output, "shape", (None,))[0], pool)))
+        first = output_tensors(output)[0]
+        self.events.append(("capture", (first.shape[0] if first.dim() else None, pool)))
         return _SimulatedGraph(call, output), output
 
     def synchronize(self) -> None:
@@ -280,5 +310,8 @@ __all__ = [
     "PaddedGraphRunner",
     "SimulatedGraphDriver",
     "StaticInputs",
+    "check_outputs",
     "num_tokens",
+    "output_tensors",
+    "slice_outputs",
 ]

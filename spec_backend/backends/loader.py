@@ -3,11 +3,13 @@
 ``load_backend(name=None)`` picks, in order: an explicit name, the ``SPEC_BACKEND`` environment
 variable, the single available hardware backend, else ``reference``. Errors are raised, never
 swallowed: an unknown name lists the installed backends, a plugin that fails to import is named with
-its cause, and two plugins registered under one name are rejected.
+its cause, two plugins registered under one name are rejected, and a plugin whose class overrides a
+contract method with other parameters than ``Backend``'s is rejected when it loads (``check_contract``).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -98,7 +100,42 @@ def _instance(obj: object, name: str) -> Backend:
             f"backend plugin {name!r} must provide a spec_backend.backends.base.Backend subclass, "
             f"got {type(obj).__name__}"
         )
+    check_contract(type(obj), name)
     return obj
+
+
+#: The public methods of the Backend contract: an override must keep their parameters.
+CONTRACT_METHODS: tuple[str, ...] = tuple(
+    name for name, member in vars(Backend).items() if callable(member) and not name.startswith("_")
+)
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without annotations (what is compared and shown)."""
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()]
+    return signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
+
+
+def check_contract(cls: type[Backend], plugin: str) -> None:
+    """Raise ``BackendError`` when ``cls`` overrides a ``CONTRACT_METHODS`` method with parameters (names,
+    kinds, defaults) other than ``Backend``'s: callers use the base's signature on every backend."""
+    for method in CONTRACT_METHODS:
+        override = getattr(cls, method, None)
+        base = getattr(Backend, method)
+        if override is base:
+            continue
+        expected = _bare(inspect.signature(base))
+        try:
+            received = _bare(inspect.signature(override))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            received = None
+        if received != expected:
+            shown = f"{method}{received}" if received is not None else f"{method} = {override!r}"
+            raise BackendError(
+                f"backend plugin {plugin!r} ({cls.__module__}.{cls.__qualname__}) overrides {shown}, "
+                f"but the Backend contract is {method}{expected}; every backend takes exactly the base's "
+                "parameters (put device options on the backend instance, e.g. constructor arguments)"
+            )
 
 
 def load_backend(name: str | None = None) -> Backend:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -12,6 +12,8 @@ from spec_backend.backends.base import (
     Availability,
     Backend,
     CapturePolicy,
+    GraphFn,
+    GraphOutput,
     GraphRunner,
     SamplerTuning,
     TokenLimits,
@@ -26,7 +28,7 @@ class EagerGraphRunner(GraphRunner):
     def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
         del example_inputs  # nothing to capture: eager execution
 
-    def run(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def run(self, inputs: Mapping[str, torch.Tensor]) -> GraphOutput:
         return self.fn(**inputs)
 
 
@@ -45,7 +47,7 @@ class ReferenceBackend(Backend):
     def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
         return CapturePolicy(max_capture_size=512, graph_budget=None, enabled=False)
 
-    def graph_runner(self, fn: Callable[..., torch.Tensor], capture_sizes: Sequence[int]) -> GraphRunner:
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
         return EagerGraphRunner(fn, capture_sizes)
 
     def attention_function(self) -> AttentionFn:

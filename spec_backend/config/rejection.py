@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
+from spec_backend.verify_rules import select_rule
+
 ADDITIONAL_CONFIG_KEY = "rejection_sampler_config"
 
 
@@ -52,9 +54,9 @@ class RejectionSamplerConfig(BaseModel):
 
     @property
     def lossless(self) -> bool:
-        """True when the configured rule leaves the target distribution unchanged."""
-        cumulative = self.enable_block_verify and self.block_verify_mode == "cumulative"
-        return not (cumulative or self.enable_entropy_verify)
+        """True when the rule these flags select (``spec_backend.verify_rules``) leaves the target
+        distribution unchanged."""
+        return select_rule(self, "standard").lossless
 
     @classmethod
     def from_mapping(cls, value: Any) -> RejectionSamplerConfig:

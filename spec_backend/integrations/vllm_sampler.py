@@ -127,9 +127,11 @@ def build_verifier(spec_config: Any) -> Verifier | None:
     if resolved.speculative is not None and resolved.speculative.rejection_sample_method == "synthetic":
         logger.info("spec_backend: rejection_sample_method='synthetic' stays with vLLM's own sampler")
         return None
+    from spec_backend.backends import load_backend
     from spec_backend.sampling import RejectionSampler
 
-    sampler = RejectionSampler(resolved.rejection, method="standard")
+    # the worker's backend: the sampler itself never runs plugin discovery
+    sampler = RejectionSampler(resolved.rejection, method="standard", backend=load_backend())
     logger.info("spec_backend: %r replaces vLLM's rejection sampling", sampler)
     return Verifier(sampler)
 

@@ -1,6 +1,7 @@
 """``RejectionSampler``: verifies a batch of draft blocks against the target model's logits.
 
-Modes (``mode_name``):
+Modes (``mode_name``: the entries of ``spec_backend.verify_rules.REGISTRY``, which also says which
+``SamplerOps`` method runs each):
 
 * ``standard`` — token-level speculative sampling; lossless.
 * ``block-lossless`` — Sun et al. 2024 (arXiv 2403.10444, Alg. 2); lossless, never fewer expected
@@ -48,15 +49,17 @@ from spec_backend.sampling.layout import VerifyStep
 from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
+from spec_backend.sampling.torch_ops import TorchSamplerOps
+from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, VerifyRule, select_rule
 
 logger = logging.getLogger("spec_backend.sampling")
 
 #: the sampler's methods: the one list of them is ``config.sampler_methods.SamplerMethod``
 METHODS: tuple[str, ...] = get_args(SamplerMethod)
-#: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
-#: least this many drafts; shorter batches take its token-level rule (vllm_ascend/sample/rejection_sampler.py)
-CUMULATIVE_MIN_SPEC_LEN = 3
+#: the name in error messages of a sampler built without a backend
+REFERENCE_OPS = "torch reference ops"
 _WARNED: set[str] = set()
 
 
@@ -64,6 +67,23 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         logger.warning(message, *args)
+
+
+def _check_backend(backend: object) -> SamplerBackend | None:
+    """``backend`` as a ``SamplerBackend`` (None stays None); ``TypeError`` for anything else."""
+    if backend is None or isinstance(backend, SamplerBackend):
+        return backend
+    if isinstance(backend, str):
+        raise TypeError(
+            f"RejectionSampler(backend={backend!r}): a backend name is not accepted; pass a Backend object, "
+            f"e.g. backend=spec_backend.backends.load_backend({backend!r}), or backend=None for the "
+            "pure-torch reference ops"
+        )
+    raise TypeError(
+        f"RejectionSampler(backend=...) needs an object with name, sampler_ops(), sampler_tuning() and "
+        f"token_limits() (spec_backend.sampling.tuning.SamplerBackend, e.g. a Backend) or None, "
+        f"got {type(backend).__name__}: {backend!r}"
+    )
 
 
 def _check_rates(rates: Sequence[float] | None) -> torch.Tensor:
@@ -88,13 +108,16 @@ class RejectionSampler:
     (temperature / top-k / top-p applied by the drafter); None means point-mass drafts.
     ``debug=True`` adds checks that read the data back (NaN in logits, draft ids outside [0, V) when
     the metadata was not built from Python lists): one pass over the logits and a device sync per call.
+    ``backend``: any ``SamplerBackend`` (every ``spec_backend.backends.Backend``; get one by name with
+    ``spec_backend.backends.load_backend(name)``); None runs the pure-torch reference ops
+    (``TorchSamplerOps``) with the default ``SamplerTuning``. The sampler never runs plugin discovery.
     """
 
     def __init__(
         self,
         config: RejectionSamplerConfig | None = None,
         method: str = "standard",
-        backend: Any = None,
+        backend: SamplerBackend | None = None,
         synthetic_acceptance_rates: Sequence[float] | None = None,
         debug: bool = False,
         fly: FlyConfig | None = None,
@@ -106,12 +129,8 @@ class RejectionSampler:
         self.debug = debug
         self._rates: torch.Tensor | None = None
         self._rates_cache: dict[torch.device, torch.Tensor] = {}
-        if method in ("synthetic", "fly") and (
-            self.config.enable_block_verify or self.config.enable_entropy_verify
-        ):
-            raise ValueError(
-                f"method={method!r} cannot be combined with enable_block_verify / enable_entropy_verify"
-            )
+        #: the verification rule (``spec_backend.verify_rules``) that ``method`` runs with ``config``
+        self.rule: VerifyRule = select_rule(self.config, method)
         if method == "synthetic":
             self._rates = _check_rates(synthetic_acceptance_rates)
         elif synthetic_acceptance_rates is not None:
@@ -124,14 +143,16 @@ class RejectionSampler:
                 f"got method={method!r}, fly={fly!r}"
             )
         self.fly = fly
-        if backend is None or isinstance(backend, str):
-            from spec_backend.backends import load_backend
-
-            backend = load_backend(backend)
-        self.backend = backend
-        self.ops: SamplerOps = backend.sampler_ops()
-        self.group_elements: int | None = backend.sampler_tuning().group_elements
-        self.max_spec_tokens: int = backend.token_limits().max_speculative_tokens
+        self.backend = _check_backend(backend)
+        if self.backend is None:
+            self.ops: SamplerOps = TorchSamplerOps()
+            tuning, self.max_spec_tokens, self.backend_name = SamplerTuning(), MAX_SPEC_TOKENS, REFERENCE_OPS
+        else:
+            self.ops = self.backend.sampler_ops()
+            tuning = self.backend.sampler_tuning()
+            self.max_spec_tokens = self.backend.token_limits().max_speculative_tokens
+            self.backend_name = self.backend.name
+        self.group_elements: int | None = tuning.group_elements
         if not self.lossless:
             _warn_once(
                 self.mode_name,
@@ -142,17 +163,13 @@ class RejectionSampler:
 
     @property
     def mode_name(self) -> str:
-        if self.method in ("synthetic", "fly"):
-            return self.method
-        cfg = self.config
-        base = f"block-{cfg.block_verify_mode}" if cfg.enable_block_verify else "standard"
-        if cfg.enable_entropy_verify:
-            return "entropy" if base == "standard" else f"{base}+entropy"
-        return base
+        """The rule's name in ``spec_backend.verify_rules.REGISTRY``."""
+        return self.rule.name
 
     @property
     def lossless(self) -> bool:
-        return self.method == "standard" and self.config.lossless
+        """Whether the rule keeps the target's distribution (``VerifyRule.lossless``)."""
+        return self.rule.lossless
 
     def __repr__(self) -> str:
         return f"RejectionSampler(mode={self.mode_name!r}, lossless={self.lossless})"
@@ -173,9 +190,7 @@ class RejectionSampler:
         logits: torch.Tensor,  # [T + B, V]
         sampling: SamplingMetadata,
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-        check_inputs(
-            metadata, draft_probs, logits, sampling, self.max_spec_tokens, getattr(self.backend, "name", "?")
-        )
+        check_inputs(metadata, draft_probs, logits, sampling, self.max_spec_tokens, self.backend_name)
         if self._rates is not None and metadata.max_spec_len > self._rates.numel():
             raise SamplerInputError(
                 f"a request has K={metadata.max_spec_len} draft tokens but synthetic_acceptance_rates has "
@@ -310,22 +325,22 @@ class RejectionSampler:
         probs: torch.Tensor,  # [N, V]
         u: torch.Tensor,  # [T] float64 acceptance uniforms
     ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [B] int64, residual weight [B] float64
-        ops, cfg, steps = self.ops, self.config, step.steps
-        thresholds = None
-        if cfg.enable_entropy_verify:
+        ops, cfg, rule = self.ops, self.config, self.rule
+        kernel = rule.kernel_for(step.steps)
+        assert kernel is not None, f"rule {rule.name!r} does not verify drafts against the target"
+        thresholds = None  # [T] float64
+        if rule.entropy:
             thresholds = ops.entropy_thresholds(logits, cfg.posterior_alpha, cfg.posterior_threshold)[
                 step.target_rows
             ]
-        ones = torch.ones(step.batch, dtype=torch.float64, device=u.device)
-        cumulative = cfg.enable_block_verify and cfg.block_verify_mode == "cumulative"
-        if cumulative and steps < CUMULATIVE_MIN_SPEC_LEN and thresholds is None:
+        if rule.token_fallback(step.steps) and thresholds is None:
             thresholds = torch.ones_like(u)  # vllm-ascend's token-level rule (q > 0 and ρ >= u)
-        args = (step.draft_ids, draft_probs, probs, step.target_rows, u, thresholds, step.cu, steps)
-        if not cfg.enable_block_verify or (cumulative and steps < CUMULATIVE_MIN_SPEC_LEN):
-            return ops.standard_verify(*args), ones
-        if cumulative:
-            return ops.cumulative_verify(*args), ones
-        return ops.block_verify(*args)
+        accepted, weight = kernel(ops)(
+            step.draft_ids, draft_probs, probs, step.target_rows, u, thresholds, step.cu, step.steps
+        )  # [B] int64, [B] float64 | None
+        if weight is None:
+            weight = torch.ones(step.batch, dtype=torch.float64, device=u.device)
+        return accepted, weight
 
     def _rates_on(self, device: torch.device) -> torch.Tensor:  # [R] float64, copied once per device
         assert self._rates is not None
@@ -357,4 +372,4 @@ class RejectionSampler:
         return seeds, sampling.positions.to(torch.int64)
 
 
-__all__ = ["METHODS", "RejectionSampler"]
+__all__ = ["CUMULATIVE_MIN_SPEC_LEN", "METHODS", "REFERENCE_OPS", "RejectionSampler"]

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import triton
 
-from spec_backend.backends.base import SamplerTuning
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
 from spec_backend.sampling import triton_kernels as _k
 from spec_backend.sampling import triton_kernels_verify as _kv
+from spec_backend.sampling.tuning import SamplerTuning
 
 _ELEMENTWISE_BLOCK = 256
 

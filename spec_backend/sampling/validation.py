@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spec_backend.sampling.tuning import MAX_SPEC_TOKENS
+
 if TYPE_CHECKING:
     from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 
@@ -51,7 +53,7 @@ def check_inputs(
         raise SamplerInputError(
             f"SamplingMetadata has B={sampling.batch_size} requests but SpecDecodeMetadata has B={batch}"
         )
-    limit = min(max_spec_tokens, _hard_limit())
+    limit = min(max_spec_tokens, MAX_SPEC_TOKENS)
     if metadata.max_spec_len > limit:
         worst = max(range(batch), key=lambda b: metadata.num_draft_tokens[b])
         raise SamplerInputError(
@@ -92,12 +94,6 @@ def check_values(
             )
     if draft_probs is not None and bool((~torch.isfinite(draft_probs) | (draft_probs < 0)).any()):
         raise SamplerInputError("draft_probs contains NaN, infinite or negative values")
-
-
-def _hard_limit() -> int:
-    from spec_backend.backends.base import MAX_SPEC_TOKENS
-
-    return MAX_SPEC_TOKENS
 
 
 __all__ = ["SamplerInputError", "check_inputs", "check_values"]

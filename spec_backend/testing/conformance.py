@@ -32,55 +32,51 @@ from spec_backend.testing.montecarlo import ChiSquare, Group, chi_square, contin
 from spec_backend.testing.properties import PROPERTY_CHECKS
 from spec_backend.testing.report import CheckResult, ConformanceReport
 from spec_backend.testing.spec import LOSSLESS_RULES, RuleParams
+from spec_backend.verify_rules import REGISTRY, VerifyRule, rule_named
 
 #: p-value below which a labelled-lossy sampler counts as measurably lossy
 LOSSY_EVIDENCE = 1e-12
 #: synthetic acceptance rates used by the suite (entry i: P(first i+1 drafts accepted))
 SYNTHETIC_RATES = (0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 
+#: the registry's rules that have a float64 spec: the modes the suite checks
+CHECKED_RULES: tuple[VerifyRule, ...] = tuple(r for r in REGISTRY if r.spec_rule is not None)
 #: sampler mode_name -> spec rule
-RULE_OF_MODE = {
-    "standard": "standard",
-    "block-lossless": "block",
-    "block-cumulative": "cumulative",
-    "entropy": "entropy",
-    "block-lossless+entropy": "block+entropy",
-    "block-cumulative+entropy": "cumulative+entropy",
-    "synthetic": "synthetic",
-}
+RULE_OF_MODE: dict[str, str] = {r.name: r.spec_rule for r in CHECKED_RULES if r.spec_rule is not None}
+
+
+def _mode_kwargs(rule: VerifyRule) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "config": RejectionSamplerConfig(**rule.config_flags()),
+        "method": rule.method,
+    }
+    if rule.method == "synthetic":
+        kwargs["synthetic_acceptance_rates"] = list(SYNTHETIC_RATES)
+    return kwargs
+
 
 #: mode_name -> RejectionSampler keyword arguments (backend added by ``build_sampler``)
-MODE_KWARGS: dict[str, dict[str, Any]] = {
-    "standard": {},
-    "block-lossless": {"config": RejectionSamplerConfig(enable_block_verify=True)},
-    "block-cumulative": {
-        "config": RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative")
-    },
-    "entropy": {"config": RejectionSamplerConfig(enable_entropy_verify=True)},
-    "block-lossless+entropy": {
-        "config": RejectionSamplerConfig(enable_block_verify=True, enable_entropy_verify=True)
-    },
-    "block-cumulative+entropy": {
-        "config": RejectionSamplerConfig(
-            enable_block_verify=True, block_verify_mode="cumulative", enable_entropy_verify=True
-        )
-    },
-    "synthetic": {"method": "synthetic", "synthetic_acceptance_rates": list(SYNTHETIC_RATES)},
-}
+MODE_KWARGS: dict[str, dict[str, Any]] = {r.name: _mode_kwargs(r) for r in CHECKED_RULES}
 MODES = tuple(MODE_KWARGS)
 
 
 def build_sampler(mode: str, backend: Any = None) -> RejectionSampler:
-    """A ``RejectionSampler`` in ``mode`` (one of ``MODES``) on ``backend``."""
+    """A ``RejectionSampler`` in ``mode`` (one of ``MODES``) on ``backend`` (None: the torch reference
+    ops)."""
     return RejectionSampler(backend=backend, **MODE_KWARGS[mode])
 
 
 def rule_of(sampler: Any) -> str:
-    """The spec rule a sampler claims to implement (from its ``mode_name``)."""
+    """The spec rule a sampler claims to implement (from its ``mode_name``, via the registry)."""
     mode = str(sampler.mode_name)
     if mode not in RULE_OF_MODE:
         raise ValueError(f"no spec for sampler mode {mode!r}; known: {sorted(RULE_OF_MODE)}")
     return RULE_OF_MODE[mode]
+
+
+def _compares_drafts(sampler: Any) -> bool:
+    """False for a rule whose accept counts ignore the target (synthetic)."""
+    return rule_named(str(sampler.mode_name)).kernel is not None
 
 
 def params_of(sampler: Any) -> RuleParams:
@@ -172,7 +168,7 @@ def check_lossless_label(sampler: Any, results: Sequence[MonteCarloResult], name
     claimed = bool(sampler.lossless)
     rule = rule_of(sampler)
     out = []
-    if rule == "synthetic":
+    if not _compares_drafts(sampler):
         exact_ok, exact_detail = not claimed, "synthetic acceptance ignores the target"
     else:
         worst = max(deviation(_with_params(c, params_of(sampler)), rule) for c in detection_cases(rule))
@@ -220,7 +216,7 @@ def check_sampler(
 
 def property_checks(sampler: Any, name: str, device: torch.device | str = "cpu") -> list[CheckResult]:
     """The deterministic properties that apply to the sampler's mode (synthetic ignores the target)."""
-    synthetic = rule_of(sampler) == "synthetic"
+    synthetic = not _compares_drafts(sampler)
     target_only = {"check_greedy_exact", "check_top_k_one_is_greedy", "check_edge_cases"}
     checks = [c for c in PROPERTY_CHECKS if not (synthetic and c.__name__ in target_only)]
     out = []
@@ -265,6 +261,7 @@ def run_conformance(
 
 
 __all__ = [
+    "CHECKED_RULES",
     "LOSSY_EVIDENCE",
     "MODES",
     "MODE_KWARGS",

@@ -19,7 +19,6 @@ from functools import cache, partial
 
 import numpy as np
 
-from spec_backend.sampling.sampler import CUMULATIVE_MIN_SPEC_LEN
 from spec_backend.testing.cases import (
     all_cases,
     context_cases,
@@ -32,11 +31,15 @@ from spec_backend.testing.cases import (
 from spec_backend.testing.exact import Case, deviation, emitted_distribution, expected_accepted
 from spec_backend.testing.report import CheckResult
 from spec_backend.testing.spec import LOSSLESS_RULES, cumulative_accept_probs
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, REGISTRY
 
 EXACT_TOL = 1e-9
 LOSSY_MIN = 1e-3
-#: the rules the exact tier enumerates (synthetic has no losslessness claim to test)
-VERIFY_RULES = ("standard", "block", "cumulative", "entropy", "block+entropy", "cumulative+entropy")
+#: the rules the exact tier enumerates: every registry rule with a spec that verifies drafts against the
+#: target (synthetic has no losslessness claim to test)
+VERIFY_RULES: tuple[str, ...] = tuple(
+    r.spec_rule for r in REGISTRY if r.spec_rule is not None and r.kernel is not None
+)
 
 
 @cache

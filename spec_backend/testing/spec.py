@@ -40,27 +40,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from spec_backend.sampling.sampler import CUMULATIVE_MIN_SPEC_LEN
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, REGISTRY, SpecRule, rule_of_spec
 
-Rule = Literal[
-    "standard", "block", "cumulative", "entropy", "block+entropy", "cumulative+entropy", "synthetic"
-]
-RULES: tuple[Rule, ...] = (
-    "standard",
-    "block",
-    "cumulative",
-    "entropy",
-    "block+entropy",
-    "cumulative+entropy",
-    "synthetic",
-)
+#: a rule's name here (``VerifyRule.spec_rule`` in ``spec_backend.verify_rules``)
+Rule = SpecRule
+#: every rule with a float64 spec, in the registry's order
+RULES: tuple[Rule, ...] = tuple(r.spec_rule for r in REGISTRY if r.spec_rule is not None)
 #: Rules whose emitted stream has the target's joint distribution.
-LOSSLESS_RULES: frozenset[str] = frozenset({"standard", "block"})
+LOSSLESS_RULES: frozenset[str] = frozenset(r.spec_rule for r in REGISTRY if r.spec_rule and r.lossless)
 
 F64 = NDArray[np.float64]
 _GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(28)
@@ -274,23 +265,23 @@ def synthetic_outcome(p: F64, drafts: tuple[int, ...], rates: tuple[float, ...])
 def block_step(
     rule: str, p: F64, q: F64, drafts: tuple[int, ...], params: RuleParams, entropy_p: F64 | None = None
 ) -> BlockOutcome:
-    """Dispatch: the law of one verification step of ``rule``. p: [K+1, V], q: [K, V]."""
-    k = len(drafts)
-    thresholds = entropy_thresholds(p[:k], params, entropy_p) if rule.endswith("entropy") else None
-    if rule == "standard":
-        return standard_outcome(p, q, drafts)
-    if rule == "block":
-        return block_outcome(p, q, drafts)
-    if rule == "block+entropy":
-        assert thresholds is not None
-        return block_outcome(p, q, drafts, thresholds)
-    if rule in ("cumulative", "cumulative+entropy"):
-        return cumulative_outcome(p, q, drafts, thresholds, params.batch_max_k)
-    if rule == "entropy":
-        return entropy_outcome(p, q, drafts, params, entropy_p)
-    if rule == "synthetic":
+    """Dispatch: the law of one verification step of ``rule``. p: [K+1, V], q: [K, V].
+
+    The outcome is chosen by the registry entry's selector flags (``spec_backend.verify_rules``): the
+    same ``block`` / ``entropy`` fields that pick the sampler's kernel.
+    """
+    entry = rule_of_spec(rule)  # ValueError naming the rule and the known ones
+    if entry.kernel is None:  # synthetic: accept counts from the rates, not from p and q
         return synthetic_outcome(p, drafts, params.rates)
-    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+    k = len(drafts)
+    thresholds = entropy_thresholds(p[:k], params, entropy_p) if entry.entropy else None  # [K]
+    if entry.block == "cumulative":
+        return cumulative_outcome(p, q, drafts, thresholds, params.batch_max_k)
+    if entry.block == "lossless":
+        return block_outcome(p, q, drafts, thresholds)
+    if thresholds is not None:  # entropy verify: vllm-ascend's token-level rule
+        return token_compat_outcome(p, q, drafts, thresholds)
+    return standard_outcome(p, q, drafts)
 
 
 __all__ = [

@@ -86,3 +86,87 @@ def test_acceptance_command_prints_reference() -> None:
     env = {k: v for k, v in __import__("os").environ.items() if k != "SPEC_BACKEND"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "reference"
+
+
+_FAKE_BACKEND = """
+from spec_backend.backends.reference import ReferenceBackend
+
+
+class {cls}(ReferenceBackend):
+    name = "{name}"
+
+{body}
+"""
+
+
+def _plugin_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> None:
+    """Install a fake plugin ``name`` whose backend class (a ReferenceBackend) has ``body`` added."""
+    cls = f"{name.title()}Backend"
+    source = _FAKE_BACKEND.format(cls=cls, name=name, body=textwrap.indent(textwrap.dedent(body), "    "))
+    _fake_distribution(tmp_path, f"{name}_plugin", {name: f"{name}_mod:{cls}"}, {f"{name}_mod": source})
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_plugin_with_an_extra_graph_runner_argument_is_rejected_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _plugin_with(
+        tmp_path,
+        monkeypatch,
+        "wrongsig",
+        """
+        def graph_runner(self, fn, capture_sizes, enforce_eager=None):
+            return super().graph_runner(fn, capture_sizes)
+        """,
+    )
+    with pytest.raises(
+        BackendError,
+        match=r"backend plugin 'wrongsig' \(wrongsig_mod\.WrongsigBackend\) overrides "
+        r"graph_runner\(self, fn, capture_sizes, enforce_eager=None\), but the Backend contract is "
+        r"graph_runner\(self, fn, capture_sizes\)",
+    ):
+        load_backend("wrongsig")
+    with pytest.raises(BackendError, match=r"'wrongsig'.*graph_runner"):
+        list_backends()  # discovery rejects it too
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "shown"),
+    [
+        (
+            "policy",
+            "def capture_policy(self, num_hidden_layers):\n    return None\n",
+            r"capture_policy\(self, num_hidden_layers\)",
+        ),
+        (
+            "attn",
+            "def attention_function(self, layer):\n    return None\n",
+            r"attention_function\(self, layer\)",
+        ),
+        ("ops", "@staticmethod\ndef sampler_ops():\n    return None\n", r"sampler_ops\(\)"),
+        ("tuning", "sampler_tuning = None\n", r"sampler_tuning = None"),
+    ],
+)
+def test_every_contract_method_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str, shown: str
+) -> None:
+    _plugin_with(tmp_path, monkeypatch, name, body)
+    with pytest.raises(BackendError, match=rf"backend plugin '{name}' .* overrides {shown}, but the Backend"):
+        load_backend(name)
+
+
+def test_a_plugin_that_keeps_the_signatures_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: renamed annotations do not matter, the parameters (names, kinds, defaults) do."""
+    _plugin_with(
+        tmp_path,
+        monkeypatch,
+        "fine",
+        """
+        def graph_runner(self, fn: object, capture_sizes: object) -> object:
+            return super().graph_runner(fn, capture_sizes)
+
+        def capture_policy(self, num_hidden_layers=None):
+            return super().capture_policy(num_hidden_layers)
+        """,
+    )
+    assert load_backend("fine").name == "fine"

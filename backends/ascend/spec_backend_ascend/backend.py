@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +14,7 @@ from spec_backend.backends.base import (
     Availability,
     Backend,
     CapturePolicy,
+    GraphFn,
     GraphRunner,
     SamplerTuning,
     TokenLimits,
@@ -65,19 +66,14 @@ class AscendBackend(Backend):
         del num_hidden_layers
         return CapturePolicy(max_capture_size=MAX_CAPTURE_SIZE, graph_budget=self.streams.graphs_left)
 
-    def graph_runner(
-        self,
-        fn: Callable[..., torch.Tensor],
-        capture_sizes: Sequence[int],
-        num_hidden_layers: int | None = None,
-    ) -> GraphRunner:
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
         """An :class:`AclGraphRunner` within the streams left by this backend's earlier runners (the
-        target's and every drafter's); its sizes are reserved from the shared budget."""
+        target's and every drafter's); its sizes are reserved from the shared budget (the stream
+        ledger). Whole-forward graphs cost the same whatever the model's depth, so no layer count is
+        needed here; ``plan_capture_sizes`` applies the same budget when it plans the sizes."""
         from spec_backend_ascend.graph_runner import AclGraphRunner
 
-        runner = AclGraphRunner(
-            fn, capture_sizes, graph_budget=self.capture_policy(num_hidden_layers).graph_budget
-        )
+        runner = AclGraphRunner(fn, capture_sizes, graph_budget=self.capture_policy().graph_budget)
         self.streams.reserve(len(runner.capture_sizes))
         return runner
 

@@ -29,8 +29,8 @@ from typing import Any, cast
 
 import torch
 
-from spec_backend.backends.base import BackendError
-from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner
+from spec_backend.backends.base import BackendError, GraphFn, GraphOutput
+from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner, output_tensors
 from spec_backend.graphs import subsample_evenly
 from spec_backend_ascend.graph_params import CaptureRecord, capture_scope, update_attention
 from spec_backend_ascend.npu import npu_namespace
@@ -71,12 +71,13 @@ class AclGraphDriver:
     def new_pool(self) -> Any:
         return npu_namespace().graph_pool_handle()
 
-    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+    def warm_up(self, call: Callable[[], GraphOutput], iterations: int) -> None:
         for _ in range(iterations):  # lazy initialisation and allocator growth happen eagerly
             call()
         npu_namespace().synchronize()
 
-    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+    def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
+        """Capture ``call()`` (one tensor or a tuple of them), recording its attention tasks."""
         npu = npu_namespace()
         graph = npu.NPUGraph()
         record = CaptureRecord(size=0)
@@ -89,8 +90,9 @@ class AclGraphDriver:
                     STREAM_ERROR_ADVICE.format(error=" ".join(str(exc).split())[:300])
                 ) from exc
             raise
-        if isinstance(output, torch.Tensor) and output.dim() > 0:
-            record.size = int(output.shape[0])
+        first = output_tensors(output)[0]  # TypeError naming the output when it is neither form
+        if first.dim() > 0:
+            record.size = int(first.shape[0])
         return _AclGraph(graph, record), output
 
     def synchronize(self) -> None:
@@ -102,7 +104,7 @@ class AclGraphRunner(PaddedGraphRunner):
 
     def __init__(
         self,
-        fn: Callable[..., torch.Tensor],
+        fn: GraphFn,
         capture_sizes: Sequence[int],
         graph_budget: int | None = None,
     ) -> None:
@@ -122,6 +124,11 @@ class AclGraphRunner(PaddedGraphRunner):
         self.graph_budget = graph_budget
         self._hook: UpdateHook | None = None
         self._update_stream: Any = None
+        self._lengths: tuple[list[int], list[int]] | None = None
+
+    def set_step_lengths(self, query_lens: Sequence[int], kv_lens: Sequence[int]) -> None:
+        """Lengths of the next ``run``; re-issued into the captured attention before the replay."""
+        self._lengths = (list(query_lens), list(kv_lens))
 
     def set_update_hook(self, hook: UpdateHook | None) -> None:
         """Register ``hook(size, static_inputs)``, called before every replay (``None`` removes it)."""
@@ -153,6 +160,9 @@ class AclGraphRunner(PaddedGraphRunner):
         record.fresh = False
         if self._hook is not None:
             self._hook(size, views)
+        elif self._lengths is not None:
+            self.update_attention(size, *self._lengths)
+            self._lengths = None
         if record.attentions and not record.fresh:
             raise RuntimeError(
                 f"the graph of size {size} captured {len(record.attentions)} attention task(s) whose "

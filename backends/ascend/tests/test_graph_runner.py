@@ -45,6 +45,24 @@ def test_pads_to_next_size_slices_back_and_runs_eagerly_above(fake_npu: ModuleTy
     assert torch.equal(out2, torch.full((5, 3), 5.0)) and graphs[0].replays == 1
 
 
+def test_tuple_outputs_are_replayed_and_sliced_on_the_npu(fake_npu: ModuleType) -> None:
+    """A callable returning (hidden [N, 3], ids [N]): both outputs come from the replayed graph."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 3, x.sum(-1).to(torch.int64)
+
+    runner = AscendBackend().graph_runner(fn, [4, 8])
+    runner.capture({"x": torch.zeros(8, 3)})
+    assert isinstance(runner, AclGraphRunner) and runner._record(4).size == 4
+    x = torch.arange(15.0).view(5, 3)
+    out = runner.run({"x": x})  # 5 tokens -> the graph of size 8
+    assert isinstance(out, tuple) and runner.replays == 1 and runner.eager_calls == 0
+    assert torch.equal(out[0], x * 3) and torch.equal(out[1], x.sum(-1).to(torch.int64))
+    big = torch.ones(9, 3)
+    eager = runner.run({"x": big})
+    assert isinstance(eager, tuple) and runner.eager_calls == 1 and torch.equal(eager[0], big * 3)
+
+
 def test_replay_is_a_replay_not_a_rerun(fake_npu: ModuleType) -> None:
     """Host values read while capturing are frozen into the graph, as on the device."""
     scale = {"value": 2.0}
@@ -66,7 +84,7 @@ def test_graph_budget_is_shared_by_every_runner_of_a_backend(fake_npu: ModuleTyp
     backend = AscendBackend()
     backend.streams = StreamLedger(total=20)
     requested = [16 * n for n in range(1, 33)]  # 32 sizes
-    target = backend.graph_runner(lambda x: x + 1, requested, num_hidden_layers=99)
+    target = backend.graph_runner(lambda x: x + 1, requested)
     assert len(target.capture_sizes) == 20 and target.capture_sizes[0] == 16
     assert target.capture_sizes[-1] == 512 and backend.capture_policy().graph_budget == 0
     target.capture({"x": torch.zeros(512)})

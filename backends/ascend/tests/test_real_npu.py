@@ -55,7 +55,7 @@ def test_graph_replay_with_updated_lengths_on_device(npu: torch.device) -> None:
         )
         return out.reshape(batch * q_len, heads, dim)
 
-    runner = AscendBackend().graph_runner(fn, [q_len * n for n in (1, 2, 4)], num_hidden_layers=1)
+    runner = AscendBackend().graph_runner(fn, [q_len * n for n in (1, 2, 4)])
     runner.capture({"query": torch.zeros(4 * q_len, heads, dim, dtype=torch.float16, device=npu)})
     meta = RaggedAttentionMetadata(torch.tensor([4, 1, 3]), torch.tensor([100, 7, 256]))
     runner.set_update_hook(lambda size, inputs: runner.update_attention(size, meta.query_lens, meta.kv_lens))  # type: ignore[attr-defined]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +13,7 @@ from spec_backend.backends.base import (
     Availability,
     Backend,
     CapturePolicy,
+    GraphFn,
     GraphRunner,
     SamplerTuning,
     TokenLimits,
@@ -39,17 +40,34 @@ class CudaBackend(Backend):
 
     ``attention``: ``"auto"`` (flash-attn where it can run the tensors, else SDPA), ``"flash"`` or
     ``"sdpa"`` (force one path). ``enforce_eager``: :meth:`graph_runner` returns an eager runner
-    (no CUDA graphs), like vLLM's ``enforce_eager``.
+    (no CUDA graphs), like vLLM's ``enforce_eager``. ``graph_warmup_iters``, ``graph_copy_output`` and
+    ``graph_progress`` configure every ``CudaGraphRunner`` this backend makes (see
+    :class:`~spec_backend.backends.graph_common.PaddedGraphRunner`); they are instance attributes, so
+    ``graph_runner`` keeps the contract's ``(fn, capture_sizes)`` signature.
     """
 
     name = "cuda"
     device_type = "cuda"
 
-    def __init__(self, attention: str = "auto", enforce_eager: bool = False) -> None:
+    def __init__(
+        self,
+        attention: str = "auto",
+        enforce_eager: bool = False,
+        graph_warmup_iters: int = 2,
+        graph_copy_output: bool = True,
+        graph_progress: bool = True,
+    ) -> None:
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
+        if isinstance(graph_warmup_iters, bool) or not isinstance(graph_warmup_iters, int):
+            raise ValueError(f"graph_warmup_iters must be an integer >= 0, got {graph_warmup_iters!r}")
+        if graph_warmup_iters < 0:
+            raise ValueError(f"graph_warmup_iters must be an integer >= 0, got {graph_warmup_iters!r}")
         self.attention = attention
         self.enforce_eager = enforce_eager
+        self.graph_warmup_iters = graph_warmup_iters
+        self.graph_copy_output = graph_copy_output
+        self.graph_progress = graph_progress
 
     def probe(self) -> Availability:
         try:
@@ -72,26 +90,22 @@ class CudaBackend(Backend):
         free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
         return CapturePolicy(max_capture_size=memory_capped_capture_size(free), graph_budget=None)
 
-    def graph_runner(
-        self,
-        fn: Callable[..., torch.Tensor],
-        capture_sizes: Sequence[int],
-        enforce_eager: bool | None = None,
-        **runner_options: Any,
-    ) -> GraphRunner:
-        """A :class:`~spec_backend_cuda.graph_runner.CudaGraphRunner`, or an eager runner.
-
-        ``enforce_eager`` (default: the backend's) returns the reference ``EagerGraphRunner``.
-        ``runner_options`` go to ``CudaGraphRunner`` (``warmup_iters``, ``copy_output``, ``progress``).
-        """
-        eager = self.enforce_eager if enforce_eager is None else enforce_eager
-        if eager:
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        """A :class:`~spec_backend_cuda.graph_runner.CudaGraphRunner` with this backend's graph options,
+        or the reference ``EagerGraphRunner`` when ``self.enforce_eager``."""
+        if self.enforce_eager:
             from spec_backend.backends.reference import EagerGraphRunner
 
             return EagerGraphRunner(fn, capture_sizes)
         from spec_backend_cuda.graph_runner import CudaGraphRunner
 
-        return CudaGraphRunner(fn, capture_sizes, **runner_options)
+        return CudaGraphRunner(
+            fn,
+            capture_sizes,
+            warmup_iters=self.graph_warmup_iters,
+            copy_output=self.graph_copy_output,
+            progress=self.graph_progress,
+        )
 
     def attention_function(self) -> AttentionFn:
         from spec_backend_cuda.attention import ATTENTION_PATHS

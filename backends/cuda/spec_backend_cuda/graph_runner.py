@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.base import BackendError
+from spec_backend.backends.base import BackendError, GraphFn, GraphOutput
 from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner
 
 
@@ -54,7 +54,7 @@ class CudaGraphDriver:
     def new_pool(self) -> Any:
         return torch.cuda.graph_pool_handle()
 
-    def warm_up(self, call: Callable[[], torch.Tensor], iterations: int) -> None:
+    def warm_up(self, call: Callable[[], GraphOutput], iterations: int) -> None:
         """Run ``call`` eagerly on a side stream (PyTorch's documented pre-capture warm-up)."""
         if self._stream is None:
             self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -65,7 +65,8 @@ class CudaGraphDriver:
                 call()
         current.wait_stream(self._stream)
 
-    def capture(self, call: Callable[[], torch.Tensor], pool: Any) -> tuple[CapturedGraph, torch.Tensor]:
+    def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
+        """Capture ``call()``; its output (one tensor or a tuple) is the graph's static output."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             output = call()
@@ -101,7 +102,7 @@ class CudaGraphRunner(PaddedGraphRunner):
 
     def __init__(
         self,
-        fn: Callable[..., torch.Tensor],
+        fn: GraphFn,
         capture_sizes: Sequence[int],
         warmup_iters: int = 2,
         copy_output: bool = True,

@@ -3,6 +3,8 @@ emulated ``flash_attn_with_kvcache`` (flash-attn's documented semantics in torch
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from cuda_testlib import emulated_flash_with_kvcache, ragged_batch, real_rows, reference
@@ -94,9 +96,20 @@ def test_backend_attention_choices() -> None:
         CudaBackend(attention="xformers")
 
 
+def _step(runner: Any, seqs: list[list[int]], last_only: bool) -> torch.Tensor:
+    """One forward of ``runner`` feeding ``seqs[b]`` to slot ``b``."""
+    from spec_backend.step import build_step_batch
+
+    lens = [len(s) for s in seqs]
+    tokens = torch.tensor([s + [0] * (max(lens) - len(s)) for s in seqs])  # [B, Q]
+    batch = build_step_batch(0, tokens, lens, runner.cache.lengths[: len(seqs)])
+    return runner.forward(batch, last_only).logits
+
+
 def test_registered_in_transformers_it_matches_the_reference_model(tmp_path: object) -> None:
     """A tiny Llama run through AttentionInterface['cuda'] (SDPA path on CPU) == the reference."""
     from spec_backend.backends.reference import ReferenceBackend
+    from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout
     from spec_backend.engine.loader import load_model, register_attention, resolve_model
     from spec_backend.engine.runner import ModelRunner
     from spec_backend.engine.tiny import make_tiny_model
@@ -107,10 +120,12 @@ def test_registered_in_transformers_it_matches_the_reference_model(tmp_path: obj
         model = load_model(
             resolve_model(path), register_attention(backend), torch.float32, torch.device("cpu")
         )
-        runner = ModelRunner(model, 64, 2, torch.device("cpu"))
+        cache = RaggedKVCache(kv_layout(model.config, torch.float32, torch.device("cpu")), 64, 2)
+        runner = ModelRunner(model, cache)
         for _ in range(2):
             runner.cache.add_slot()
-        prefill = runner.forward(0, [[1, 2, 3, 4, 5], [6, 7]], last_only=True)  # [2, V]
-        verify = runner.forward(0, [[8, 9, 10], [11]], last_only=False)  # [4, V]: ragged K+1
+
+        prefill = _step(runner, [[1, 2, 3, 4, 5], [6, 7]], last_only=True)  # [2, V]
+        verify = _step(runner, [[8, 9, 10], [11]], last_only=False)  # [4, V]: ragged K+1
         logits.append(torch.cat([prefill, verify]))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-6, rtol=1e-6)

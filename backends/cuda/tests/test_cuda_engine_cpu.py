@@ -62,8 +62,9 @@ def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> 
     outputs = {}
     for name, backend in (
         ("reference", "reference"),
-        ("cuda-sdpa", CpuEmulatedCuda()),
-        ("cuda-flash-glue", CpuEmulatedCudaFlash()),
+        # no GPU to capture on: the engine's captured-step path runs through the eager graph runner
+        ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
+        ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
     ):
         llm = engine.LLM(model, speculative_config=NGRAM, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]

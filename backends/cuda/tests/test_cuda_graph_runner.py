@@ -107,8 +107,14 @@ def test_capture_errors_are_clear() -> None:
         _runner(lambda x: x, [4])[0].capture({"x": torch.zeros(2)})
     with pytest.raises(ValueError, match="leading dimension must be the token count"):
         _runner(lambda x: x.sum(0, keepdim=True), [4])[0].capture({"x": torch.zeros(4)})
-    with pytest.raises(TypeError, match="must return one tensor"):
-        _runner(lambda x: (x, x), [4])[0].capture({"x": torch.zeros(4)})
+    with pytest.raises(TypeError, match=r"must return one tensor or a non-empty tuple of tensors, got list"):
+        _runner(lambda x: [x, x], [4])[0].capture({"x": torch.zeros(4)})
+    with pytest.raises(TypeError, match=r"non-empty tuple of tensors, got tuple\(Tensor, int\)"):
+        _runner(lambda x: (x, 1), [4])[0].capture({"x": torch.zeros(4)})
+    with pytest.raises(
+        ValueError, match=r"output 1's leading dimension must be the token count 4, got shape \[1\]"
+    ):
+        _runner(lambda x: (x, x.sum(0, keepdim=True)), [4])[0].capture({"x": torch.zeros(4)})
     runner, _ = _runner(lambda x: x, [4])
     runner.capture({"x": torch.zeros(4)})
     with pytest.raises(RuntimeError, match="already captured"):
@@ -142,10 +148,21 @@ def test_cuda_graph_capture_without_a_gpu_names_cuda() -> None:
 
 
 def test_enforce_eager_gives_the_eager_runner() -> None:
-    assert isinstance(CudaBackend().graph_runner(lambda x: x, [2], enforce_eager=True), EagerGraphRunner)
     eager = CudaBackend(enforce_eager=True).graph_runner(lambda x: x * 2, [2])
     assert isinstance(eager, EagerGraphRunner)
     eager.capture({"x": torch.zeros(2)})
     assert torch.equal(eager.run({"x": torch.ones(5)}), torch.full((5,), 2.0))
-    runner = CudaBackend(enforce_eager=True).graph_runner(lambda x: x, [2], enforce_eager=False)
+    runner = CudaBackend().graph_runner(lambda x: x, [2])
     assert isinstance(runner, CudaGraphRunner) and runner.warmup_iters == 2
+
+
+def test_graph_options_are_backend_attributes() -> None:
+    """The runner's options come from the backend instance: graph_runner takes only (fn, capture_sizes)."""
+    backend = CudaBackend(graph_warmup_iters=5, graph_copy_output=False, graph_progress=False)
+    runner = backend.graph_runner(lambda x: x, [2])
+    assert isinstance(runner, CudaGraphRunner)
+    assert (runner.warmup_iters, runner.copy_output, runner.progress) == (5, False, False)
+    with pytest.raises(TypeError):
+        backend.graph_runner(lambda x: x, [2], enforce_eager=True)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"graph_warmup_iters must be an integer >= 0, got -1"):
+        CudaBackend(graph_warmup_iters=-1)

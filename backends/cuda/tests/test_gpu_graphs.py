@@ -28,7 +28,7 @@ def test_replay_equals_eager_for_every_size_and_padded_size(k: int) -> None:
     def fn(hidden: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # [N, 64], [N] -> [N, 64]
         return mlp(hidden) * scale[:, None]
 
-    runner = CudaBackend().graph_runner(fn, sizes, progress=False)
+    runner = CudaBackend(graph_progress=False).graph_runner(fn, sizes)
     assert isinstance(runner, CudaGraphRunner)
     largest = sizes[-1]
     runner.capture(
@@ -108,3 +108,22 @@ def test_capture_policy_uses_free_memory() -> None:
     policy = CudaBackend().capture_policy()
     assert 16 <= policy.max_capture_size <= 512 and policy.graph_budget is None
     assert policy.max_capture_size == min(512, max(16, (free >> 30) * 64))
+
+
+def test_tuple_outputs_replay_and_slice_every_output() -> None:
+    mlp = _mlp()
+
+    def fn(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, 64] -> [N, 64], [N] int64
+        out = mlp(hidden)
+        return out, out.argmax(-1)
+
+    runner = CudaBackend(graph_progress=False).graph_runner(fn, [4, 8])
+    runner.capture({"hidden": torch.zeros(8, 64, device="cuda")})
+    with torch.no_grad():
+        for n in (3, 8, 9):
+            hidden = torch.randn(n, 64, device="cuda")
+            got, want = runner.run({"hidden": hidden}), fn(hidden)
+            assert isinstance(got, tuple) and [t.shape[0] for t in got] == [n, n]
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+            assert got[1].dtype == torch.int64
+    assert runner.replays == 2 and runner.eager_calls == 1  # type: ignore[attr-defined]

@@ -1,0 +1,226 @@
+"""The registry of verification rules: the one place that says which rules exist and what they are.
+
+Every reader derives its vocabulary from ``REGISTRY``: ``RejectionSampler.mode_name`` / ``lossless`` and
+its kernel dispatch, ``RejectionSamplerConfig.lossless``, the conformance suite's ``MODES`` and the float64
+spec's ``RULES`` / ``LOSSLESS_RULES`` (``spec_backend.testing``). Each ``VerifyRule`` has
+
+* ``name`` — the sampler's ``mode_name`` (``standard``, ``block-lossless``, ``block-cumulative``,
+  ``entropy``, ``block-lossless+entropy``, ``block-cumulative+entropy``, ``synthetic``, ``fly``);
+* ``spec_rule`` — the rule's name in ``spec_backend.testing.spec`` (None: no float64 spec, FLy);
+* ``lossless`` — whether the emitted stream keeps the target's distribution;
+* the selector: the sampler ``method`` and the ``RejectionSamplerConfig`` flags (``block``: the
+  ``block_verify_mode`` with block verification on, None with it off; ``entropy``) that pick the rule,
+  tested by ``selects(config, method)``;
+* ``kernel`` — which ``SamplerOps`` method verifies the drafts (a function of the ops, never a getattr by
+  name); None for ``synthetic``, whose accept counts come from configured rates
+  (``SamplerOps.synthetic_verify``), not from comparing drafts with the target.
+
+Greedy requests (temperature 0) are not a rule: they are verified by argmax inside every rule except
+``synthetic``. This module imports no torch kernels and nothing from ``spec_backend.config`` at run
+time, so the config layer can read it without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    import torch
+
+    from spec_backend.config.sampler_methods import SamplerMethod
+    from spec_backend.sampling.ops import SamplerOps
+
+    #: (draft_ids [T], draft_probs [T, V] | None, target_probs [N, V], target_rows [T], uniforms [T] f64,
+    #: thresholds [T] f64 | None, cu_num_draft_tokens [B], max_spec_len) -> (accepted [B] int64,
+    #: residual weight [B] float64, or None for a weight of 1)
+    DraftVerify = Callable[
+        [
+            torch.Tensor,
+            torch.Tensor | None,
+            torch.Tensor,
+            torch.Tensor,
+            torch.Tensor,
+            torch.Tensor | None,
+            torch.Tensor,
+            int,
+        ],
+        tuple[torch.Tensor, torch.Tensor | None],
+    ]
+    KernelSelector = Callable[[SamplerOps], DraftVerify]
+
+ModeName = Literal[
+    "standard",
+    "block-lossless",
+    "block-cumulative",
+    "entropy",
+    "block-lossless+entropy",
+    "block-cumulative+entropy",
+    "synthetic",
+    "fly",
+]
+SpecRule = Literal[
+    "standard", "block", "cumulative", "entropy", "block+entropy", "cumulative+entropy", "synthetic"
+]
+BlockMode = Literal["lossless", "cumulative"]
+
+#: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
+#: least this many drafts; shorter batches take its token-level rule (vllm_ascend/sample/rejection_sampler.py)
+CUMULATIVE_MIN_SPEC_LEN = 3
+
+
+class ConfigFlags(TypedDict):
+    """``RejectionSamplerConfig`` keyword arguments that select a rule (``VerifyRule.config_flags``)."""
+
+    enable_block_verify: bool
+    block_verify_mode: BlockMode
+    enable_entropy_verify: bool
+
+
+class VerifyFlags(Protocol):
+    """The ``RejectionSamplerConfig`` fields that select a rule."""
+
+    @property
+    def enable_block_verify(self) -> bool: ...
+
+    @property
+    def block_verify_mode(self) -> str: ...
+
+    @property
+    def enable_entropy_verify(self) -> bool: ...
+
+
+def token_level(ops: SamplerOps) -> DraftVerify:
+    """``SamplerOps.standard_verify``: the token-level test (with thresholds, vllm-ascend's rule)."""
+    return lambda *args: (ops.standard_verify(*args), None)
+
+
+def cumulative_block(ops: SamplerOps) -> DraftVerify:
+    """``SamplerOps.cumulative_verify``: vllm-ascend's cumulative block rule."""
+    return lambda *args: (ops.cumulative_verify(*args), None)
+
+
+def lossless_block(ops: SamplerOps) -> DraftVerify:
+    """``SamplerOps.block_verify``: Sun et al. 2024, Alg. 2 (returns the residual weight too)."""
+    return lambda *args: ops.block_verify(*args)
+
+
+@dataclass(frozen=True)
+class VerifyRule:
+    """One verification rule (see the module docstring for the fields)."""
+
+    name: ModeName
+    spec_rule: SpecRule | None
+    lossless: bool
+    method: SamplerMethod
+    block: BlockMode | None
+    entropy: bool
+    kernel: KernelSelector | None
+
+    def selects(self, config: VerifyFlags, method: str) -> bool:
+        """Whether ``method`` with ``config`` runs this rule (``block_verify_mode`` counts only with
+        block verification on)."""
+        block = config.block_verify_mode if config.enable_block_verify else None
+        return (method, block, config.enable_entropy_verify) == (self.method, self.block, self.entropy)
+
+    def config_flags(self) -> ConfigFlags:
+        """``RejectionSamplerConfig`` keyword arguments that select this rule (with its method)."""
+        return ConfigFlags(
+            enable_block_verify=self.block is not None,
+            block_verify_mode=self.block or "lossless",
+            enable_entropy_verify=self.entropy,
+        )
+
+    def token_fallback(self, max_spec_len: int) -> bool:
+        """Whether a batch whose longest draft block is ``max_spec_len`` takes vllm-ascend's token-level
+        rule instead: the cumulative rules do below ``CUMULATIVE_MIN_SPEC_LEN``, as vllm-ascend does."""
+        return self.block == "cumulative" and max_spec_len < CUMULATIVE_MIN_SPEC_LEN
+
+    def kernel_for(self, max_spec_len: int) -> KernelSelector | None:
+        """The kernel for a batch whose longest draft block is ``max_spec_len`` (see ``token_fallback``)."""
+        return token_level if self.token_fallback(max_spec_len) else self.kernel
+
+
+def _rule(
+    name: ModeName,
+    spec_rule: SpecRule | None,
+    lossless: bool,
+    kernel: KernelSelector | None,
+    method: SamplerMethod = "standard",
+    block: BlockMode | None = None,
+    entropy: bool = False,
+) -> VerifyRule:
+    return VerifyRule(name, spec_rule, lossless, method, block, entropy, kernel)
+
+
+#: Every rule, in the order the conformance suite and the docs list them.
+REGISTRY: tuple[VerifyRule, ...] = (
+    _rule("standard", "standard", True, token_level),
+    _rule("block-lossless", "block", True, lossless_block, block="lossless"),
+    _rule("block-cumulative", "cumulative", False, cumulative_block, block="cumulative"),
+    _rule("entropy", "entropy", False, token_level, entropy=True),
+    _rule("block-lossless+entropy", "block+entropy", False, lossless_block, block="lossless", entropy=True),
+    _rule(
+        "block-cumulative+entropy",
+        "cumulative+entropy",
+        False,
+        cumulative_block,
+        block="cumulative",
+        entropy=True,
+    ),
+    _rule("synthetic", "synthetic", False, None, method="synthetic"),
+    _rule("fly", None, False, token_level, method="fly"),
+)
+RULES_BY_NAME: dict[str, VerifyRule] = {rule.name: rule for rule in REGISTRY}
+RULES_BY_SPEC: dict[str, VerifyRule] = {rule.spec_rule: rule for rule in REGISTRY if rule.spec_rule}
+
+
+def select_rule(config: VerifyFlags, method: str = "standard") -> VerifyRule:
+    """The rule ``method`` runs with ``config``; ``ValueError`` naming the combination when none does."""
+    for rule in REGISTRY:
+        if rule.selects(config, method):
+            return rule
+    methods = sorted({rule.method for rule in REGISTRY})
+    if method not in methods:
+        raise ValueError(f"unknown rejection sampler method {method!r}; allowed: {', '.join(methods)}")
+    raise ValueError(
+        f"method={method!r} cannot be combined with enable_block_verify / enable_entropy_verify "
+        f"(got enable_block_verify={config.enable_block_verify}, "
+        f"enable_entropy_verify={config.enable_entropy_verify}): it has its own acceptance rule; "
+        "only method='standard' takes them"
+    )
+
+
+def rule_named(name: str) -> VerifyRule:
+    """The rule whose ``mode_name`` is ``name``; ``ValueError`` listing the names otherwise."""
+    if name not in RULES_BY_NAME:
+        raise ValueError(f"unknown verification rule {name!r}; known: {list(RULES_BY_NAME)}")
+    return RULES_BY_NAME[name]
+
+
+def rule_of_spec(spec_rule: str) -> VerifyRule:
+    """The rule whose float64 spec is ``spec_rule``; ``ValueError`` listing the spec rules otherwise."""
+    if spec_rule not in RULES_BY_SPEC:
+        raise ValueError(f"unknown rule {spec_rule!r}; expected one of {tuple(RULES_BY_SPEC)}")
+    return RULES_BY_SPEC[spec_rule]
+
+
+__all__ = [
+    "CUMULATIVE_MIN_SPEC_LEN",
+    "REGISTRY",
+    "RULES_BY_NAME",
+    "RULES_BY_SPEC",
+    "BlockMode",
+    "ConfigFlags",
+    "ModeName",
+    "SpecRule",
+    "VerifyFlags",
+    "VerifyRule",
+    "cumulative_block",
+    "lossless_block",
+    "rule_named",
+    "rule_of_spec",
+    "select_rule",
+    "token_level",
+]
