@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check spec_backend backends tests benchmarks conftest.py
-	$(VENV)/bin/ruff format --check spec_backend backends tests benchmarks conftest.py
+	$(VENV)/bin/ruff check spec_backend backends tests benchmarks examples conftest.py
+	$(VENV)/bin/ruff format --check spec_backend backends tests benchmarks examples conftest.py
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)

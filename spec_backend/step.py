@@ -43,6 +43,8 @@ class StepBatch:
     max_seq_len: int  # host: longest seq len (the width of the cache views attention reads)
     draft_token_ids: torch.Tensor  # [T] int32, the drafts in request order (T = sum of num_draft_tokens)
     attention: RaggedAttentionMetadata  # view: (query_lens, seq_lens)
+    #: captured layout: cache views span the whole capacity, nothing derives shapes from host lengths
+    static_shapes: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -141,7 +143,7 @@ def build_step_batch(
     return StepBatch(
         start=start,
         slot_ids=torch.arange(start, start + batch, device=device),
-        input_ids=tokens[rows, cols],
+        input_ids=tokens[rows, cols].clamp_min(0),  # placeholder drafts (-1) are fed as token 0
         positions=cached[rows] + cols,
         query_start_loc=loc,
         query_lens=q_lens,
@@ -151,7 +153,9 @@ def build_step_batch(
         query_lens_host=tuple(int(q) for q in query_lens),
         num_draft_tokens=drafts,
         max_seq_len=max(c + q for c, q in zip(cache_lens, query_lens, strict=True)),
-        draft_token_ids=tokens[draft_mask].to(torch.int32) if any(drafts) else tokens.new_zeros(0, dtype=torch.int32),
+        draft_token_ids=tokens[draft_mask].to(torch.int32)
+        if any(drafts)
+        else tokens.new_zeros(0, dtype=torch.int32),
         attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=seq_lens),
     )
 

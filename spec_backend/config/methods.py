@@ -67,7 +67,6 @@ AUX_HIDDEN_STATES_SUPPORTED: Final[tuple[str, ...]] = (
 )
 
 
-
 def _accepted_names() -> tuple[str, ...]:
     names: list[str] = []
     for name in METHODS:

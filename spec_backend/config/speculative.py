@@ -144,7 +144,8 @@ class SpeculativeConfig(BaseModel):
             hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
             raise ValueError(f"unknown speculative_config key(s) {unknown}{hint}; allowed keys: {allowed}")
         draft = data.get("draft_model_config")
-        if data.get("method") == "extract_hidden_states" and isinstance(draft, Mapping) and "model" not in draft:
+        extracting = data.get("method") == "extract_hidden_states"
+        if extracting and isinstance(draft, Mapping) and "model" not in draft:
             data = {**data, "draft_model_config": {**draft, "model": "extract_hidden_states"}}
         if data.get("tensor_parallel_size") is not None:
             raise ValueError(

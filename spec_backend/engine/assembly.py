@@ -35,7 +35,8 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
         )
     if kv_transfer_config is not None and spec.family != "record":
         raise ValueError(
-            f"kv_transfer_config is used only with method='extract_hidden_states', got method={config.method!r}"
+            "kv_transfer_config is used only with method='extract_hidden_states', "
+            f"got method={config.method!r}"
         )
 
 

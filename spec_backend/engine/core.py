@@ -24,6 +24,7 @@ import random
 from collections import deque
 from typing import Any
 
+from spec_backend.engine.captured import CapturedDecode
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.request import Request
 from spec_backend.engine.runner import ModelRunner
@@ -67,6 +68,7 @@ class EngineCore:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.pending = PendingDrafts()
+        self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
         self.num_steps = 0
         self.stepper = Stepper(self)
 

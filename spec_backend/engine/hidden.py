@@ -68,7 +68,9 @@ class HiddenCapture:
             decoder = decoder_of(model)
             norm = next((getattr(decoder, n) for n in _NORM_NAMES if hasattr(decoder, n)), None)
             if not isinstance(norm, torch.nn.Module):
-                raise ValueError(f"cannot find the final norm of {type(model).__name__} (looked for {_NORM_NAMES})")
+                raise ValueError(
+                    f"cannot find the final norm of {type(model).__name__} (looked for {_NORM_NAMES})"
+                )
             norm.register_forward_hook(self._post_hook("final"))
 
     def _pre_hook(self, key: str) -> Any:

@@ -98,6 +98,11 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the tensors are allocated at start-up."""
 
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The preallocated keys and values ``[S, H, C, D]``."""
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +116,7 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
                 f"the model produced keys of shape {list(key_states.shape)} but the cache was allocated for "
                 f"{self.keys.shape[1]} kv heads of dim {self.keys.shape[3]} (from the model config)"
             )
-        if batch.batch_size == 1:  # one request: a plain slice copy
+        if batch.batch_size == 1 and not batch.static_shapes:  # one request: a plain slice copy
             n = batch.num_tokens
             first = batch.max_seq_len - n
             self.keys[batch.start, :, first : first + n] = key_states[0, :, :n]
@@ -176,9 +181,9 @@ class RaggedKVCache(Cache):
     def move_slot(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s cached positions into slot ``dst`` (used to keep live slots packed)."""
         n = self.lengths[src]
-        for layer in self._layers():
-            layer.keys[dst, :, :n] = layer.keys[src, :, :n]
-            layer.values[dst, :, :n] = layer.values[src, :, :n]
+        for keys, values in self._kv():
+            keys[dst, :, :n] = keys[src, :, :n]
+            values[dst, :, :n] = values[src, :, :n]
         self.lengths[dst] = n
         self._zeroed[dst] = max(self._zeroed[dst], n)
 
@@ -192,15 +197,25 @@ class RaggedKVCache(Cache):
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
         self.lengths[slot] = length
 
-    def _layers(self) -> list[RaggedKVLayer]:
-        return [layer for layer in self.layers if isinstance(layer, RaggedKVLayer)]
+    @torch.inference_mode()
+    def zero_all(self) -> None:
+        """Zero every position of every slot (for captured graphs, which read whole slots)."""
+        for keys, values in self._kv():
+            keys.zero_()
+            values.zero_()
+        self._zeroed = [self.capacity] * self.slot_capacity
+
+    def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [layer.kv() for layer in self.layers if isinstance(layer, RaggedKVLayer)]
 
     # -- one forward ---------------------------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:
         """Commit ``batch``'s seq lens for its slots; ``update`` writes the keys where it says."""
         end = batch.start + batch.batch_size
         if batch.start < 0 or end > len(self.lengths):
-            raise ValueError(f"step covers slots {batch.start}..{end - 1}, {len(self.lengths)} slot(s) are live")
+            raise ValueError(
+                f"step covers slots {batch.start}..{end - 1}, {len(self.lengths)} slot(s) are live"
+            )
         if batch.max_seq_len > self.capacity:
             raise ValueError(
                 f"KV cache overflow: a request needs {batch.max_seq_len} positions, "
@@ -208,12 +223,13 @@ class RaggedKVCache(Cache):
             )
         for slot in range(batch.start, end):  # masked positions attention reads must be finite
             if self._zeroed[slot] < batch.max_seq_len:
-                for layer in self._layers():
-                    layer.keys[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
-                    layer.values[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
+                for keys, values in self._kv():
+                    keys[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
+                    values[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
                 self._zeroed[slot] = batch.max_seq_len
         self.lengths[batch.start : end] = [
-            length + q for length, q in zip(self.lengths[batch.start : end], batch.query_lens_host, strict=True)
+            length + q
+            for length, q in zip(self.lengths[batch.start : end], batch.query_lens_host, strict=True)
         ]
         self.plan = batch
 

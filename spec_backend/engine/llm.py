@@ -16,6 +16,7 @@ from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader
+from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, parse_prompts
 from spec_backend.engine.loader import (
@@ -28,8 +29,8 @@ from spec_backend.engine.loader import (
 from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.request import Request
 from spec_backend.engine.verify import Verifier
-from spec_backend.proposers.registry import DrafterContext
 from spec_backend.metrics import SpecDecodingMetrics
+from spec_backend.proposers.registry import DrafterContext
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -79,9 +80,13 @@ def _check_args(
     if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
     if kv_cache_memory_bytes is not None and (
-        isinstance(kv_cache_memory_bytes, bool) or not isinstance(kv_cache_memory_bytes, int) or kv_cache_memory_bytes < 1
+        isinstance(kv_cache_memory_bytes, bool)
+        or not isinstance(kv_cache_memory_bytes, int)
+        or kv_cache_memory_bytes < 1
     ):
-        raise ValueError(f"kv_cache_memory_bytes must be None or an int >= 1 (bytes), got {kv_cache_memory_bytes!r}")
+        raise ValueError(
+            f"kv_cache_memory_bytes must be None or an int >= 1 (bytes), got {kv_cache_memory_bytes!r}"
+        )
     if kv_transfer_config is not None and not isinstance(kv_transfer_config, dict):
         raise ValueError(f"kv_transfer_config must be a dict, got {type(kv_transfer_config).__name__}")
 
@@ -101,6 +106,11 @@ class LLM:
     vLLM (whose ``ModelConfig.seed`` defaults to 0); ``None`` draws fresh seeds each run.
     ``metrics_registry``: a ``prometheus_client`` registry for the acceptance counters.
     ``log_stats_interval``: seconds between acceptance log lines (``None``: off).
+    ``enforce_eager``: never capture graphs (backends that capture replay the verify forward otherwise).
+    ``kv_cache_memory_bytes``: KV cache budget for the target's and the drafter's caches together
+    (default: ``max_num_seqs`` full-length requests); fewer slots are preallocated when it holds fewer.
+    ``kv_transfer_config``: vLLM's connector config, for ``extract_hidden_states``
+    (``ExampleHiddenStatesConnector``) only.
     """
 
     def __init__(
@@ -127,7 +137,9 @@ class LLM:
                 f"tensor_parallel_size must be 1 (the embedded engine runs on one device), "
                 f"got {tensor_parallel_size!r}"
             )
-        _check_args(enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config)
+        _check_args(
+            enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config
+        )
         self.enforce_eager = enforce_eager
         self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
         status = self.backend.probe()  # before any weights load: a missing device is not a model error
@@ -137,24 +149,10 @@ class LLM:
                 f"(installed backends and their status: spec-backend backends)"
             )
         self.speculative_config = parse_speculative_config(speculative_config)
-        rs_config = RejectionSamplerConfig.from_additional_config(additional_config)
-        method, rates, fly = "standard", None, None
-        if self.speculative_config is not None:
-            self.speculative_config.bind(self.backend)
-            check_embedded_method(self.speculative_config, kv_transfer_config)
-            from spec_backend.config import effective_rejection_sampler_config
-
-            rs_config = effective_rejection_sampler_config(self.speculative_config, rs_config)
-            method = self.speculative_config.sampler_method
-            rates = self.speculative_config.synthetic_acceptance_rates
-            fly = self.speculative_config.fly
-        elif kv_transfer_config is not None:
-            raise ValueError("kv_transfer_config needs speculative_config={'method': 'extract_hidden_states', ...}")
-        torch_dtype = resolve_dtype(dtype)
+        verifier = self._verifier(additional_config, kv_transfer_config)
         self.source = resolve_model(model)
-        device = self.backend.device()
         attn_name = register_attention(self.backend)
-        self.model = load_model(self.source, attn_name, torch_dtype, device)
+        self.model = load_model(self.source, attn_name, resolve_dtype(dtype), self.backend.device())
         self.backend.prepare_model(self.model)
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
@@ -164,33 +162,64 @@ class LLM:
         self._next_id = 0
         self._lock = threading.Lock()  # generate() calls run one at a time
         self._owner: int | None = None  # thread inside generate(), to refuse re-entrant calls
+        self.engine = self._engine(
+            attn_name, verifier, max_num_seqs, kv_cache_memory_bytes, kv_transfer_config, enforce_eager
+        )
+
+    def _verifier(
+        self, additional_config: dict[str, Any] | str | None, kv_transfer_config: dict[str, Any] | None
+    ) -> Verifier:
+        """Bind the speculative config to the backend and build the verifier it asks for."""
+        rs_config = RejectionSamplerConfig.from_additional_config(additional_config)
+        spec = self.speculative_config
+        if spec is None:
+            if kv_transfer_config is not None:
+                raise ValueError(
+                    "kv_transfer_config needs speculative_config={'method': 'extract_hidden_states', ...}"
+                )
+            return Verifier(self.backend, rs_config)
+        spec.bind(self.backend)
+        check_embedded_method(spec, kv_transfer_config)
+        from spec_backend.config import effective_rejection_sampler_config
+
+        rs_config = effective_rejection_sampler_config(spec, rs_config)
+        return Verifier(
+            self.backend, rs_config, spec.sampler_method, spec.synthetic_acceptance_rates, spec.fly
+        )
+
+    def _engine(
+        self,
+        attn_name: str,
+        verifier: Verifier,
+        max_num_seqs: int,
+        kv_cache_memory_bytes: int | None,
+        kv_transfer_config: dict[str, Any] | None,
+        enforce_eager: bool,
+    ) -> EngineCore:
+        """The drafter, the preallocated caches and slot table, the engine, and its captured graphs."""
+        spec, device = self.speculative_config, self.backend.device()
         ctx, k, disable = None, 0, None
-        if self.speculative_config is not None:
-            load = draft_loader(attn_name, self.model.dtype, device, self.backend.prepare_model)
+        if spec is not None:
             ctx = DrafterContext(
-                self.speculative_config,
+                spec,
                 device,
                 self.model,
                 max_num_seqs,
                 self.max_model_len,
-                load,
+                draft_loader(attn_name, self.model.dtype, device, self.backend.prepare_model),
                 kv_transfer_config,
                 dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
             )
-            k = int(self.speculative_config.num_speculative_tokens or 0)
-            disable = self.speculative_config.disable_by_batch_size
-        runner, slots, drafter = assemble(self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes)
-        self.engine = EngineCore(
-            runner,
-            slots,
-            Verifier(self.backend, rs_config, method, rates, fly),
-            drafter,
-            k,
-            max_num_seqs,
-            disable,
-            self.metrics,
-            self.tokenizer,
+            k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
+        runner, slots, drafter = assemble(
+            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes
         )
+        engine = EngineCore(
+            runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer
+        )
+        eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
+        engine.captured = maybe_capture(runner, self.backend, k, engine.max_num_seqs, eager)
+        return engine
 
     def _max_model_len(self, requested: int | None) -> int:
         config = self.model.config

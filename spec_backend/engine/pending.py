@@ -52,10 +52,14 @@ class PendingDrafts:
     def take(self, requests: Sequence[Request], device: torch.device) -> DecodeInputs:
         """The decode inputs of ``requests`` (drafts are consumed; failed requests feed no drafts)."""
         entries = [self._drafts.pop(r.request_id, None) for r in requests]
-        counts = [e.count if e is not None and not r.finished else 0 for e, r in zip(entries, requests, strict=True)]
+        counts = [
+            e.count if e is not None and not r.finished else 0 for e, r in zip(entries, requests, strict=True)
+        ]
         k_max = max(counts, default=0)
         last = torch.tensor([r.output_token_ids[-1] for r in requests], dtype=torch.int64).to(device)  # [B]
-        tokens = torch.full((len(requests), 1 + k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+        tokens = torch.full(
+            (len(requests), 1 + k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
+        )
         tokens[:, 0] = last
         probs: torch.Tensor | None = None
         if k_max:
@@ -70,7 +74,9 @@ class PendingDrafts:
             if with_probs:
                 first = entries[with_probs[0]]
                 assert first is not None and first.probs is not None
-                probs = torch.zeros((len(requests), k_max, first.probs.shape[-1]), dtype=torch.float32, device=device)
+                probs = torch.zeros(
+                    (len(requests), k_max, first.probs.shape[-1]), dtype=torch.float32, device=device
+                )
                 for b in with_probs:
                     entry = entries[b]
                     assert entry is not None and entry.probs is not None

@@ -27,9 +27,7 @@ class ModelRunner:
     plus the hidden states ``hidden`` declares for every query row.
     """
 
-    def __init__(
-        self, model: Any, cache: RaggedKVCache, hidden: HiddenStateRequest | None = None
-    ) -> None:
+    def __init__(self, model: Any, cache: RaggedKVCache, hidden: HiddenStateRequest | None = None) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])

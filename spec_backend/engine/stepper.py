@@ -15,6 +15,7 @@ import torch
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, TargetOutput
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, build_step_batch
 
 if TYPE_CHECKING:
@@ -30,6 +31,17 @@ class _Result:
     batch: StepBatch
     target: TargetOutput
     emitted: list[list[int]]  # per request: accepted drafts, then the recovered or bonus token
+
+
+def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
+    """Pad the query tokens to ``[B, K+1]`` with placeholders (and the probabilities to ``[B, K, V]``)."""
+    tokens, probs = inputs.tokens, inputs.probs
+    extra = k + 1 - tokens.shape[1]
+    if extra > 0:
+        tokens = torch.nn.functional.pad(tokens, (0, extra), value=PLACEHOLDER_TOKEN_ID)
+        if probs is not None:
+            probs = torch.nn.functional.pad(probs, (0, 0, 0, extra))
+    return DecodeInputs(tokens, inputs.counts, probs)
 
 
 class Stepper:
@@ -74,15 +86,21 @@ class Stepper:
 
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
-        query_lens = [len(r.prompt_token_ids) for r in requests] if last_only else [1 + c for c in inputs.counts]
+        captured = engine.captured if not last_only and start == 0 and any(inputs.counts) else None
+        if captured is not None:  # every request K+1 tokens: placeholders where drafts are missing
+            inputs = _widen(inputs, engine.k)
+            query_lens, drafts = [engine.k + 1] * len(requests), [engine.k] * len(requests)
+        elif last_only:
+            query_lens, drafts = [len(r.prompt_token_ids) for r in requests], [0] * len(requests)
+        else:
+            query_lens, drafts = [1 + c for c in inputs.counts], list(inputs.counts)
         cached = engine.runner.cache.lengths[start : start + len(requests)]
-        batch = build_step_batch(start, inputs.tokens, query_lens, cached, None if last_only else inputs.counts)
-        target = engine.runner.forward(batch, last_only)
+        batch = build_step_batch(start, inputs.tokens, query_lens, cached, drafts)
+        target = captured.forward(batch) if captured is not None else engine.runner.forward(batch, last_only)
         flat_probs = None
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
-            counts = batch.query_lens - 1  # [B]
-            flat_probs = inputs.probs[k_idx[None, :] < counts[:, None]]
+            flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
         emitted = engine.verifier(batch, requests, target.logits, flat_probs, last_only)
         return _Result(batch, target, emitted)
 

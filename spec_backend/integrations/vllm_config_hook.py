@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spec_backend.proposers.registry import METHODS
 from spec_backend.config import (
     ADDITIONAL_CONFIG_KEY,
     RejectionSamplerConfig,
     SpeculativeConfig,
     effective_rejection_sampler_config,
 )
+from spec_backend.proposers.registry import METHODS
 
 logger = logging.getLogger("spec_backend.integrations.vllm")
 

@@ -2,8 +2,9 @@
 factory of host proposers.
 
 ``create_proposer(config, device=None)`` builds the host proposer of a model-free method; it reads only
-the attributes it needs (vLLM's field names) with ``getattr``, so any object carrying them works: ``method``, ``num_speculative_tokens``,
-``prompt_lookup_min/max`` (ngram, ngram_gpu) and ``suffix_decoding_*`` (suffix).
+the attributes it needs (vLLM's field names) with ``getattr``, so any object carrying them works:
+``method``, ``num_speculative_tokens``, ``prompt_lookup_min/max`` (ngram, ngram_gpu) and
+``suffix_decoding_*`` (suffix).
 """
 
 from __future__ import annotations

@@ -141,10 +141,10 @@ class Drafter(ABC):
         """Caches that live in the engine's slot table next to the target's (default: none)."""
         return ()
 
-    def add_request(self, request: DraftRequest) -> None:
+    def add_request(self, request: DraftRequest) -> None:  # noqa: B027 - optional hook
         """A request joined (its slot is the last one of every cache in ``caches()``)."""
 
-    def remove_request(self, request_id: str) -> None:
+    def remove_request(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """A request left (finished or aborted); forget it. Unknown ids are ignored."""
 
     def finish_request(self, request: DraftRequest) -> dict[str, Any] | None:

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spec_backend.proposers.contract import (
+    Drafter,
     DraftInputs,
     DraftOutput,
-    Drafter,
     DraftRequest,
     SlotCache,
     pack_drafts,
@@ -66,7 +66,9 @@ class DraftModelDrafter(Drafter):
         from spec_backend.engine.kv_cache import RaggedKVCache
         from spec_backend.engine.runner import ModelRunner
 
-        cache = RaggedKVCache(self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens)
+        cache = RaggedKVCache(
+            self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
+        )
         self.runner = ModelRunner(self.model, cache)
 
     def caches(self) -> Sequence[SlotCache]:
@@ -90,7 +92,9 @@ class DraftModelDrafter(Drafter):
         k_max = max(inputs.budgets, default=0)
         feeds = self._roll_back(inputs, start)
         if k_max == 0:
-            empty = torch.full((batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=device)
+            empty = torch.full(
+                (batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=device
+            )
             return DraftOutput(empty, (0,) * batch)
         tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
         positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
@@ -105,7 +109,7 @@ class DraftModelDrafter(Drafter):
             if q is not None:
                 probs.append(q)
             tokens, query_lens = ids[:, None], [1] * batch  # [B, 1] the next forward feeds this draft
-        for b, request in enumerate(requests):
+        for request in requests:
             self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=k_max - 1)
         counts = tuple(min(budget, k_max) for budget in inputs.budgets)
         return DraftOutput(
@@ -153,7 +157,8 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
 
 
 def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
-    target_v = int(ctx.target.get_output_embeddings().weight.shape[0])
+    target: Any = ctx.target
+    target_v = int(target.get_output_embeddings().weight.shape[0])
     draft_v = int(draft.get_output_embeddings().weight.shape[0])
     if target_v != draft_v:
         raise ValueError(

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spec_backend.proposers.contract import (
+    Drafter,
     DraftInputs,
     DraftOutput,
-    Drafter,
     DraftRequest,
     HiddenStateRequest,
 )
@@ -97,12 +97,18 @@ class HiddenStatesExtractor(Drafter):
 def _layer_ids(ctx: DrafterContext) -> tuple[int, ...]:
     draft = ctx.config.draft_model_config
     raw = draft.hf_config.get("eagle_aux_hidden_state_layer_ids") if draft is not None else None
-    if not isinstance(raw, list) or not raw or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw)
+    ):
         raise ValueError(
-            "extract_hidden_states needs draft_model_config={'hf_config': {'eagle_aux_hidden_state_layer_ids': "
-            f"[...]}} with a non-empty list of layer ids, got {raw!r}"
+            "extract_hidden_states needs draft_model_config={'hf_config': "
+            "{'eagle_aux_hidden_state_layer_ids': [...]}} with a non-empty list of layer ids, "
+            f"got {raw!r}"
         )
-    config = ctx.target.config
+    target: Any = ctx.target
+    config = target.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = int(text.num_hidden_layers)
     bad = [i for i in raw if not 0 <= i <= layers]
@@ -128,7 +134,9 @@ def _storage_path(kv: dict[str, Any] | None) -> str:
     extra = kv.get("kv_connector_extra_config")
     path = extra.get("shared_storage_path") if isinstance(extra, dict) else None
     if not isinstance(path, str) or not path:
-        raise ValueError(f"kv_connector_extra_config.shared_storage_path must be a directory path, got {path!r}")
+        raise ValueError(
+            f"kv_connector_extra_config.shared_storage_path must be a directory path, got {path!r}"
+        )
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

@@ -59,9 +59,16 @@ def exact_law(model_dir: str) -> SeqDist:
 
 
 def run(target: str, draft: str, method: str) -> tuple[Counter[tuple[int, ...]], list[int]]:
-    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "rejection_sample_method": method}
+    spec = {
+        "method": "draft_model",
+        "model": draft,
+        "num_speculative_tokens": 3,
+        "rejection_sample_method": method,
+    }
     llm = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=256, log_stats_interval=None)
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=LENGTH + 1, ignore_eos=True) for s in range(N)]
+    params = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=LENGTH + 1, ignore_eos=True) for s in range(N)
+    ]
     outs = llm.generate([PROMPT] * N, params)
     counts = Counter(tuple(o.outputs[0].token_ids[:LENGTH]) for o in outs)
     return counts, [o.num_steps for o in outs]
@@ -110,6 +117,9 @@ def test_point_mass_drafts_give_block_no_gain(models: tuple[str, str]) -> None:
             max_num_seqs=256,
             log_stats_interval=None,
         )
-        params = [SamplingParams(temperature=1.0, seed=s, max_tokens=LENGTH + 1, ignore_eos=True) for s in range(500)]
+        params = [
+            SamplingParams(temperature=1.0, seed=s, max_tokens=LENGTH + 1, ignore_eos=True)
+            for s in range(500)
+        ]
         steps[bool(mode)] = sum(o.num_steps for o in llm.generate([PROMPT] * 500, params))
     assert abs(steps[True] - steps[False]) <= 0.05 * steps[False]

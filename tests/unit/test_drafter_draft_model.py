@@ -67,7 +67,9 @@ def test_greedy_identity_with_a_different_draft(
 
 
 def test_target_as_its_own_draft_accepts_every_draft(target_dir: str, expected: list[list[int]]) -> None:
-    llm = LLM(target_dir, dtype="float64", speculative_config={"model": target_dir, "num_speculative_tokens": 3})
+    llm = LLM(
+        target_dir, dtype="float64", speculative_config={"model": target_dir, "num_speculative_tokens": 3}
+    )
     assert llm.speculative_config is not None and llm.speculative_config.method == "draft_model"  # inferred
     assert _ids(llm) == expected
     stats = llm.metrics.total
@@ -100,7 +102,10 @@ def test_seeded_sampling_is_reproducible_with_probabilistic_drafts(target_dir: s
 def test_vocabulary_mismatch_names_both(target_dir: str, tmp_path: object) -> None:
     other = make_tiny_model(str(tmp_path), "llama", vocab_size=96)
     with pytest.raises(ValueError, match=r"target has 128 tokens, draft model .* has 96"):
-        LLM(target_dir, speculative_config={"method": "draft_model", "model": other, "num_speculative_tokens": 2})
+        LLM(
+            target_dir,
+            speculative_config={"method": "draft_model", "model": other, "num_speculative_tokens": 2},
+        )
 
 
 def test_tokenizer_mismatch_is_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -119,15 +124,25 @@ def test_tokenizer_mismatch_is_refused(tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_draft_tensor_parallel_must_be_one(target_dir: str, draft_dir: str) -> None:
-    spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}
+    spec = {
+        "method": "draft_model",
+        "model": draft_dir,
+        "num_speculative_tokens": 2,
+        "draft_tensor_parallel_size": 2,
+    }
     with pytest.raises(ValueError, match="draft_tensor_parallel_size"):
         LLM(target_dir, speculative_config=spec)
 
 
 def test_kv_budget_counts_the_draft_cache(target_dir: str, draft_dir: str) -> None:
     spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match=r"kv_cache_memory_bytes=1000 cannot hold one request of max_model_len=64"):
+    with pytest.raises(
+        ValueError, match=r"kv_cache_memory_bytes=1000 cannot hold one request of max_model_len=64"
+    ):
         LLM(target_dir, speculative_config=spec, max_model_len=64, kv_cache_memory_bytes=1000)
-    # target: 2 layers x 2 heads x dim 8 x (k, v) x 4 bytes x 64 positions; the draft adds its own + K headroom
-    llm = LLM(target_dir, speculative_config=spec, max_model_len=64, max_num_seqs=8, kv_cache_memory_bytes=40_000)
+    # target: 2 layers x 2 heads x dim 8 x (k, v) x 4 bytes = 256 bytes per position, 64 positions;
+    # the draft model the same per position, over 64 + K positions (its headroom)
+    llm = LLM(
+        target_dir, speculative_config=spec, max_model_len=64, max_num_seqs=8, kv_cache_memory_bytes=40_000
+    )
     assert llm.engine.max_num_seqs == 40_000 // (256 * 64 + 256 * 66)

@@ -57,11 +57,7 @@ def _tokens(llm: LLM, n: int) -> list[tuple[list[int], str | None]]:
 
 def _idle(llm: LLM) -> bool:
     engine = llm.engine
-    return (
-        engine.runner.cache.num_slots == 0
-        and not engine.has_unfinished()
-        and engine.slots.consistent()
-    )
+    return engine.runner.cache.num_slots == 0 and not engine.has_unfinished() and engine.slots.consistent()
 
 
 def test_concurrent_generate_equals_sequential(llm: LLM) -> None:

@@ -97,7 +97,9 @@ def _transformers_states(model_dir: str, tokens: list[int]) -> tuple[tuple[torch
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     kept: dict[str, torch.Tensor] = {}
-    model.model.layers[-1].register_forward_hook(lambda m, a, out: kept.setdefault("pre", out if isinstance(out, torch.Tensor) else out[0]))
+    model.model.layers[-1].register_forward_hook(
+        lambda m, a, out: kept.setdefault("pre", out if isinstance(out, torch.Tensor) else out[0])
+    )
     with torch.no_grad():
         out = model(torch.tensor([tokens]), output_hidden_states=True)
     return out.hidden_states, kept["pre"][0]
@@ -154,5 +156,7 @@ def test_kv_transfer_config_needs_the_method(model_dir: str, tmp_path: Any) -> N
     with pytest.raises(ValueError, match="kv_transfer_config needs speculative_config"):
         LLM(model_dir, kv_transfer_config=_kv(str(tmp_path)))
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    with pytest.raises(ValueError, match="kv_transfer_config is used only with method='extract_hidden_states'"):
+    with pytest.raises(
+        ValueError, match="kv_transfer_config is used only with method='extract_hidden_states'"
+    ):
         LLM(model_dir, speculative_config=ngram, kv_transfer_config=_kv(str(tmp_path)))

@@ -137,9 +137,13 @@ def test_positions_and_metadata_for_padded_batch() -> None:
 
 
 def test_memory_budget_sizes_slots_and_refuses_too_little() -> None:
-    per_slot = LAYOUT.bytes_per_position * 100  # 2 layers x (k, v) x 1 head x dim 2 x 4 bytes = 32 per position
+    per_slot = (
+        LAYOUT.bytes_per_position * 100
+    )  # 2 layers x (k, v) x 1 head x dim 2 x 4 bytes = 32 per position
     assert LAYOUT.bytes_per_position == 32
     assert plan_num_slots(per_slot, 100, 8, None) == 8
     assert plan_num_slots(per_slot, 100, 8, 3 * per_slot + 5) == 3
-    with pytest.raises(ValueError, match=r"kv_cache_memory_bytes=3199 cannot hold one request of max_model_len=100"):
+    with pytest.raises(
+        ValueError, match=r"kv_cache_memory_bytes=3199 cannot hold one request of max_model_len=100"
+    ):
         plan_num_slots(per_slot, 100, 8, per_slot - 1)

@@ -1,0 +1,128 @@
+"""The target's verify forward through the backend's graph runner (CUDA graphs, ACLGraph, or eager).
+
+In a captured decode step every request carries exactly K+1 query tokens (its last token and K drafts;
+missing drafts are ``PLACEHOLDER_TOKEN_ID`` rows, fed as token 0, never accepted by the sampler and
+rolled back with the cache), so a batch of ``b`` requests is ``b·(K+1)`` tokens: the sizes
+``plan_capture_sizes`` gives. The graph runner pads a batch up to the next captured size (padding
+requests use free slots past the live ones) and runs eagerly above the largest. Inside the captured
+callable everything is a device op on static shapes: the cache's views span its whole capacity and the
+attention mask comes from the device ``seq_lens``. Host bookkeeping (cache lengths, zeroing) happens
+before the replay. ``enforce_eager=True`` or a backend whose ``CapturePolicy.enabled`` is False (the
+reference backend) skips all of this: the engine then runs the same step eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.backends.base import Backend, GraphRunner
+from spec_backend.engine.runner import ModelRunner, num_decoder_layers
+from spec_backend.graphs import plan_capture_sizes
+from spec_backend.proposers.contract import TargetOutput
+from spec_backend.step import StepBatch
+
+logger = logging.getLogger("spec_backend.engine")
+
+
+class CapturedDecode:
+    """Verify forwards of ``runner`` at K+1 tokens per request, replayed from captured graphs."""
+
+    def __init__(self, runner: ModelRunner, backend: Backend, k: int, max_num_seqs: int) -> None:
+        if k < 1:
+            raise ValueError(f"captured decode needs num_speculative_tokens >= 1, got {k}")
+        self.runner = runner
+        self.q = k + 1
+        layers = num_decoder_layers(runner.model.config)
+        self.capture_sizes = plan_capture_sizes(k, max_num_seqs, backend=backend, num_hidden_layers=layers)
+        self.graph: GraphRunner = backend.graph_runner(self._forward, self.capture_sizes)
+        device = runner.cache.layout.device
+        largest = self.capture_sizes[-1]
+        example = {
+            "input_ids": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
+            "seq_lens": torch.full((largest,), self.q, dtype=torch.int64, device=device),  # [N]
+        }
+        self.graph.capture(example)
+        logger.info("captured the verify forward for %s tokens", self.capture_sizes)
+
+    def _forward(self, input_ids: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The captured callable: ``input_ids [N]``; each request's ``seq_lens`` repeated per token [N]."""
+        q, n = self.q, input_ids.shape[0]
+        b = n // q
+        device = input_ids.device
+        lens = torch.clamp(seq_lens.view(b, q)[:, 0], min=q)  # [B] padding requests: positions 0..K
+        rows = torch.arange(b, device=device).repeat_interleave(q)  # [N]
+        cols = torch.arange(q, device=device).repeat(b)  # [N]
+        q_lens = torch.full((b,), q, dtype=torch.int64, device=device)  # [B]
+        cache = self.runner.cache
+        batch = StepBatch(
+            start=0,
+            slot_ids=torch.arange(b, device=device),
+            input_ids=input_ids,
+            positions=lens[rows] - q + cols,
+            query_start_loc=torch.arange(b + 1, device=device) * q,
+            query_lens=q_lens,
+            seq_lens=lens,
+            rows=rows,
+            cols=cols,
+            query_lens_host=(q,) * b,
+            num_draft_tokens=(q - 1,) * b,
+            max_seq_len=cache.capacity,
+            draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
+            attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens),
+            static_shapes=True,
+        )
+        cache.plan = batch
+        try:
+            out = self.runner.model(
+                input_ids=input_ids.view(b, q),
+                position_ids=batch.positions.view(b, q),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0,
+                spec_attn_metadata=batch.attention,
+            )
+            logits = out.logits.reshape(n, -1).float()  # [N, V]
+            final, aux = (
+                self.runner.capture.collect(batch) if self.runner.capture is not None else (None, None)
+            )
+        finally:
+            cache.plan = None
+        return tuple(t for t in (logits, final, aux) if t is not None)
+
+    @torch.no_grad()  # the graph runner captured (and fills its static buffers) under no_grad
+    def forward(self, batch: StepBatch) -> TargetOutput:
+        """One verify forward over ``batch`` (every request K+1 query tokens, slots from 0)."""
+        if batch.start != 0 or any(length != self.q for length in batch.query_lens_host):
+            raise ValueError(f"a captured decode step needs K+1={self.q} tokens per request from slot 0")
+        cache = self.runner.cache
+        saved = list(cache.lengths)
+        try:
+            cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
+            cache.end_step()
+            self.graph.set_step_lengths(batch.query_lens_host, cache.lengths[: batch.batch_size])
+            seq_lens = batch.seq_lens[batch.rows]  # [N]
+            out = self.graph.run({"input_ids": batch.input_ids, "seq_lens": seq_lens})
+        except BaseException:
+            cache.lengths[: len(saved)] = saved
+            raise
+        outputs = out if isinstance(out, tuple) else (out,)
+        hidden = self.runner.capture.request if self.runner.capture is not None else None
+        final = outputs[1] if hidden is not None and hidden.final else None
+        aux = outputs[-1] if hidden is not None and hidden.aux_layer_ids else None
+        return TargetOutput(logits=outputs[0], final=final, aux=aux)
+
+
+def maybe_capture(
+    runner: ModelRunner, backend: Backend, k: int, max_num_seqs: int, enforce_eager: bool
+) -> CapturedDecode | None:
+    """A ``CapturedDecode`` unless ``enforce_eager``, K is 0, or the backend does not capture graphs."""
+    if enforce_eager or k < 1 or not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
+        return None
+    runner.cache.zero_all()  # captured attention reads every position of the slots it covers
+    return CapturedDecode(runner, backend, k, max_num_seqs)
+
+
+__all__ = ["CapturedDecode", "maybe_capture"]

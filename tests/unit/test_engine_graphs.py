@@ -1,0 +1,120 @@
+"""Graphs in the engine: the verify forward captured at multiples of K+1 and replayed with padding.
+
+A CPU backend with the simulated graph driver (``SimulatedGraphDriver``: 'capture' keeps the callable,
+'replay' re-runs it on the static buffers) takes the captured path: static buffers, padding to the next
+captured size, eager above the largest. Its outputs must equal the eager engine's, token for token.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
+from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
+from spec_backend.backends.reference import ReferenceBackend
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [40, 41, 42],
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+]
+K = 3
+NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+class SimulatedGraphBackend(ReferenceBackend):
+    """The reference backend with graph capture on, over the simulated driver."""
+
+    name = "simulated-graphs"
+
+    def __init__(self) -> None:
+        self.runners: list[PaddedGraphRunner] = []
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        return CapturePolicy(max_capture_size=2 * (K + 1), graph_budget=None, enabled=True)
+
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
+        self.runners.append(runner)
+        return runner
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("graphs"), "llama")
+
+
+def _ids(llm: LLM, params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+
+
+def test_captured_verify_forward_equals_eager(llama_dir: str) -> None:
+    eager = _ids(LLM(llama_dir, dtype="float64", speculative_config=NGRAM), GREEDY)
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=4)
+    assert llm.engine.captured is not None
+    (runner,) = backend.runners
+    assert runner.captured_sizes == (K + 1, 2 * (K + 1))  # multiples of K+1, capped by the policy
+    assert _ids(llm, GREEDY) == eager
+    assert runner.replays > 0  # steps replayed a captured graph
+    assert runner.eager_calls > 0  # 3 requests = 12 tokens: above the largest size (8) runs eagerly
+    single = _ids_one(llm)
+    assert single == eager[1]
+    buffers = runner.static_inputs
+    assert buffers["input_ids"].shape == (2 * (K + 1),)  # static buffers at the largest size
+
+
+def _ids_one(llm: LLM) -> list[int]:
+    return llm.generate([PROMPTS[1]], GREEDY)[0].outputs[0].token_ids
+
+
+def test_padding_to_a_captured_size_gives_the_eager_output(llama_dir: str) -> None:
+    """One request (K+1 tokens) replays size K+1; two requests replay 2(K+1); outputs match eager."""
+    eager = LLM(llama_dir, dtype="float64", speculative_config=NGRAM)
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=2)
+    (runner,) = backend.runners
+    for prompts in ([PROMPTS[0]], PROMPTS[:2]):
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, GREEDY)]
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
+    assert runner.replays > 0 and runner.eager_calls == 0  # max_num_seqs=2: every batch fits a graph
+
+
+def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_path: object) -> None:
+    draft = make_tiny_model(str(tmp_path), "qwen2", seed=4)
+    spec = {
+        "method": "draft_model",
+        "model": draft,
+        "num_speculative_tokens": K,
+        "rejection_sample_method": "block",
+    }
+    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in range(len(PROMPTS))]
+    eager = _ids(LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2), params)
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
+    assert _ids(llm, params) == eager
+    assert backend.runners[0].replays > 0
+
+
+def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, speculative_config=NGRAM, backend=backend, enforce_eager=True)
+    assert llm.engine.captured is None and backend.runners == []
+    spec_eager = {**NGRAM, "enforce_eager": True}
+    llm = LLM(llama_dir, speculative_config=spec_eager, backend=SimulatedGraphBackend())
+    assert llm.engine.captured is None
+
+
+def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
+    llm = LLM(llama_dir, speculative_config=NGRAM)
+    assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
