@@ -30,6 +30,9 @@ from spec_backend.step import StepBatch
 
 logger = logging.getLogger("spec_backend.engine")
 
+#: positions zeroed ahead of the longest sequence (one zeroing pass per this many decode steps)
+_ZERO_GRANULE = 256
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -221,12 +224,13 @@ class RaggedKVCache(Cache):
                 f"KV cache overflow: a request needs {batch.max_seq_len} positions, "
                 f"max_model_len is {self.max_len}"
             )
+        upto = min(self.capacity, batch.max_seq_len + _ZERO_GRANULE)
         for slot in range(batch.start, end):  # masked positions attention reads must be finite
-            if self._zeroed[slot] < batch.max_seq_len:
+            if self._zeroed[slot] < batch.max_seq_len:  # zero ahead, a granule at a time
                 for keys, values in self._kv():
-                    keys[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
-                    values[slot, :, self._zeroed[slot] : batch.max_seq_len] = 0
-                self._zeroed[slot] = batch.max_seq_len
+                    keys[slot, :, self._zeroed[slot] : upto] = 0
+                    values[slot, :, self._zeroed[slot] : upto] = 0
+                self._zeroed[slot] = upto
         self.lengths[batch.start : end] = [
             length + q
             for length, q in zip(self.lengths[batch.start : end], batch.query_lens_host, strict=True)
