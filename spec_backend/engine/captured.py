@@ -28,15 +28,18 @@ logger = logging.getLogger("spec_backend.engine")
 
 
 class CapturedDecode:
-    """Verify forwards of ``runner`` at K+1 tokens per request, replayed from captured graphs."""
+    """Forwards of ``runner`` at ``q`` tokens per request, replayed from captured graphs: the target's
+    verify step (``q = K+1``) or a draft model's one-token decode step (``q = 1``)."""
 
-    def __init__(self, runner: ModelRunner, backend: Backend, k: int, max_num_seqs: int) -> None:
-        if k < 1:
-            raise ValueError(f"captured decode needs num_speculative_tokens >= 1, got {k}")
+    def __init__(self, runner: ModelRunner, backend: Backend, q: int, max_num_seqs: int) -> None:
+        if q < 1:
+            raise ValueError(f"a captured step needs >= 1 token per request, got {q}")
         self.runner = runner
-        self.q = k + 1
+        self.q = q
         layers = num_decoder_layers(runner.model.config)
-        self.capture_sizes = plan_capture_sizes(k, max_num_seqs, backend=backend, num_hidden_layers=layers)
+        self.capture_sizes = plan_capture_sizes(
+            q - 1, max_num_seqs, backend=backend, num_hidden_layers=layers
+        )
         self.graph: GraphRunner = backend.graph_runner(self._forward, self.capture_sizes)
         device = runner.cache.layout.device
         largest = self.capture_sizes[-1]
@@ -45,7 +48,7 @@ class CapturedDecode:
             "seq_lens": torch.full((largest,), self.q, dtype=torch.int64, device=device),  # [N]
         }
         self.graph.capture(example)
-        logger.info("captured the verify forward for %s tokens", self.capture_sizes)
+        logger.info("captured a %d-token-per-request step for %s tokens", q, self.capture_sizes)
 
     def _forward(self, input_ids: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The captured callable: ``input_ids [N]``; each request's ``seq_lens`` repeated per token [N]."""
@@ -96,7 +99,7 @@ class CapturedDecode:
     def forward(self, batch: StepBatch) -> TargetOutput:
         """One verify forward over ``batch`` (every request K+1 query tokens, slots from 0)."""
         if batch.start != 0 or any(length != self.q for length in batch.query_lens_host):
-            raise ValueError(f"a captured decode step needs K+1={self.q} tokens per request from slot 0")
+            raise ValueError(f"this captured step needs {self.q} token(s) per request from slot 0")
         cache = self.runner.cache
         saved = list(cache.lengths)
         try:
@@ -116,13 +119,16 @@ class CapturedDecode:
 
 
 def maybe_capture(
-    runner: ModelRunner, backend: Backend, k: int, max_num_seqs: int, enforce_eager: bool
+    runner: ModelRunner, backend: Backend | None, q: int, max_num_seqs: int, enforce_eager: bool
 ) -> CapturedDecode | None:
-    """A ``CapturedDecode`` unless ``enforce_eager``, K is 0, or the backend does not capture graphs."""
-    if enforce_eager or k < 1 or not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
+    """A ``CapturedDecode`` at ``q`` tokens per request, unless ``enforce_eager``, no backend is given,
+    or the backend does not capture graphs."""
+    if enforce_eager or backend is None:
+        return None
+    if not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
-    return CapturedDecode(runner, backend, k, max_num_seqs)
+    return CapturedDecode(runner, backend, q, max_num_seqs)
 
 
 __all__ = ["CapturedDecode", "maybe_capture"]

@@ -209,6 +209,8 @@ class LLM:
                 draft_loader(attn_name, self.model.dtype, device, self.backend.prepare_model),
                 kv_transfer_config,
                 dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
+                self.backend,
+                enforce_eager or bool(spec.enforce_eager),
             )
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
         runner, slots, drafter = assemble(
@@ -218,7 +220,8 @@ class LLM:
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer
         )
         eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
-        engine.captured = maybe_capture(runner, self.backend, k, engine.max_num_seqs, eager)
+        if k >= 1:  # the verify step: K+1 tokens per request
+            engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine
 
     def _max_model_len(self, requested: int | None) -> int:

@@ -33,6 +33,8 @@ from spec_backend.proposers.draft_sampling import select_drafts
 from spec_backend.step import build_step_batch
 
 if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend
+    from spec_backend.engine.captured import CapturedDecode
     from spec_backend.engine.runner import ModelRunner
     from spec_backend.proposers.registry import DrafterContext
 
@@ -48,7 +50,15 @@ class _Fed:
 class DraftModelDrafter(Drafter):
     """See the module docstring. ``probabilistic``: sample drafts and return their probabilities."""
 
-    def __init__(self, model: Any, k: int, max_model_len: int, probabilistic: bool) -> None:
+    def __init__(
+        self,
+        model: Any,
+        k: int,
+        max_model_len: int,
+        probabilistic: bool,
+        backend: Backend | None = None,
+        enforce_eager: bool = True,
+    ) -> None:
         from spec_backend.engine.kv_cache import kv_layout
 
         self.model = model
@@ -57,12 +67,15 @@ class DraftModelDrafter(Drafter):
         self.probabilistic = probabilistic
         self.layout = kv_layout(model.config, model.dtype, next(model.parameters()).device)
         self.runner: ModelRunner | None = None
+        self.backend, self.enforce_eager = backend, enforce_eager
+        self.decode_graph: CapturedDecode | None = None  # drafts 2..K: one token per request
         self._fed: dict[str, _Fed] = {}
 
     def cache_bytes_per_slot(self) -> int:
         return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
 
     def allocate_caches(self, num_slots: int) -> None:
+        from spec_backend.engine.captured import maybe_capture
         from spec_backend.engine.kv_cache import RaggedKVCache
         from spec_backend.engine.runner import ModelRunner
 
@@ -70,6 +83,8 @@ class DraftModelDrafter(Drafter):
             self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
         )
         self.runner = ModelRunner(self.model, cache)
+        if self.num_speculative_tokens > 1:
+            self.decode_graph = maybe_capture(self.runner, self.backend, 1, num_slots, self.enforce_eager)
 
     def caches(self) -> Sequence[SlotCache]:
         return (self._runner().cache,)
@@ -103,7 +118,9 @@ class DraftModelDrafter(Drafter):
         for step in range(k_max):
             cached = runner.cache.lengths[start : start + batch]
             step_batch = build_step_batch(start, tokens, query_lens, cached)
-            logits = runner.forward(step_batch, last_only=True).logits  # [B, V]
+            graph = self.decode_graph if step > 0 and start == 0 else None
+            # [B, V]: a one-token step's rows are its last rows
+            logits = graph.forward(step_batch).logits if graph else runner.forward(step_batch, True).logits
             ids, q = select_drafts(logits, requests, positions, step, self.probabilistic)
             drafts.append(ids)
             if q is not None:
@@ -153,7 +170,14 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     model = ctx.load_model(config.model, dtype)
     _check_vocab(ctx, model, config.model)
     assert config.num_speculative_tokens is not None
-    return DraftModelDrafter(model, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs)
+    return DraftModelDrafter(
+        model,
+        config.num_speculative_tokens,
+        ctx.max_model_len,
+        config.uses_draft_probs,
+        ctx.backend,
+        ctx.enforce_eager,
+    )
 
 
 def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
@@ -170,10 +194,16 @@ def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
     from spec_backend.engine.loader import load_tokenizer, resolve_model
 
     tokenizer = load_tokenizer(resolve_model(path))
-    if tokenizer is not None and dict(tokenizer.get_vocab()) != ctx.target_vocab:
+    if tokenizer is None:
+        return
+    target_vocab = ctx.target_vocab
+    clashes = sorted(t for t, i in tokenizer.get_vocab().items() if target_vocab.get(t, i) != i)
+    if clashes:  # tokens both know under different ids (an extra special token on one side is fine)
+        example = clashes[0]
         raise ValueError(
-            f"the draft model {path!r} has a different tokenizer from the target (their vocabularies map "
-            "tokens to different ids); use a draft model trained with the target's tokenizer"
+            f"the draft model {path!r} has a different tokenizer from the target: {len(clashes)} token(s) "
+            f"have different ids, e.g. {example!r} is {tokenizer.get_vocab()[example]} in the draft and "
+            f"{target_vocab[example]} in the target; use a draft model trained with the target's tokenizer"
         )
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import torch
 
 if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend
     from spec_backend.config import SpeculativeConfig
     from spec_backend.proposers.contract import Drafter
 
@@ -44,6 +45,8 @@ class DrafterContext:
     load_model: Callable[[str, torch.dtype | None], torch.nn.Module]
     kv_transfer_config: dict[str, Any] | None = None
     target_vocab: dict[str, int] | None = None  # the target tokenizer's token -> id map, when it has one
+    backend: Backend | None = None  # for drafters that capture graphs (None: they run eagerly)
+    enforce_eager: bool = True
 
 
 Builder = Callable[[DrafterContext], "Drafter"]

@@ -6,30 +6,16 @@ import json
 import os
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.draft_model import DraftModelDrafter
 
-# ragged prompts: lengths 12, 3, 19, 5
-PROMPTS = [
-    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
-    [40, 41, 42],
-    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-    [90, 3, 90, 3, 90],
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

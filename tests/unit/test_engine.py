@@ -10,28 +10,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
+
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_min_token_prob": 0.0}
-# repetitive prompts of different lengths, so the drafters find matches
-PROMPTS = [
-    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
-    [40, 41, 42],
-    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-    [90, 3, 90, 3, 90],
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> object:
-    """Tiny models run fastest (and least disturbed by other processes) on one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,9 @@ def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
     assert _ids(llm, params) == eager
-    assert backend.runners[0].replays > 0
+    draft_step, verify = backend.runners  # captured in this order: the drafter is built first
+    assert verify.captured_sizes == (K + 1, 2 * (K + 1)) and draft_step.captured_sizes == (1, 2)
+    assert verify.replays > 0 and draft_step.replays > 0
 
 
 def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:

@@ -1,0 +1,25 @@
+"""Shared pieces of the engine tests: ragged prompts the drafters find matches in, one intra-op thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+# repetitive prompts of different lengths (12, 3, 19, 5), so the drafters find matches
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [40, 41, 42],
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+    [90, 3, 90, 3, 90],
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest (and least disturbed by other processes) on one intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
