@@ -81,6 +81,18 @@ def test_greedy_identity_suffix(prompt_ids: list[list[int]], hf_reference: list[
     assert [o.outputs[0].token_ids for o in outs] == hf_reference
 
 
+def test_greedy_identity_draft_model_from_gguf(
+    prompt_ids: list[list[int]], hf_reference: list[list[int]]
+) -> None:
+    """The bundled GGUF as its own draft model (a GGUF draft path): every draft accepted, output exact."""
+    spec = {"method": "draft_model", "model": "smollm2", "num_speculative_tokens": 3}
+    llm = LLM("smollm2", speculative_config=spec, max_num_seqs=4, log_stats_interval=None)
+    outs = llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [o.outputs[0].token_ids for o in outs] == hf_reference
+    stats = llm.metrics.total
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+
+
 def test_text_prompt_stop_string_and_eos(llm: LLM) -> None:
     prompt = llm.chat_prompt(code_edit_prompts(1)[0])
     full = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))[0].outputs[0]

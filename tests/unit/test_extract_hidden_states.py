@@ -18,10 +18,10 @@ from spec_backend.engine.tiny import make_tiny_model
 LAYERS = 4  # tiny target depth
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("ehs") / "tiny"
-    return make_tiny_model(path, vocab_size=256, with_tokenizer=True, num_hidden_layers=LAYERS)
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("ehs") / request.param
+    return make_tiny_model(path, request.param, vocab_size=256, with_tokenizer=True, num_hidden_layers=LAYERS)
 
 
 def _spec(layer_ids: Any, k: int = 1) -> dict[str, Any]:
