@@ -83,6 +83,12 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
     return build_draft_model_drafter(ctx)
 
 
+def _eagle(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.eagle import build_eagle_drafter
+
+    return build_eagle_drafter(ctx)
+
+
 def _extract_hidden_states(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.extract_hidden_states import build_extractor
 
@@ -99,7 +105,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("draft_model", "draft_model", build=_draft_model),
         MethodSpec("medusa", "head"),
         MethodSpec("mlp_speculator", "head"),
-        MethodSpec("eagle", "eagle"),
+        MethodSpec("eagle", "eagle", build=_eagle),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True),
         MethodSpec("dflash", "eagle", aux_hidden_states=True),
         MethodSpec("mtp", "eagle"),

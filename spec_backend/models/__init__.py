@@ -1,0 +1,1 @@
+"""Draft-model architectures for inference (EAGLE heads, ...), loaded from their published formats."""

@@ -1,0 +1,138 @@
+"""EAGLE-1 draft head (``method="eagle"``), loaded from the published checkpoint format.
+
+Format (e.g. ``yuhuili/EAGLE-LLaMA3-Instruct-8B``): ``config.json`` is a ``LlamaConfig`` with the target's
+hidden size, heads and vocabulary, ``num_hidden_layers`` (1), and ``bias`` (whether ``fc`` has a bias);
+``model.safetensors`` holds ``fc.weight [H, 2H]``, optional ``fc.bias [H]``, the decoder layers
+``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+``layers.{i}.post_attention_layernorm.weight`` and ``layers.{i}.input_layernorm.weight`` for i >= 1 only
+(**layer 0 has no input norm**), and optionally ``embed_tokens.weight`` (else the target's). There is no
+final norm and no LM head: logits come from the target's LM head.
+
+One row (``forward``): ``x = fc(cat(embed(token_{t+1}), h_t))``, then the decoder layers at position
+``t`` on the head's own KV cache; the output is both the row's hidden state (fed back as ``h`` for the
+next draft) and the input of the target's LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+
+
+class EagleHead(torch.nn.Module):
+    """The EAGLE-1 head (see the module docstring). ``embed``: the embedding it reads tokens through."""
+
+    def __init__(self, config: Any, bias: bool, embed: torch.nn.Module) -> None:
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        super().__init__()
+        hidden = int(config.hidden_size)
+        self.config = config
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=bias)
+        self.layers = torch.nn.ModuleList(
+            [LlamaDecoderLayer(config, i) for i in range(int(config.num_hidden_layers))]
+        )
+        self.layers[0].input_layernorm = torch.nn.Identity()  # EAGLE-1: no input norm on layer 0
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.embed = embed
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, Q]
+        hidden: torch.Tensor,  # [B, Q, H]
+        position_ids: torch.Tensor,  # [B, Q]
+        cache: Any,
+        meta: RaggedAttentionMetadata,
+    ) -> torch.Tensor:  # [B, Q, H]
+        e = self.embed(input_ids).to(hidden.dtype)  # [B, Q, H]
+        x: torch.Tensor = self.fc(torch.cat([e, hidden], dim=-1))  # [B, Q, 2H] -> [B, Q, H]
+        position_embeddings = self.rotary_emb(x, position_ids)
+        for layer in self.layers:
+            x = layer(
+                x,
+                attention_mask=None,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+                spec_attn_metadata=meta,
+            )
+        return x
+
+
+def _expected_shapes(config: Any, bias: bool) -> dict[str, tuple[int, ...]]:
+    h, inter = int(config.hidden_size), int(config.intermediate_size)
+    heads, kv = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
+    d = int(getattr(config, "head_dim", None) or h // heads)
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
+    if bias:
+        shapes["fc.bias"] = (h,)
+    for i in range(int(config.num_hidden_layers)):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (heads * d, h),
+            p + "self_attn.k_proj.weight": (kv * d, h),
+            p + "self_attn.v_proj.weight": (kv * d, h),
+            p + "self_attn.o_proj.weight": (h, heads * d),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+        if i > 0:
+            shapes[p + "input_layernorm.weight"] = (h,)
+    return shapes
+
+
+def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) -> EagleHead:
+    """Load an EAGLE-1 checkpoint folder for ``target`` (checked: hidden size and vocabulary)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise ValueError(f"EAGLE checkpoint {path!r} has no config.json")
+    with open(config_path, encoding="utf-8") as f:
+        raw = json.load(f)
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "bias")})
+    config._attn_implementation = attn_name
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"EAGLE checkpoint {path!r} has no .safetensors weights (pickles are not loaded)")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors |= load_file(os.path.join(path, name))
+    target_h = int(target.get_input_embeddings().weight.shape[1])
+    if int(config.hidden_size) != target_h:
+        raise ValueError(
+            f"EAGLE head {path!r} has hidden_size {config.hidden_size}, the target has {target_h}"
+        )
+    bias = "fc.bias" in tensors  # load the bias iff it is there (config["bias"] is only a hint)
+    expected = _expected_shapes(config, bias)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected) - {"embed_tokens.weight"})
+    wrong = [
+        f"{k}: {list(tensors[k].shape)} (expected {list(s)})"
+        for k, s in expected.items()
+        if k in tensors and tuple(tensors[k].shape) != s
+    ]
+    if missing or extra or wrong:
+        raise ValueError(
+            f"EAGLE checkpoint {path!r} does not match its config.json: missing {missing}, "
+            f"unexpected {extra}, wrong shapes {wrong}"
+        )
+    embed = target.get_input_embeddings()
+    if "embed_tokens.weight" in tensors:
+        weight = tensors.pop("embed_tokens.weight")  # [V, H]
+        embed = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+    head = EagleHead(config, bias, embed)
+    head.load_state_dict(tensors, strict=False)
+    return head.to(device=next(target.parameters()).device, dtype=dtype).eval()
+
+
+__all__ = ["EagleHead", "load_eagle_head"]

@@ -1,0 +1,184 @@
+"""``eagle`` (EAGLE-1): a one-layer head on the target's final hidden states drafts K tokens per step.
+
+Alignment (as vLLM): the head's row ``t`` pairs the target's post-norm hidden state ``h_t`` with token
+``t+1`` at position ``t`` and predicts token ``t+2``. After each step the drafter:
+
+1. rolls its cache back to the rows fed with *target* hidden states (rows fed while drafting used the
+   head's own outputs and are recomputed);
+2. feeds this step's committed rows: a prefill's prompt rows, or a decode step's first row plus one row
+   per accepted draft, each with the next committed token; the last row's output gives draft 1;
+3. feeds each draft back with the previous output as its hidden state for drafts 2..K.
+
+The catch-up runs every step, also when speculation is off for the batch: target hidden states exist
+only now. Logits come from the target's LM head; drafts are argmax or sampled (``draft_sampling``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spec_backend.proposers.contract import (
+    Drafter,
+    DraftInputs,
+    DraftOutput,
+    DraftRequest,
+    HiddenStateRequest,
+    SlotCache,
+)
+from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.step import build_step_batch
+
+if TYPE_CHECKING:
+    from spec_backend.engine.kv_cache import RaggedKVCache
+    from spec_backend.models.eagle import EagleHead
+    from spec_backend.proposers.registry import DrafterContext
+
+
+class EagleDrafter(Drafter):
+    """See the module docstring."""
+
+    hidden_states = HiddenStateRequest(final=True)
+
+    def __init__(
+        self, head: EagleHead, lm_head: Any, k: int, max_model_len: int, probabilistic: bool
+    ) -> None:
+        from spec_backend.engine.kv_cache import kv_layout
+
+        self.head, self.lm_head = head, lm_head
+        self.num_speculative_tokens = k
+        self.max_model_len = max_model_len
+        self.probabilistic = probabilistic
+        param = next(head.parameters())
+        self.layout = kv_layout(head.config, param.dtype, param.device)
+        self.cache: RaggedKVCache | None = None
+        self._rows: dict[str, int] = {}  # per request: cache rows fed with target hidden states
+
+    def cache_bytes_per_slot(self) -> int:
+        return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
+
+    def allocate_caches(self, num_slots: int) -> None:
+        from spec_backend.engine.kv_cache import RaggedKVCache
+
+        self.cache = RaggedKVCache(
+            self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
+        )
+
+    def caches(self) -> Sequence[SlotCache]:
+        return (self._cache(),)
+
+    def _cache(self) -> RaggedKVCache:
+        if self.cache is None:
+            raise RuntimeError("the EAGLE head's cache was not allocated (allocate_caches)")
+        return self.cache
+
+    def add_request(self, request: DraftRequest) -> None:
+        self._rows[request.request_id] = 0
+
+    def remove_request(self, request_id: str) -> None:
+        self._rows.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        final = inputs.target.final  # [N, H]
+        if final is None:
+            raise RuntimeError("the target returned no final hidden states for the EAGLE drafter")
+        tokens, hidden, lens = self._committed(inputs, final)
+        start, batch = inputs.batch.start, len(inputs.requests)
+        out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
+        for b, request in enumerate(inputs.requests):
+            self._rows[request.request_id] = (
+                self._cache().lengths[start + b] if lens[b] else self._rows.get(request.request_id, 0)
+            )
+        k_max = max(inputs.budgets, default=0)
+        if k_max == 0:
+            empty = torch.full(
+                (batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=final.device
+            )
+            return DraftOutput(empty, (0,) * batch)
+        positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
+        drafts, probs = [], []
+        for step in range(k_max):
+            logits = self.lm_head(out).float()  # [B, V]
+            ids, q = select_drafts(logits, inputs.requests, positions, step, self.probabilistic)
+            drafts.append(ids)
+            if q is not None:
+                probs.append(q)
+            if step + 1 < k_max:
+                out = self._run(start, ids[:, None], out[:, None], [1] * batch)
+        return DraftOutput(
+            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
+            num_draft_tokens=tuple(min(b, k_max) for b in inputs.budgets),
+            draft_probs=torch.stack(probs, dim=1) if probs else None,
+        )
+
+    def _committed(
+        self, inputs: DraftInputs, final: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Roll back, then this step's committed rows: tokens ``[B, M]``, hidden ``[B, M, H]``, counts."""
+        cache, batch = self._cache(), inputs.batch
+        loc = batch.query_start_loc.tolist()
+        rows: list[tuple[torch.Tensor, list[int]]] = []
+        for b, request in enumerate(inputs.requests):
+            cache.truncate(
+                batch.start + b, min(cache.lengths[batch.start + b], self._rows.get(request.request_id, 0))
+            )
+            kept = inputs.accepted.new_token_ids[b]
+            if inputs.accepted.is_prefill:
+                nxt = batch.input_ids[loc[b] + 1 : loc[b + 1]].tolist() + kept[:1]
+            else:
+                nxt = kept[: inputs.accepted.num_accepted[b] + 1]
+            rows.append((final[loc[b] : loc[b] + len(nxt)], nxt))
+        width = max(1, max(len(t) for _, t in rows))
+        tokens = torch.zeros((len(rows), width), dtype=torch.int64, device=final.device)  # [B, M]
+        hidden = final.new_zeros((len(rows), width, final.shape[1]))  # [B, M, H]
+        for b, (h, nxt) in enumerate(rows):
+            if nxt:
+                tokens[b, : len(nxt)] = torch.tensor(nxt, dtype=torch.int64)
+                hidden[b, : len(nxt)] = h
+        return tokens, hidden, [len(t) for _, t in rows]
+
+    def _run(self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
+        """One head forward; a request with nothing to feed gets a dummy row (not counted as committed)."""
+        cache = self._cache()
+        query = [max(1, n) for n in lens]
+        batch = build_step_batch(start, tokens, query, cache.lengths[start : start + len(query)])
+        cache.begin_step(batch)
+        try:
+            out = self.head(
+                tokens[:, : batch.max_query_len],
+                hidden[:, : batch.max_query_len],
+                batch.padded_positions(),
+                cache,
+                batch.attention,
+            )
+        finally:
+            cache.end_step()
+        rows = torch.arange(len(query), device=out.device)
+        last: torch.Tensor = out[rows, batch.query_lens - 1]  # [B, H]
+        return last
+
+
+def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:
+    """Load ``speculative_config.model`` (EAGLE-1 format) for the target."""
+    from spec_backend.models.eagle import load_eagle_head
+
+    config = ctx.config
+    if config.model is None:
+        raise ValueError("method='eagle' needs speculative_config['model'] (an EAGLE-1 checkpoint folder)")
+    target: Any = ctx.target
+    attn = str(target.config._attn_implementation)
+    head = load_eagle_head(config.model, target, attn, target.dtype)
+    assert config.num_speculative_tokens is not None
+    return EagleDrafter(
+        head,
+        target.get_output_embeddings(),
+        config.num_speculative_tokens,
+        ctx.max_model_len,
+        config.uses_draft_probs,
+    )
+
+
+__all__ = ["EagleDrafter", "build_eagle_drafter"]
