@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.models.checkpoint import check_tensors
 
 
 class EagleHead(torch.nn.Module):
@@ -114,18 +115,7 @@ def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) 
         )
     bias = "fc.bias" in tensors  # load the bias iff it is there (config["bias"] is only a hint)
     expected = _expected_shapes(config, bias)
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected) - {"embed_tokens.weight"})
-    wrong = [
-        f"{k}: {list(tensors[k].shape)} (expected {list(s)})"
-        for k, s in expected.items()
-        if k in tensors and tuple(tensors[k].shape) != s
-    ]
-    if missing or extra or wrong:
-        raise ValueError(
-            f"EAGLE checkpoint {path!r} does not match its config.json: missing {missing}, "
-            f"unexpected {extra}, wrong shapes {wrong}"
-        )
+    check_tensors("EAGLE", path, expected, tensors, optional=["embed_tokens.weight"])
     embed = target.get_input_embeddings()
     if "embed_tokens.weight" in tensors:
         weight = tensors.pop("embed_tokens.weight")  # [V, H]

@@ -89,6 +89,12 @@ def _eagle(ctx: DrafterContext) -> Drafter:
     return build_eagle_drafter(ctx)
 
 
+def _medusa(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.medusa import build_medusa_drafter
+
+    return build_medusa_drafter(ctx)
+
+
 def _extract_hidden_states(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.extract_hidden_states import build_extractor
 
@@ -103,7 +109,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("ngram_gpu", "host", build=_host),
         MethodSpec("suffix", "host", build=_host),
         MethodSpec("draft_model", "draft_model", build=_draft_model),
-        MethodSpec("medusa", "head"),
+        MethodSpec("medusa", "head", build=_medusa),
         MethodSpec("mlp_speculator", "head"),
         MethodSpec("eagle", "eagle", build=_eagle),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True),

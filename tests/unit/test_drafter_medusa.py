@@ -1,0 +1,127 @@
+"""``medusa`` from vLLM's and FasterDecoding's safetensors layouts: greedy identity, oracle drafts, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
+from safetensors.torch import save_file
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.proposers.medusa import MedusaDrafter
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+H, V, HEADS = 32, 128, 3
+
+
+def write_medusa(path: Path, layout: str, seed: int = 0) -> str:
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(HEADS):
+        w, b, head = (
+            torch.randn(H, H, generator=gen) * 0.3,
+            torch.randn(H, generator=gen) * 0.1,
+            torch.randn(V, H, generator=gen),
+        )
+        if layout == "vllm":
+            tensors |= {
+                f"blocks.{i}.layers.0.weight": w,
+                f"blocks.{i}.layers.0.bias": b,
+                f"lm_heads.{i}.weight": head,
+            }
+        else:
+            tensors |= {f"{i}.0.linear.weight": w, f"{i}.0.linear.bias": b, f"{i}.1.weight": head}
+    cfg: dict[str, Any] = (
+        {
+            "model_type": "medusa",
+            "num_heads": HEADS,
+            "num_hidden_layers": 1,
+            "medusa_fc_bias": True,
+            "hidden_size": H,
+            "vocab_size": V,
+        }
+        if layout == "vllm"
+        else {"medusa_num_heads": HEADS, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"}
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("medusa_target"), "llama")
+
+
+@pytest.fixture(scope="module")
+def expected(target_dir: str) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in LLM(target_dir, dtype="float64").generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize(("layout", "k"), [("vllm", 3), ("fasterdecoding", 1), ("fasterdecoding", 3)])
+def test_greedy_identity(
+    target_dir: str, expected: list[list[int]], tmp_path: Path, layout: str, k: int
+) -> None:
+    heads = write_medusa(tmp_path / "medusa", layout)
+    llm = LLM(
+        target_dir,
+        dtype="float64",
+        speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": k},
+    )
+    assert isinstance(llm.engine.drafter, MedusaDrafter)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert llm.metrics.total.num_draft_tokens > 0
+
+
+def test_first_drafts_are_the_heads_on_the_last_prompt_state(target_dir: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    heads = write_medusa(tmp_path / "medusa", "vllm", seed=2)
+    w = {k: t.double() for k, t in load_file(str(Path(heads, "model.safetensors"))).items()}
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        h = target(torch.tensor([PROMPTS[0]]), output_hidden_states=True).hidden_states[-1][0, -1]  # [H]
+    want = []
+    for i in range(HEADS):
+        x = h + torch.nn.functional.silu(
+            w[f"blocks.{i}.layers.0.weight"] @ h + w[f"blocks.{i}.layers.0.bias"]
+        )
+        want.append(int((w[f"lm_heads.{i}.weight"] @ x).argmax()))
+    llm = LLM(
+        target_dir,
+        dtype="float64",
+        speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": HEADS},
+    )
+    seen: list[list[int]] = []
+    propose = llm.engine.drafter.propose
+    llm.engine.drafter.propose = lambda inputs: (o := propose(inputs), seen.append(o.token_ids[0].tolist()))[
+        0
+    ]  # type: ignore[method-assign]
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))
+    assert seen[0] == want
+
+
+def test_errors(target_dir: str, tmp_path: Path) -> None:
+    heads = write_medusa(tmp_path / "medusa", "vllm")
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=4 exceeds the checkpoint's 3 Medusa heads"):
+        LLM(target_dir, speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": 4})
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1}))
+    (pickled / "medusa_lm_head.pt").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match=r"pickles such as medusa_lm_head\.pt are not loaded"):
+        LLM(
+            target_dir,
+            speculative_config={"method": "medusa", "model": str(pickled), "num_speculative_tokens": 2},
+        )
