@@ -44,16 +44,15 @@ class MedusaHeads(torch.nn.Module):
     def num_heads(self) -> int:
         return len(self.lm_heads)
 
-    def forward(self, hidden: torch.Tensor, count: int) -> torch.Tensor:  # [B, H] -> [B, count, V]
-        out = []
-        for i in range(count):
-            x = hidden
-            block = self.blocks[i]
-            assert isinstance(block, torch.nn.ModuleList)
-            for linear in block:
-                x = x + torch.nn.functional.silu(linear(x))
-            out.append(self.lm_heads[i](x))
-        return torch.stack(out, dim=1)
+    def head_logits(self, i: int, hidden: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V]
+        """Head ``i``: its residual blocks ``x + SiLU(W x + b)``, then its LM head."""
+        x = hidden
+        block = self.blocks[i]
+        assert isinstance(block, torch.nn.ModuleList)
+        for linear in block:
+            x = x + torch.nn.functional.silu(linear(x))
+        logits: torch.Tensor = self.lm_heads[i](x)
+        return logits
 
 
 def _rename(name: str) -> str:

@@ -157,6 +157,22 @@ class Drafter(ABC):
         """Drafts for the next step of ``inputs.requests`` (see the module docstring)."""
 
 
+def last_committed_rows(inputs: DraftInputs) -> torch.Tensor:
+    """``[B]`` flat row of each request's last committed token this step (a prefill's last prompt row; a
+    decode step's row of its last accepted draft, or of its first token when none was accepted)."""
+    batch = inputs.batch
+    if inputs.accepted.is_prefill:
+        return batch.query_start_loc[1:] - 1
+    accepted = torch.tensor(inputs.accepted.num_accepted, dtype=torch.int64)
+    return batch.query_start_loc[:-1] + accepted.to(batch.query_start_loc.device)
+
+
+def empty_drafts(batch_size: int, k: int, device: torch.device) -> DraftOutput:
+    """No drafts for any request (every budget is 0)."""
+    ids = torch.full((batch_size, max(k, 1)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+    return DraftOutput(ids, (0,) * batch_size)
+
+
 def pack_drafts(drafts: Sequence[Sequence[int]], k: int, device: torch.device) -> torch.Tensor:
     """Host draft lists → ``[B, K]`` int64 padded with ``PLACEHOLDER_TOKEN_ID``."""
     out = torch.full((len(drafts), max(k, 1)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
@@ -222,5 +238,7 @@ __all__ = [
     "HostDrafter",
     "SlotCache",
     "TargetOutput",
+    "empty_drafts",
+    "last_committed_rows",
     "pack_drafts",
 ]

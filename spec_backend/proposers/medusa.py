@@ -12,18 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_backend.proposers.contract import Drafter, DraftInputs, DraftOutput, HiddenStateRequest
-from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.proposers.heads import HeadDrafter
 
 if TYPE_CHECKING:
     from spec_backend.models.medusa import MedusaHeads
     from spec_backend.proposers.registry import DrafterContext
 
 
-class MedusaDrafter(Drafter):
+class MedusaDrafter(HeadDrafter):
     """See the module docstring."""
-
-    hidden_states = HiddenStateRequest(final=True)
 
     def __init__(self, heads: MedusaHeads, k: int, probabilistic: bool) -> None:
         if k > heads.num_heads:
@@ -32,40 +29,13 @@ class MedusaDrafter(Drafter):
             )
         self.heads, self.num_speculative_tokens, self.probabilistic = heads, k, probabilistic
 
-    @torch.inference_mode()
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
-        final = inputs.target.final  # [N, H]
-        if final is None:
-            raise RuntimeError("the target returned no final hidden states for the Medusa drafter")
-        batch = inputs.batch
-        last = (
-            batch.query_start_loc[1:] - 1
-            if inputs.accepted.is_prefill
-            else batch.query_start_loc[:-1]
-            + torch.tensor(inputs.accepted.num_accepted, dtype=torch.int64).to(final.device)
-        )
-        k_max = max(inputs.budgets, default=0)
-        if k_max == 0:
-            empty = torch.full(
-                (len(inputs.requests), self.num_speculative_tokens),
-                -1,
-                dtype=torch.int64,
-                device=final.device,
-            )
-            return DraftOutput(empty, (0,) * len(inputs.requests))
-        logits = self.heads(final[last].to(next(self.heads.parameters()).dtype), k_max).float()  # [B, K, V]
-        positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
-        drafts, probs = [], []
-        for i in range(k_max):
-            ids, q = select_drafts(logits[:, i], inputs.requests, positions, i, self.probabilistic)
-            drafts.append(ids)
-            if q is not None:
-                probs.append(q)
-        return DraftOutput(
-            token_ids=torch.stack(drafts, dim=1),
-            num_draft_tokens=tuple(min(b, k_max) for b in inputs.budgets),
-            draft_probs=torch.stack(probs, dim=1) if probs else None,
-        )
+    def start(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.to(next(self.heads.parameters()).dtype)  # [B, H]
+
+    def head_step(
+        self, i: int, state: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return state, self.heads.head_logits(i, state)  # the heads do not read earlier drafts
 
 
 def build_medusa_drafter(ctx: DrafterContext) -> MedusaDrafter:

@@ -95,6 +95,12 @@ def _medusa(ctx: DrafterContext) -> Drafter:
     return build_medusa_drafter(ctx)
 
 
+def _mlp_speculator(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.mlp_speculator import build_mlp_speculator_drafter
+
+    return build_mlp_speculator_drafter(ctx)
+
+
 def _extract_hidden_states(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.extract_hidden_states import build_extractor
 
@@ -110,7 +116,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("suffix", "host", build=_host),
         MethodSpec("draft_model", "draft_model", build=_draft_model),
         MethodSpec("medusa", "head", build=_medusa),
-        MethodSpec("mlp_speculator", "head"),
+        MethodSpec("mlp_speculator", "head", build=_mlp_speculator),
         MethodSpec("eagle", "eagle", build=_eagle),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True),
         MethodSpec("dflash", "eagle", aux_hidden_states=True),

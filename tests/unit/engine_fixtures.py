@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+
+from spec_backend.engine import LLM, SamplingParams
 
 # repetitive prompts of different lengths (12, 3, 19, 5), so the drafters find matches
 PROMPTS = [
@@ -23,3 +26,21 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+
+
+def record_drafts(llm: LLM) -> list[list[int]]:
+    """Wrap ``llm``'s drafter so each step's draft ids of the batch's first request are recorded."""
+    seen: list[list[int]] = []
+    drafter: Any = llm.engine.drafter
+    propose = drafter.propose
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        seen.append(out.token_ids[0].tolist())
+        return out
+
+    drafter.propose = spy
+    return seen

@@ -10,21 +10,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
+from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.eagle import EagleDrafter
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
 def write_eagle1(path: Path, target_dir: str, bias: bool, seed: int = 0) -> str:
@@ -56,16 +52,6 @@ def write_eagle1(path: Path, target_dir: str, bias: bool, seed: int = 0) -> str:
     save_file(tensors, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(cfg))
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_model(tmp_path_factory.mktemp("eagle_target"), "llama")
-
-
-@pytest.fixture(scope="module")
-def expected(target_dir: str) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in LLM(target_dir, dtype="float64").generate(PROMPTS, GREEDY)]
 
 
 @pytest.mark.parametrize(("k", "bias"), [(1, True), (3, False), (3, True)])
@@ -121,15 +107,7 @@ def test_first_drafts_match_the_pseudo_code(target_dir: str, tmp_path: Path) -> 
         dtype="float64",
         speculative_config={"method": "eagle", "model": head, "num_speculative_tokens": 3},
     )
-    seen: list[Any] = []
-    propose = llm.engine.drafter.propose
-
-    def spy(inputs: Any) -> Any:
-        out = propose(inputs)
-        seen.append(out.token_ids[0].tolist())
-        return out
-
-    llm.engine.drafter.propose = spy  # type: ignore[method-assign]
+    seen = record_drafts(llm)
     out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0]
     assert seen[0] == _reference_drafts(target_dir, head, PROMPTS[0], out.token_ids[0], 3)
 

@@ -12,14 +12,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
+from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.medusa import MedusaDrafter
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 H, V, HEADS = 32, 128, 3
 
 
@@ -58,16 +56,6 @@ def write_medusa(path: Path, layout: str, seed: int = 0) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_model(tmp_path_factory.mktemp("medusa_target"), "llama")
-
-
-@pytest.fixture(scope="module")
-def expected(target_dir: str) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in LLM(target_dir, dtype="float64").generate(PROMPTS, GREEDY)]
-
-
 @pytest.mark.parametrize(("layout", "k"), [("vllm", 3), ("fasterdecoding", 1), ("fasterdecoding", 3)])
 def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, layout: str, k: int
@@ -103,11 +91,7 @@ def test_first_drafts_are_the_heads_on_the_last_prompt_state(target_dir: str, tm
         dtype="float64",
         speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": HEADS},
     )
-    seen: list[list[int]] = []
-    propose = llm.engine.drafter.propose
-    llm.engine.drafter.propose = lambda inputs: (o := propose(inputs), seen.append(o.token_ids[0].tolist()))[
-        0
-    ]  # type: ignore[method-assign]
+    seen = record_drafts(llm)
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))
     assert seen[0] == want
 

@@ -199,10 +199,10 @@ def test_factory_errors() -> None:
         create_proposer(cfg(method="bogus", num_speculative_tokens=2))
     with pytest.raises(ValueError, match="unknown speculative method None"):
         create_proposer(object())
-    for method in ("draft_model", "eagle", "medusa"):  # implemented, but not host proposers
+    for method in ("draft_model", "eagle", "medusa", "mlp_speculator"):  # model-based, not host proposers
         with pytest.raises(ValueError, match=f"'{method}' drafts with a model: build it with"):
             create_proposer(cfg(method=method, num_speculative_tokens=2))
-    for method in ("eagle3", "mtp", "mlp_speculator"):
+    for method in ("eagle3", "mtp", "dflash"):
         assert method in KNOWN_METHODS
         with pytest.raises(
             NotImplementedError, match=f"speculative method '{method}' is not implemented yet"

@@ -1,0 +1,73 @@
+"""Head drafters (``medusa``, ``mlp_speculator``): small heads on the last committed hidden state.
+
+Both start from the target's post-norm hidden state of each request's last committed token and draft
+K tokens by running head ``i`` for draft ``i``; they differ only in what a head step does:
+
+* Medusa: head ``i`` maps the same hidden state to its logits (drafts do not see earlier drafts);
+* MLPSpeculator: head ``i`` updates a running state with the previous token's embedding (the bonus
+  token for the first head, then each draft).
+
+Draft ``i`` is drawn from head ``i``'s distribution given everything the head saw, so sampled drafts
+with those probabilities keep probabilistic verification lossless.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from spec_backend.proposers.contract import (
+    Drafter,
+    DraftInputs,
+    DraftOutput,
+    HiddenStateRequest,
+    empty_drafts,
+    last_committed_rows,
+)
+from spec_backend.proposers.draft_sampling import select_drafts
+
+
+class HeadDrafter(Drafter):
+    """See the module docstring. Subclasses define ``start`` and ``head_step``."""
+
+    hidden_states = HiddenStateRequest(final=True)
+    probabilistic: bool = False
+
+    @abstractmethod
+    def start(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The initial state from the last committed hidden states ``[B, H]``."""
+
+    @abstractmethod
+    def head_step(
+        self, i: int, state: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head ``i`` on ``state`` and the previous tokens ``[B]`` -> (next state, logits ``[B, V]``)."""
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        final = inputs.target.final  # [N, H]
+        if final is None:
+            raise RuntimeError(f"the target returned no final hidden states for {type(self).__name__}")
+        k_max = max(inputs.budgets, default=0)
+        if k_max == 0:
+            return empty_drafts(len(inputs.requests), self.num_speculative_tokens, final.device)
+        state = self.start(final[last_committed_rows(inputs)])  # [B, ...]
+        newest = [r.output_token_ids[-1] if r.output_token_ids else 0 for r in inputs.requests]
+        tokens = torch.tensor(newest, dtype=torch.int64).to(final.device)  # [B] the bonus tokens
+        positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
+        drafts, probs = [], []
+        for i in range(k_max):
+            state, logits = self.head_step(i, state, tokens)
+            tokens, q = select_drafts(logits.float(), inputs.requests, positions, i, self.probabilistic)
+            drafts.append(tokens)
+            if q is not None:
+                probs.append(q)
+        return DraftOutput(
+            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
+            num_draft_tokens=tuple(min(b, k_max) for b in inputs.budgets),
+            draft_probs=torch.stack(probs, dim=1) if probs else None,  # [B, K_max, V]
+        )
+
+
+__all__ = ["HeadDrafter"]

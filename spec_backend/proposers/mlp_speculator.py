@@ -1,0 +1,51 @@
+"""``mlp_speculator``: IBM's MLPSpeculator heads drafting autoregressively (``proposers.heads``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spec_backend.proposers.heads import HeadDrafter
+
+if TYPE_CHECKING:
+    from spec_backend.models.mlp_speculator import MLPSpeculator
+    from spec_backend.proposers.registry import DrafterContext
+
+
+class MLPSpeculatorDrafter(HeadDrafter):
+    """Head ``i`` of the checkpoint drafts token ``i`` (``K <= n_predict``)."""
+
+    def __init__(self, model: MLPSpeculator, k: int, probabilistic: bool) -> None:
+        if k > model.n_predict:
+            raise ValueError(
+                f"num_speculative_tokens={k} exceeds the MLPSpeculator's n_predict={model.n_predict}"
+            )
+        self.model, self.num_speculative_tokens, self.probabilistic = model, k, probabilistic
+
+    def start(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.to(self.model.dtype)  # [B, H]
+
+    def head_step(
+        self, i: int, state: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.step(i, state, tokens)
+
+
+def build_mlp_speculator_drafter(ctx: DrafterContext) -> MLPSpeculatorDrafter:
+    from spec_backend.models.mlp_speculator import load_mlp_speculator
+
+    config = ctx.config
+    if config.model is None:
+        raise ValueError(
+            "method='mlp_speculator' needs speculative_config['model'] (an MLPSpeculator folder)"
+        )
+    target: Any = ctx.target
+    weight = target.get_output_embeddings().weight  # [V, H]
+    model = load_mlp_speculator(config.model, int(weight.shape[1]), int(weight.shape[0]))
+    model = model.to(device=weight.device, dtype=weight.dtype).eval()
+    assert config.num_speculative_tokens is not None
+    return MLPSpeculatorDrafter(model, config.num_speculative_tokens, config.uses_draft_probs)
+
+
+__all__ = ["MLPSpeculatorDrafter", "build_mlp_speculator_drafter"]

@@ -1,0 +1,101 @@
+"""``mlp_speculator`` from IBM's format (tied and untied weights, ``speculator.`` prefix): greedy identity,
+the first drafts against the published step written out by hand, and refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
+from safetensors.torch import load_file, save_file
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.proposers.mlp_speculator import MLPSpeculatorDrafter
+
+H, V, INNER, N = 32, 128, 24, 3
+
+
+def write_mlp(path: Path, tied: bool, prefix: str = "speculator.", seed: int = 0) -> str:
+    gen = torch.Generator().manual_seed(seed)
+    steps = 1 if tied else N
+    t: dict[str, torch.Tensor] = {"proj.0.weight": torch.randn(INNER, H, generator=gen) * 0.3}
+    for i in range(1, 2 if tied else N):
+        t[f"proj.{i}.weight"] = torch.randn(INNER, INNER, generator=gen) * 0.3
+    for i in range(steps):
+        t[f"emb.{i}.weight"] = torch.randn(V, INNER, generator=gen)
+        t[f"head.{i}.weight"] = torch.randn(V, INNER, generator=gen)
+        t[f"ln.{i}.weight"] = 1 + 0.1 * torch.randn(INNER, generator=gen)
+        t[f"ln.{i}.bias"] = 0.1 * torch.randn(INNER, generator=gen)
+    cfg = {"model_type": "mlp_speculator", "vocab_size": V, "emb_dim": H, "inner_dim": INNER, "n_predict": N}
+    cfg |= {"tie_weights": tied, "scale_input": tied, "top_k_tokens_per_head": [1] * N, "n_candidates": 1}
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({prefix + k: v for k, v in t.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _spec(path: str, k: int) -> dict[str, Any]:
+    return {"method": "mlp_speculator", "model": path, "num_speculative_tokens": k}
+
+
+@pytest.mark.parametrize(("tied", "k"), [(False, 3), (True, 3), (False, 1)])
+def test_greedy_identity(
+    target_dir: str, expected: list[list[int]], tmp_path: Path, tied: bool, k: int
+) -> None:
+    llm = LLM(target_dir, dtype="float64", speculative_config=_spec(write_mlp(tmp_path / "mlp", tied), k))
+    assert isinstance(llm.engine.drafter, MLPSpeculatorDrafter)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert llm.metrics.total.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_first_drafts_follow_the_published_step(target_dir: str, tmp_path: Path, tied: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = write_mlp(tmp_path / "mlp", tied, seed=3)
+    w = {
+        k.removeprefix("speculator."): v.double()
+        for k, v in load_file(str(Path(path, "model.safetensors"))).items()
+    }
+    llm = LLM(target_dir, dtype="float64", speculative_config=_spec(path, N))
+    seen = record_drafts(llm)
+    first = (
+        llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0].token_ids[0]
+    )
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        s = target(torch.tensor([PROMPTS[0]]), output_hidden_states=True).hidden_states[-1][0, -1]  # [H]
+    sw = 0.5 ** (0.5 / N)
+    ew = math.sqrt((1 - sw**2) * INNER / 2)
+
+    def rms(x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(x.pow(2).mean() + 1e-6)
+
+    if tied:  # scale_input is on in the tied checkpoint
+        s = rms(s) / math.sqrt(2)
+    tok, want = first, []
+    for i in range(N):
+        j, p = (0, min(i, 1)) if tied else (i, i)
+        s = w[f"proj.{p}.weight"] @ s + w[f"emb.{j}.weight"][tok] * (ew / sw)
+        s = torch.nn.functional.gelu(rms(s) * w[f"ln.{j}.weight"] + w[f"ln.{j}.bias"])
+        tok = int((w[f"head.{j}.weight"] @ s).argmax())
+        want.append(tok)
+    assert seen[0] == want
+
+
+def test_refusals(target_dir: str, tmp_path: Path) -> None:
+    path = write_mlp(tmp_path / "mlp", tied=False)
+    with pytest.raises(ValueError, match="num_speculative_tokens=4 exceeds the MLPSpeculator's n_predict=3"):
+        LLM(target_dir, speculative_config=_spec(path, 4))
+    cfg = json.loads(Path(path, "config.json").read_text())
+    Path(path, "config.json").write_text(json.dumps({**cfg, "emb_dim": 64}))
+    with pytest.raises(ValueError, match="needs emb_dim=32, vocab_size=128"):
+        LLM(target_dir, speculative_config=_spec(path, 2))
