@@ -27,6 +27,7 @@ from spec_backend.proposers.contract import (
     DraftOutput,
     DraftRequest,
     SlotCache,
+    empty_drafts,
     pack_drafts,
 )
 from spec_backend.proposers.draft_sampling import select_drafts
@@ -107,10 +108,7 @@ class DraftModelDrafter(Drafter):
         k_max = max(inputs.budgets, default=0)
         feeds = self._roll_back(inputs, start)
         if k_max == 0:
-            empty = torch.full(
-                (batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=device
-            )
-            return DraftOutput(empty, (0,) * batch)
+            return empty_drafts(batch, self.num_speculative_tokens, device)
         tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
         positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
         drafts, probs = [], []
@@ -143,8 +141,6 @@ class DraftModelDrafter(Drafter):
             slot = start + b
             fed = self._fed.setdefault(request.request_id, _Fed())
             kept = min(cache.lengths[slot], fed.start + min(inputs.accepted.num_accepted[b], fed.drafts))
-            if fed.drafts == 0:
-                kept = min(cache.lengths[slot], request.num_tokens - 1)
             kept = min(kept, request.num_tokens - 1)  # the newest token is never cached yet
             cache.truncate(slot, kept)
             self._fed[request.request_id] = _Fed(start=kept, drafts=0)

@@ -27,6 +27,7 @@ from spec_backend.proposers.contract import (
     DraftRequest,
     HiddenStateRequest,
     SlotCache,
+    empty_drafts,
 )
 from spec_backend.proposers.draft_sampling import select_drafts
 from spec_backend.step import build_step_batch
@@ -89,15 +90,11 @@ class EagleDrafter(Drafter):
         start, batch = inputs.batch.start, len(inputs.requests)
         out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
         for b, request in enumerate(inputs.requests):
-            self._rows[request.request_id] = (
-                self._cache().lengths[start + b] if lens[b] else self._rows.get(request.request_id, 0)
-            )
+            if lens[b]:  # a dummy row (nothing committed) is not a row fed with target hidden states
+                self._rows[request.request_id] = self._cache().lengths[start + b]
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
-            empty = torch.full(
-                (batch, max(self.num_speculative_tokens, 1)), -1, dtype=torch.int64, device=final.device
-            )
-            return DraftOutput(empty, (0,) * batch)
+            return empty_drafts(batch, self.num_speculative_tokens, final.device)
         positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
         drafts, probs = [], []
         for step in range(k_max):

@@ -31,6 +31,7 @@ from spec_backend.proposers.contract import (
     DraftOutput,
     DraftRequest,
     HiddenStateRequest,
+    empty_drafts,
 )
 
 if TYPE_CHECKING:
@@ -75,9 +76,7 @@ class HiddenStatesExtractor(Drafter):
             rows = loc[b + 1] - first if inputs.accepted.is_prefill else inputs.accepted.num_accepted[b] + 1
             record.token_ids.append(inputs.batch.input_ids[first : first + rows].cpu())
             record.hidden.append(aux[first : first + rows].cpu())
-        batch = len(inputs.requests)
-        empty = torch.full((batch, 1), -1, dtype=torch.int64, device=inputs.batch.input_ids.device)
-        return DraftOutput(empty, (0,) * batch)
+        return empty_drafts(len(inputs.requests), 1, inputs.batch.input_ids.device)
 
     def finish_request(self, request: DraftRequest) -> dict[str, Any] | None:
         from safetensors.torch import save_file
