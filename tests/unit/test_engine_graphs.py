@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,22 @@ def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
 def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
     llm = LLM(llama_dir, speculative_config=NGRAM)
     assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
+
+
+def test_eagle_reads_hidden_states_through_the_captured_step(llama_dir: str, tmp_path: Path) -> None:
+    """The captured callable returns (logits, final hidden states): EAGLE drafts the same as eager."""
+    from engine_fixtures import record_drafts
+    from test_drafter_eagle import write_eagle1
+
+    spec = {
+        "method": "eagle",
+        "model": write_eagle1(tmp_path / "eagle", llama_dir, bias=True),
+        "num_speculative_tokens": K,
+    }
+    eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
+    drafts = record_drafts(eager), record_drafts(llm)
+    assert _ids(llm, GREEDY) == _ids(eager, GREEDY)
+    assert drafts[0] == drafts[1] and len(drafts[0]) > 1  # every step drafted the same from the same states
+    assert backend.runners[0].replays > 0
