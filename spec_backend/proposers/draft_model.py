@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from spec_backend.proposers.contract import (
     Drafter,
     DraftInputs,
@@ -30,7 +28,7 @@ from spec_backend.proposers.contract import (
     empty_drafts,
     pack_drafts,
 )
-from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.step import build_step_batch
 
 if TYPE_CHECKING:
@@ -110,8 +108,7 @@ class DraftModelDrafter(Drafter):
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, device)
         tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
-        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
-        drafts, probs = [], []
+        chain = DraftChain(requests, self.probabilistic, device)
         query_lens = [len(f) for f in feeds]
         for step in range(k_max):
             cached = runner.cache.lengths[start : start + batch]
@@ -119,19 +116,11 @@ class DraftModelDrafter(Drafter):
             graph = self.decode_graph if step > 0 and start == 0 else None
             # [B, V]: a one-token step's rows are its last rows
             logits = graph.forward(step_batch).logits if graph else runner.forward(step_batch, True).logits
-            ids, q = select_drafts(logits, requests, positions, step, self.probabilistic)
-            drafts.append(ids)
-            if q is not None:
-                probs.append(q)
+            ids = chain.draw(logits)
             tokens, query_lens = ids[:, None], [1] * batch  # [B, 1] the next forward feeds this draft
         for request in requests:
             self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=k_max - 1)
-        counts = tuple(min(budget, k_max) for budget in inputs.budgets)
-        return DraftOutput(
-            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
-            num_draft_tokens=counts,
-            draft_probs=torch.stack(probs, dim=1) if probs else None,  # [B, K_max, V]
-        )
+        return chain.output(inputs.budgets)
 
     def _roll_back(self, inputs: DraftInputs, start: int) -> list[list[int]]:
         """Truncate each request's draft cache to its committed prefix; return the tokens to feed."""

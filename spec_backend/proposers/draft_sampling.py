@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from spec_backend.proposers.contract import DraftRequest
+from spec_backend.proposers.contract import DraftOutput, DraftRequest
 from spec_backend.sampling import rng
 from spec_backend.sampling.probs import target_probs
 from spec_backend.sampling.torch_ops import exponential_race
@@ -54,4 +54,35 @@ def select_drafts(
     return tokens, torch.where(is_greedy[:, None], one_hot, probs)
 
 
-__all__ = ["select_drafts"]
+class DraftChain:
+    """One step's drafts drawn position by position (``select_drafts``) and packed as a ``DraftOutput``.
+
+    Every chain drafter (draft model, EAGLE, the heads) draws draft ``i`` from its logits ``[B, V]``
+    with ``draw``; ``output`` stacks ids ``[B, K]`` and probabilities ``[B, K, V]`` and caps each count
+    at the request's budget.
+    """
+
+    def __init__(self, requests: Sequence[DraftRequest], probabilistic: bool, device: torch.device) -> None:
+        self.requests, self.probabilistic = requests, probabilistic
+        self.block_start = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
+        self.ids: list[torch.Tensor] = []  # each [B] int64
+        self.probs: list[torch.Tensor] = []  # each [B, V] float32
+
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B] int64
+        """The next draft of every request."""
+        ids, q = select_drafts(logits, self.requests, self.block_start, len(self.ids), self.probabilistic)
+        self.ids.append(ids)
+        if q is not None:
+            self.probs.append(q)
+        return ids
+
+    def output(self, budgets: Sequence[int]) -> DraftOutput:
+        k = len(self.ids)
+        return DraftOutput(
+            token_ids=torch.stack(self.ids, dim=1),  # [B, K]
+            num_draft_tokens=tuple(min(b, k) for b in budgets),
+            draft_probs=torch.stack(self.probs, dim=1) if self.probs else None,  # [B, K, V]
+        )
+
+
+__all__ = ["DraftChain", "select_drafts"]

@@ -29,7 +29,7 @@ from spec_backend.proposers.contract import (
     SlotCache,
     empty_drafts,
 )
-from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.step import build_step_batch
 
 if TYPE_CHECKING:
@@ -95,21 +95,12 @@ class EagleDrafter(Drafter):
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, final.device)
-        positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
-        drafts, probs = [], []
+        chain = DraftChain(inputs.requests, self.probabilistic, final.device)
         for step in range(k_max):
-            logits = self.lm_head(out).float()  # [B, V]
-            ids, q = select_drafts(logits, inputs.requests, positions, step, self.probabilistic)
-            drafts.append(ids)
-            if q is not None:
-                probs.append(q)
+            ids = chain.draw(self.lm_head(out).float())  # logits [B, V]
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch)
-        return DraftOutput(
-            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
-            num_draft_tokens=tuple(min(b, k_max) for b in inputs.budgets),
-            draft_probs=torch.stack(probs, dim=1) if probs else None,
-        )
+        return chain.output(inputs.budgets)
 
     def _committed(
         self, inputs: DraftInputs, final: torch.Tensor

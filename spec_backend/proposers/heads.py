@@ -25,7 +25,7 @@ from spec_backend.proposers.contract import (
     empty_drafts,
     last_committed_rows,
 )
-from spec_backend.proposers.draft_sampling import select_drafts
+from spec_backend.proposers.draft_sampling import DraftChain
 
 
 class HeadDrafter(Drafter):
@@ -55,19 +55,11 @@ class HeadDrafter(Drafter):
         state = self.start(final[last_committed_rows(inputs)])  # [B, ...]
         newest = [r.output_token_ids[-1] if r.output_token_ids else 0 for r in inputs.requests]
         tokens = torch.tensor(newest, dtype=torch.int64).to(final.device)  # [B] the bonus tokens
-        positions = torch.tensor([r.num_tokens for r in inputs.requests], dtype=torch.int64).to(final.device)
-        drafts, probs = [], []
+        chain = DraftChain(inputs.requests, self.probabilistic, final.device)
         for i in range(k_max):
             state, logits = self.head_step(i, state, tokens)
-            tokens, q = select_drafts(logits.float(), inputs.requests, positions, i, self.probabilistic)
-            drafts.append(tokens)
-            if q is not None:
-                probs.append(q)
-        return DraftOutput(
-            token_ids=torch.stack(drafts, dim=1),  # [B, K_max]
-            num_draft_tokens=tuple(min(b, k_max) for b in inputs.budgets),
-            draft_probs=torch.stack(probs, dim=1) if probs else None,  # [B, K_max, V]
-        )
+            tokens = chain.draw(logits.float())
+        return chain.output(inputs.budgets)
 
 
 __all__ = ["HeadDrafter"]
