@@ -44,3 +44,16 @@ def record_drafts(llm: LLM) -> list[list[int]]:
 
     drafter.propose = spy
     return seen
+
+
+def check_greedy_identity(
+    target_dir: str, expected: list[list[int]], spec: dict[str, Any], drafter_type: type
+) -> LLM:
+    """``spec``'s drafter (of ``drafter_type``) drafts, and greedy output is still ``expected``; every
+    cache slot is freed afterwards."""
+    llm = LLM(target_dir, dtype="float64", speculative_config=spec)
+    assert isinstance(llm.engine.drafter, drafter_type)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert llm.metrics.total.num_draft_tokens > 0
+    assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
+    return llm

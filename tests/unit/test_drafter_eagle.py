@@ -16,7 +16,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -59,15 +59,8 @@ def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, k: int, bias: bool
 ) -> None:
     head = write_eagle1(tmp_path / "eagle", target_dir, bias)
-    llm = LLM(
-        target_dir,
-        dtype="float64",
-        speculative_config={"method": "eagle", "model": head, "num_speculative_tokens": k},
-    )
-    assert isinstance(llm.engine.drafter, EagleDrafter)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
-    assert llm.metrics.total.num_draft_tokens > 0
-    assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": k}
+    check_greedy_identity(target_dir, expected, spec, EagleDrafter)
 
 
 def _reference_drafts(target_dir: str, head_dir: str, prompt: list[int], first: int, k: int) -> list[int]:

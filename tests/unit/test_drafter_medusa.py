@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -61,14 +61,8 @@ def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, layout: str, k: int
 ) -> None:
     heads = write_medusa(tmp_path / "medusa", layout)
-    llm = LLM(
-        target_dir,
-        dtype="float64",
-        speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": k},
-    )
-    assert isinstance(llm.engine.drafter, MedusaDrafter)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
-    assert llm.metrics.total.num_draft_tokens > 0
+    spec = {"method": "medusa", "model": heads, "num_speculative_tokens": k}
+    check_greedy_identity(target_dir, expected, spec, MedusaDrafter)
 
 
 def test_first_drafts_are_the_heads_on_the_last_prompt_state(target_dir: str, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, one_thread, record_drafts  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -50,10 +50,8 @@ def _spec(path: str, k: int) -> dict[str, Any]:
 def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, tied: bool, k: int
 ) -> None:
-    llm = LLM(target_dir, dtype="float64", speculative_config=_spec(write_mlp(tmp_path / "mlp", tied), k))
-    assert isinstance(llm.engine.drafter, MLPSpeculatorDrafter)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
-    assert llm.metrics.total.num_draft_tokens > 0
+    spec = _spec(write_mlp(tmp_path / "mlp", tied), k)
+    check_greedy_identity(target_dir, expected, spec, MLPSpeculatorDrafter)
 
 
 @pytest.mark.parametrize("tied", [False, True])
