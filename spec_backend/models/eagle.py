@@ -15,20 +15,20 @@ next draft) and the input of the target's LM head.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
-from spec_backend.models.checkpoint import check_tensors
+from spec_backend.models.chain_head import ChainHead, run_layers
+from spec_backend.models.checkpoint import check_tensors, read_config, read_tensors
 
 
-class EagleHead(torch.nn.Module):
-    """The EAGLE-1 head (see the module docstring). ``embed``: the embedding it reads tokens through."""
+class EagleHead(ChainHead):
+    """The EAGLE-1 head (see the module docstring). ``embed``/``lm_head``: the target's, unless the
+    checkpoint ships its own embedding."""
 
-    def __init__(self, config: Any, bias: bool, embed: torch.nn.Module) -> None:
+    def __init__(self, config: Any, bias: bool, embed: torch.nn.Module, lm_head: torch.nn.Module) -> None:
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
         super().__init__()
@@ -41,6 +41,7 @@ class EagleHead(torch.nn.Module):
         self.layers[0].input_layernorm = torch.nn.Identity()  # EAGLE-1: no input norm on layer 0
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.embed = embed
+        self.lm_head = lm_head
 
     def forward(
         self,
@@ -49,21 +50,15 @@ class EagleHead(torch.nn.Module):
         position_ids: torch.Tensor,  # [B, Q]
         cache: Any,
         meta: RaggedAttentionMetadata,
+        step: int = 0,
     ) -> torch.Tensor:  # [B, Q, H]
         e = self.embed(input_ids).to(hidden.dtype)  # [B, Q, H]
         x: torch.Tensor = self.fc(torch.cat([e, hidden], dim=-1))  # [B, Q, 2H] -> [B, Q, H]
-        position_embeddings = self.rotary_emb(x, position_ids)
-        for layer in self.layers:
-            x = layer(
-                x,
-                attention_mask=None,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                position_embeddings=position_embeddings,
-                spec_attn_metadata=meta,
-            )
-        return x
+        return run_layers(self.layers, x, position_ids, self.rotary_emb(x, position_ids), cache, meta)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V]
+        logits: torch.Tensor = self.lm_head(out)
+        return logits
 
 
 def _expected_shapes(config: Any, bias: bool) -> dict[str, tuple[int, ...]]:
@@ -92,22 +87,12 @@ def _expected_shapes(config: Any, bias: bool) -> dict[str, tuple[int, ...]]:
 
 def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) -> EagleHead:
     """Load an EAGLE-1 checkpoint folder for ``target`` (checked: hidden size and vocabulary)."""
-    from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        raise ValueError(f"EAGLE checkpoint {path!r} has no config.json")
-    with open(config_path, encoding="utf-8") as f:
-        raw = json.load(f)
+    raw = read_config("EAGLE", path)
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "bias")})
     config._attn_implementation = attn_name
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    if not files:
-        raise ValueError(f"EAGLE checkpoint {path!r} has no .safetensors weights (pickles are not loaded)")
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors |= load_file(os.path.join(path, name))
+    tensors = read_tensors("EAGLE", path)
     target_h = int(target.get_input_embeddings().weight.shape[1])
     if int(config.hidden_size) != target_h:
         raise ValueError(
@@ -120,7 +105,7 @@ def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) 
     if "embed_tokens.weight" in tensors:
         weight = tensors.pop("embed_tokens.weight")  # [V, H]
         embed = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
-    head = EagleHead(config, bias, embed)
+    head = EagleHead(config, bias, embed, target.get_output_embeddings())
     head.load_state_dict(tensors, strict=False)
     return head.to(device=next(target.parameters()).device, dtype=dtype).eval()
 

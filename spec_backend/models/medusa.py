@@ -15,14 +15,11 @@ Layouts (safetensors only; FasterDecoding's ``medusa_lm_head.pt`` is a pickle an
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from typing import Any
 
 import torch
 
-from spec_backend.models.checkpoint import check_tensors
+from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
 
 
 class MedusaHeads(torch.nn.Module):
@@ -72,10 +69,7 @@ def _rename(name: str) -> str:
 
 def load_medusa(path: str, hidden: int, vocab: int) -> MedusaHeads:
     """Load Medusa heads for a target with ``hidden`` size and ``vocab`` tokens (checked)."""
-    from safetensors.torch import load_file
-
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        cfg: dict[str, Any] = json.load(f)
+    cfg = read_config("Medusa", path)
     heads = cfg.get("num_heads", cfg.get("medusa_num_heads"))
     layers = cfg.get("num_hidden_layers", cfg.get("medusa_num_layers"))
     if not isinstance(heads, int) or not isinstance(layers, int) or heads < 1 or layers < 0:
@@ -87,18 +81,10 @@ def load_medusa(path: str, hidden: int, vocab: int) -> MedusaHeads:
         raise NotImplementedError(
             f"Medusa heads with a truncated vocabulary ({truncated} of {vocab}) are not supported yet"
         )
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    if not files:
-        raise ValueError(
-            f"Medusa checkpoint {path!r} has no .safetensors weights (pickles such as medusa_lm_head.pt "
-            "are not loaded; convert them with safetensors.torch.save_file)"
-        )
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors |= {_rename(k): v for k, v in load_file(os.path.join(path, name)).items()}
+    tensors = read_tensors("Medusa", path, _rename)
     bias = any(k.startswith("blocks.") and k.endswith(".bias") for k in tensors)
     model = MedusaHeads(hidden, vocab, heads, layers, bias)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = module_shapes(model)
     check_tensors("Medusa", path, expected, tensors)
     model.load_state_dict(tensors)
     return model

@@ -17,14 +17,12 @@ and divided by sqrt(2) when ``scale_input``) and ``tok`` = that token's successo
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any
 
 import torch
 
-from spec_backend.models.checkpoint import check_tensors
+from spec_backend.models.checkpoint import check_tensors, read_config, read_tensors
 
 
 def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -81,10 +79,7 @@ def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def load_mlp_speculator(path: str, hidden: int, vocab: int) -> MLPSpeculator:
     """Load an MLPSpeculator folder for a target with ``hidden`` size and ``vocab`` tokens (checked)."""
-    from safetensors.torch import load_file
-
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        cfg: dict[str, Any] = json.load(f)
+    cfg = read_config("MLPSpeculator", path)
     if (
         cfg.get("emb_dim") != hidden
         or cfg.get("vocab_size") != vocab
@@ -95,14 +90,7 @@ def load_mlp_speculator(path: str, hidden: int, vocab: int) -> MLPSpeculator:
             f"integer n_predict; got emb_dim={cfg.get('emb_dim')!r}, vocab_size={cfg.get('vocab_size')!r}, "
             f"n_predict={cfg.get('n_predict')!r}"
         )
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    if not files:
-        raise ValueError(
-            f"MLPSpeculator checkpoint {path!r} has no .safetensors weights (pickles are not loaded)"
-        )
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors |= {k.removeprefix("speculator."): t for k, t in load_file(os.path.join(path, name)).items()}
+    tensors = read_tensors("MLPSpeculator", path, lambda name: name.removeprefix("speculator."))
     expected = expected_shapes(cfg)
     tensors = {k: t for k, t in tensors.items() if k in expected or not cfg.get("tie_weights")}
     check_tensors("MLPSpeculator", path, expected, tensors)

@@ -1,7 +1,9 @@
-"""``eagle`` (EAGLE-1): a one-layer head on the target's final hidden states drafts K tokens per step.
+"""EAGLE-style drafters (``eagle``, ``eagle3``, ``mtp``): a head on the target's hidden states drafts K
+tokens per step, one forward per draft (``spec_backend.models.chain_head`` has the glossary).
 
-Alignment (as vLLM): the head's row ``t`` pairs the target's post-norm hidden state ``h_t`` with token
-``t+1`` at position ``t`` and predicts token ``t+2``. After each step the drafter:
+Alignment (as vLLM): the head's row ``t`` pairs the target's features of token ``t`` (the post-norm
+final state for EAGLE-1 and MTP, auxiliary layer states through ``fc`` for EAGLE-3) with token ``t+1``
+at position ``t`` and predicts token ``t+2``. After each step the drafter:
 
 1. rolls its cache back to the rows fed with *target* hidden states (rows fed while drafting used the
    head's own outputs and are recomputed);
@@ -10,7 +12,8 @@ Alignment (as vLLM): the head's row ``t`` pairs the target's post-norm hidden st
 3. feeds each draft back with the previous output as its hidden state for drafts 2..K.
 
 The catch-up runs every step, also when speculation is off for the batch: target hidden states exist
-only now. Logits come from the target's LM head; drafts are argmax or sampled (``draft_sampling``).
+only now. Logits come from the head (``ChainHead.logits``: the target's LM head for EAGLE-1, the draft
+vocabulary mapped through ``d2t`` for EAGLE-3); drafts are argmax or sampled (``draft_sampling``).
 """
 
 from __future__ import annotations
@@ -34,21 +37,28 @@ from spec_backend.step import build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.engine.kv_cache import RaggedKVCache
-    from spec_backend.models.eagle import EagleHead
+    from spec_backend.models.chain_head import ChainHead
     from spec_backend.proposers.registry import DrafterContext
 
 
 class EagleDrafter(Drafter):
-    """See the module docstring."""
-
-    hidden_states = HiddenStateRequest(final=True)
+    """See the module docstring. ``hidden_states``: what ``head`` reads (final, or aux layer ids)."""
 
     def __init__(
-        self, head: EagleHead, lm_head: Any, k: int, max_model_len: int, probabilistic: bool
+        self,
+        head: ChainHead,
+        hidden_states: HiddenStateRequest,
+        k: int,
+        max_model_len: int,
+        probabilistic: bool,
     ) -> None:
         from spec_backend.engine.kv_cache import kv_layout
 
-        self.head, self.lm_head = head, lm_head
+        if hidden_states.final == bool(hidden_states.aux_layer_ids):
+            raise ValueError(
+                f"an EAGLE-style head reads either the final state or aux layers, got {hidden_states}"
+            )
+        self.head, self.hidden_states = head, hidden_states
         self.num_speculative_tokens = k
         self.max_model_len = max_model_len
         self.probabilistic = probabilistic
@@ -81,12 +91,17 @@ class EagleDrafter(Drafter):
     def remove_request(self, request_id: str) -> None:
         self._rows.pop(request_id, None)
 
+    def _features(self, inputs: DraftInputs) -> torch.Tensor:  # [N, F]
+        target = inputs.target
+        features = target.final if self.hidden_states.final else target.aux
+        if features is None:
+            raise RuntimeError(f"the target returned no {self.hidden_states} hidden states for the drafter")
+        return features.flatten(1)  # aux [N, n, H] -> [N, n·H]
+
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        final = inputs.target.final  # [N, H]
-        if final is None:
-            raise RuntimeError("the target returned no final hidden states for the EAGLE drafter")
-        tokens, hidden, lens = self._committed(inputs, final)
+        rows_h = self.head.combine(self._features(inputs))  # [N, H]
+        tokens, hidden, lens = self._committed(inputs, rows_h)
         start, batch = inputs.batch.start, len(inputs.requests)
         out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
         for b, request in enumerate(inputs.requests):
@@ -94,16 +109,16 @@ class EagleDrafter(Drafter):
                 self._rows[request.request_id] = self._cache().lengths[start + b]
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
-            return empty_drafts(batch, self.num_speculative_tokens, final.device)
-        chain = DraftChain(inputs.requests, self.probabilistic, final.device)
+            return empty_drafts(batch, self.num_speculative_tokens, rows_h.device)
+        chain = DraftChain(inputs.requests, self.probabilistic, rows_h.device)
         for step in range(k_max):
-            ids = chain.draw(self.lm_head(out).float())  # logits [B, V]
+            ids = chain.draw(self.head.logits(out).float())  # logits [B, V]
             if step + 1 < k_max:
-                out = self._run(start, ids[:, None], out[:, None], [1] * batch)
+                out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)
 
     def _committed(
-        self, inputs: DraftInputs, final: torch.Tensor
+        self, inputs: DraftInputs, rows_h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Roll back, then this step's committed rows: tokens ``[B, M]``, hidden ``[B, M, H]``, counts."""
         cache, batch = self._cache(), inputs.batch
@@ -118,17 +133,19 @@ class EagleDrafter(Drafter):
                 nxt = batch.input_ids[loc[b] + 1 : loc[b + 1]].tolist() + kept[:1]
             else:
                 nxt = kept[: inputs.accepted.num_accepted[b] + 1]
-            rows.append((final[loc[b] : loc[b] + len(nxt)], nxt))
+            rows.append((rows_h[loc[b] : loc[b] + len(nxt)], nxt))
         width = max(1, max(len(t) for _, t in rows))
-        tokens = torch.zeros((len(rows), width), dtype=torch.int64, device=final.device)  # [B, M]
-        hidden = final.new_zeros((len(rows), width, final.shape[1]))  # [B, M, H]
+        tokens = torch.zeros((len(rows), width), dtype=torch.int64, device=rows_h.device)  # [B, M]
+        hidden = rows_h.new_zeros((len(rows), width, rows_h.shape[1]))  # [B, M, H]
         for b, (h, nxt) in enumerate(rows):
             if nxt:
                 tokens[b, : len(nxt)] = torch.tensor(nxt, dtype=torch.int64)
                 hidden[b, : len(nxt)] = h
         return tokens, hidden, [len(t) for _, t in rows]
 
-    def _run(self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int]) -> torch.Tensor:
+    def _run(
+        self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int], step: int = 0
+    ) -> torch.Tensor:
         """One head forward; a request with nothing to feed gets a dummy row (not counted as committed)."""
         cache = self._cache()
         query = [max(1, n) for n in lens]
@@ -141,6 +158,7 @@ class EagleDrafter(Drafter):
                 batch.padded_positions(),
                 cache,
                 batch.attention,
+                step,
             )
         finally:
             cache.end_step()
@@ -149,24 +167,53 @@ class EagleDrafter(Drafter):
         return last
 
 
+def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateRequest) -> EagleDrafter:
+    config = ctx.config
+    assert config.num_speculative_tokens is not None
+    return EagleDrafter(
+        head, hidden_states, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs
+    )
+
+
+def _checkpoint(ctx: DrafterContext, what: str) -> str:
+    if ctx.config.model is None:
+        raise ValueError(
+            f"method={ctx.config.method!r} needs speculative_config['model'] (an {what} checkpoint folder)"
+        )
+    return ctx.config.model
+
+
 def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:
     """Load ``speculative_config.model`` (EAGLE-1 format) for the target."""
     from spec_backend.models.eagle import load_eagle_head
 
-    config = ctx.config
-    if config.model is None:
-        raise ValueError("method='eagle' needs speculative_config['model'] (an EAGLE-1 checkpoint folder)")
     target: Any = ctx.target
-    attn = str(target.config._attn_implementation)
-    head = load_eagle_head(config.model, target, attn, target.dtype)
-    assert config.num_speculative_tokens is not None
-    return EagleDrafter(
-        head,
-        target.get_output_embeddings(),
-        config.num_speculative_tokens,
-        ctx.max_model_len,
-        config.uses_draft_probs,
-    )
+    path = _checkpoint(ctx, "EAGLE-1")
+    head = load_eagle_head(path, target, str(target.config._attn_implementation), target.dtype)
+    return _drafter(ctx, head, HiddenStateRequest(final=True))
 
 
-__all__ = ["EagleDrafter", "build_eagle_drafter"]
+def build_eagle3_drafter(ctx: DrafterContext) -> EagleDrafter:
+    """Load ``speculative_config.model`` (EAGLE-3, original or speculators format) for the target.
+
+    Auxiliary layers: the checkpoint's ``eagle_aux_hidden_state_layer_ids``, else vLLM's default
+    ``(2, L // 2, L - 3)`` for a target with ``L`` layers.
+    """
+    from spec_backend.models.eagle3 import default_aux_layer_ids, load_eagle3_head
+
+    target: Any = ctx.target
+    path = _checkpoint(ctx, "EAGLE-3")
+    head = load_eagle3_head(path, target, str(target.config._attn_implementation), target.dtype)
+    if not head.spec.use_aux_hidden_state:
+        return _drafter(ctx, head, HiddenStateRequest(final=True))
+    layers = int(target.config.get_text_config().num_hidden_layers)
+    ids = head.spec.aux_layer_ids or default_aux_layer_ids(layers)
+    if len(ids) != 3 or not all(0 <= i <= layers for i in ids):
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r}: eagle_aux_hidden_state_layer_ids must be 3 layer ids in "
+            f"0..{layers} (the target has {layers} layers), got {list(ids)}"
+        )
+    return _drafter(ctx, head, HiddenStateRequest(aux_layer_ids=tuple(ids)))
+
+
+__all__ = ["EagleDrafter", "build_eagle3_drafter", "build_eagle_drafter"]

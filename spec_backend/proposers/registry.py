@@ -89,6 +89,12 @@ def _eagle(ctx: DrafterContext) -> Drafter:
     return build_eagle_drafter(ctx)
 
 
+def _eagle3(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.eagle import build_eagle3_drafter
+
+    return build_eagle3_drafter(ctx)
+
+
 def _medusa(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.medusa import build_medusa_drafter
 
@@ -118,7 +124,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("medusa", "head", build=_medusa),
         MethodSpec("mlp_speculator", "head", build=_mlp_speculator),
         MethodSpec("eagle", "eagle", build=_eagle),
-        MethodSpec("eagle3", "eagle", aux_hidden_states=True),
+        MethodSpec("eagle3", "eagle", aux_hidden_states=True, build=_eagle3),
         MethodSpec("dflash", "eagle", aux_hidden_states=True),
         MethodSpec("mtp", "eagle"),
         MethodSpec("extract_hidden_states", "record", aux_hidden_states=True, build=_extract_hidden_states),

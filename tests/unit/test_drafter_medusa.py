@@ -98,7 +98,9 @@ def test_errors(target_dir: str, tmp_path: Path) -> None:
     pickled.mkdir()
     (pickled / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1}))
     (pickled / "medusa_lm_head.pt").write_bytes(b"not loaded")
-    with pytest.raises(ValueError, match=r"pickles such as medusa_lm_head\.pt are not loaded"):
+    with pytest.raises(
+        ValueError, match=r"no \.safetensors weights \(found pickles \['medusa_lm_head\.pt'\]"
+    ):
         LLM(
             target_dir,
             speculative_config={"method": "medusa", "model": str(pickled), "num_speculative_tokens": 2},

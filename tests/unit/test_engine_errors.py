@@ -118,7 +118,7 @@ def test_bad_configs_rejected(tmp_path: Path) -> None:
 
 def test_unsupported_speculative_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not supported by the embedded engine"):
-        LLM(str(tmp_path), speculative_config={"method": "eagle3", "model": "x", "num_speculative_tokens": 2})
+        LLM(str(tmp_path), speculative_config={"method": "dflash", "model": "x", "num_speculative_tokens": 2})
 
 
 def test_public_names_reexported() -> None:

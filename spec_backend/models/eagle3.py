@@ -1,0 +1,238 @@
+"""EAGLE-3 draft head (``method="eagle3"``), from the original and the ``speculators`` checkpoint formats.
+
+Formats:
+
+* **original** (``yuhuili/EAGLE3-*``): ``config.json`` is a LlamaConfig of the draft layer plus
+  ``draft_vocab_size`` and optional ``target_hidden_size``; weights ``midlayer.*`` (the first layer),
+  ``fc.weight [H, 3·Ht]``, ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t int64[Vd]``,
+  ``t2d bool[V]``, optional ``embed_tokens.weight``.
+* **speculators** (``speculators_model_type: "eagle3"``): the draft layers' config under
+  ``transformer_layer_config`` (llama, qwen2 or qwen3), ``draft_vocab_size``, ``norm_before_residual``,
+  ``norm_before_fc``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids``; weights
+  ``layers.{i}.*`` instead of ``midlayer.*``, optional ``input_norm.weight [3·Ht]``.
+
+Glossary: ``Ht`` target hidden size, ``H`` draft hidden size, ``V`` target vocabulary, ``Vd`` draft
+vocabulary; ``d2t[i]`` is an *offset*: draft id ``i`` is target id ``i + d2t[i]``; ``t2d`` marks the
+target ids in the draft vocabulary. Without ``d2t``, ``Vd == V``.
+
+One forward (``forward``): the committed rows' features ``g = fc(cat(h^{l1}, h^{l2}, h^{l3}))`` (once,
+``combine``); the first layer attends over ``cat(input_layernorm(embed(token)), hidden_norm(g))``
+(``2H`` wide) with the residual ``g`` (``hidden_norm(g)`` if ``norm_before_residual``); later layers are
+ordinary. The output (pre-norm) is the next row's ``g``; logits are ``lm_head(norm(out))`` scattered
+into the target vocabulary through ``d2t`` (other ids get ``-inf``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.models.chain_head import ChainHead, decoder_classes, run_layers
+from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+
+#: config flags of the speculators format this loader does not implement (refused, never ignored)
+_UNSUPPORTED_FLAGS = ("fc_norm", "norm_output", "enable_sp_ulysses")
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    """What a checkpoint's config says (both formats)."""
+
+    layer_config: Any  # transformers config of the draft layers
+    model_type: str
+    draft_vocab_size: int
+    target_hidden_size: int
+    norm_before_residual: bool
+    norm_before_fc: bool
+    use_aux_hidden_state: bool
+    aux_layer_ids: tuple[int, ...] | None
+    speculators: bool
+
+
+def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
+    """Read either format's ``config.json`` (see the module docstring)."""
+    from transformers import AutoConfig
+
+    speculators = raw.get("speculators_model_type") is not None
+    if speculators and raw["speculators_model_type"] != "eagle3":
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r} has speculators_model_type={raw['speculators_model_type']!r}, "
+            "expected 'eagle3'"
+        )
+    bad = [f for f in _UNSUPPORTED_FLAGS if raw.get(f)]
+    if bad:
+        raise ValueError(f"EAGLE-3 checkpoint {path!r} sets {bad}, which this loader does not implement")
+    layer = dict(raw["transformer_layer_config"]) if speculators else dict(raw)
+    model_type = str(layer.get("model_type", "llama"))
+    skip = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", "model_type")
+    cls = type(AutoConfig.for_model(model_type))
+    layer_config = cls(**{k: v for k, v in layer.items() if k not in skip})
+    eagle_config: dict[str, Any] = raw["eagle_config"] if isinstance(raw.get("eagle_config"), dict) else {}
+    ids = raw.get("eagle_aux_hidden_state_layer_ids", eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    hidden = int(layer_config.hidden_size)
+    return Eagle3Spec(
+        layer_config=layer_config,
+        model_type=model_type,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or layer_config.vocab_size),
+        target_hidden_size=int(raw.get("target_hidden_size") or hidden),
+        norm_before_residual=bool(raw.get("norm_before_residual", False)),
+        norm_before_fc=bool(raw.get("norm_before_fc", False)),
+        use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
+        aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
+        speculators=speculators,
+    )
+
+
+class Eagle3Head(ChainHead):
+    """The EAGLE-3 head (see the module docstring)."""
+
+    def __init__(self, spec: Eagle3Spec, embed: torch.nn.Module, lm_head: torch.nn.Module | None) -> None:
+        super().__init__()
+        layer_cls, norm_cls, rope_cls = decoder_classes(spec.model_type)
+        config = spec.layer_config
+        h, eps = int(config.hidden_size), float(config.rms_norm_eps)
+        self.config, self.spec = config, spec
+        ht = spec.target_hidden_size
+        self.fc = torch.nn.Linear(3 * ht, h, bias=False) if spec.use_aux_hidden_state else None
+        self.input_norm = norm_cls(3 * ht, eps=eps) if spec.norm_before_fc else None
+        self.layers = torch.nn.ModuleList(
+            [layer_cls(config, i) for i in range(int(config.num_hidden_layers))]
+        )
+        first: Any = self.layers[0]
+        first.hidden_norm = norm_cls(h, eps=eps)
+        for name in ("q_proj", "k_proj", "v_proj"):  # the first layer attends over [embedding; hidden]
+            proj = getattr(first.self_attn, name)
+            setattr(
+                first.self_attn, name, torch.nn.Linear(2 * h, proj.out_features, bias=proj.bias is not None)
+            )
+        self.rotary_emb = rope_cls(config)
+        self.norm = norm_cls(h, eps=eps)
+        self.embed = embed
+        self.lm_head = (
+            lm_head if lm_head is not None else torch.nn.Linear(h, spec.draft_vocab_size, bias=False)
+        )
+        self.vocab_size = int(config.vocab_size)
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))  # [Vd]
+        self.target_ids: torch.Tensor | None = None  # [Vd] target id of each draft id; None: identity
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:  # [N, 3·Ht] -> [N, H]
+        if self.fc is None:
+            return features
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        out: torch.Tensor = self.fc(features)
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, Q]
+        hidden: torch.Tensor,  # [B, Q, H]  (g)
+        position_ids: torch.Tensor,  # [B, Q]
+        cache: Any,
+        meta: RaggedAttentionMetadata,
+        step: int = 0,
+    ) -> torch.Tensor:  # [B, Q, H] pre-norm
+        first: Any = self.layers[0]
+        e = first.input_layernorm(self.embed(input_ids).to(hidden.dtype))  # [B, Q, H]
+        hn = first.hidden_norm(hidden)  # [B, Q, H]
+        residual = hn if self.spec.norm_before_residual else hidden
+        x = torch.cat([e, hn], dim=-1)  # [B, Q, 2H]
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        attn, _ = first.self_attn(
+            hidden_states=x,
+            position_embeddings=position_embeddings,
+            attention_mask=None,
+            past_key_values=cache,
+            position_ids=position_ids,
+            use_cache=True,
+            spec_attn_metadata=meta,
+        )
+        x = residual + attn  # [B, Q, H]
+        x = x + first.mlp(first.post_attention_layernorm(x))
+        return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V]
+        draft: torch.Tensor = self.lm_head(self.norm(out)).float()  # [B, Vd]
+        if self.target_ids is None:
+            return draft
+        full = draft.new_full((draft.shape[0], self.vocab_size), float("-inf"))  # [B, V]
+        full[:, self.target_ids] = draft
+        return full
+
+
+def _rename(name: str) -> str | None:
+    if name.startswith("verifier_"):  # training-only tensors
+        return None
+    return "layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
+
+
+def _check_vocab_map(path: str, d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> None:
+    ids = torch.arange(d2t.numel()) + d2t.to(torch.int64)  # [Vd] target ids
+    if (
+        d2t.dim() != 1
+        or int(ids.min()) < 0
+        or int(ids.max()) >= vocab
+        or torch.unique(ids).numel() != ids.numel()
+    ):
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r}: d2t must map the {d2t.numel()} draft ids to distinct target ids "
+            f"in [0, {vocab}) (target = draft + d2t[draft])"
+        )
+    if t2d is not None and (
+        t2d.shape != (vocab,) or not bool(t2d.bool()[ids].all()) or int(t2d.sum()) != ids.numel()
+    ):
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r}: t2d (shape {list(t2d.shape)}) must be a bool[{vocab}] mask "
+            "marking exactly the target ids d2t maps to"
+        )
+
+
+def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) -> Eagle3Head:
+    """Load an EAGLE-3 checkpoint folder (either format) for ``target`` (every shape checked)."""
+    raw = read_config("EAGLE-3", path)
+    spec = parse_eagle3_config(path, raw)
+    spec.layer_config._attn_implementation = attn_name
+    tensors = read_tensors("EAGLE-3", path, _rename)
+    t2d = tensors.pop("t2d", None)  # [V] bool, checked against d2t
+    target_embed = target.get_input_embeddings()
+    vocab, ht = int(target_embed.weight.shape[0]), int(target_embed.weight.shape[1])
+    if int(spec.layer_config.vocab_size) != vocab or spec.target_hidden_size != ht:
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r} is for a target with vocab_size {spec.layer_config.vocab_size} and "
+            f"hidden size {spec.target_hidden_size}; this target has {vocab} and {ht}"
+        )
+    embed = target_embed
+    if "embed_tokens.weight" in tensors:
+        weight = tensors.pop("embed_tokens.weight")  # [V, H]
+        embed = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+    elif int(spec.layer_config.hidden_size) != ht:
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r} has a hidden size other than the target's but no embed_tokens"
+        )
+    shares_head = "lm_head.weight" not in tensors and spec.draft_vocab_size == vocab
+    head = Eagle3Head(spec, embed, target.get_output_embeddings() if shares_head else None)
+    expected = module_shapes(head, skip=["embed.weight", "d2t"] + (["lm_head.weight"] if shares_head else []))
+    check_tensors("EAGLE-3", path, expected, tensors, optional=["d2t"])
+    if "d2t" in tensors:
+        _check_vocab_map(path, tensors["d2t"], t2d, vocab)
+    elif spec.draft_vocab_size != vocab:
+        raise ValueError(
+            f"EAGLE-3 checkpoint {path!r} has draft_vocab_size {spec.draft_vocab_size} < {vocab} but no d2t"
+        )
+    head.load_state_dict(tensors, strict=False)
+    head = head.to(device=next(target.parameters()).device, dtype=dtype).eval()
+    d2t = torch.as_tensor(head.d2t)  # [Vd]
+    if ("d2t" in tensors and bool(tensors["d2t"].any())) or spec.draft_vocab_size != vocab:
+        head.target_ids = torch.arange(spec.draft_vocab_size, device=d2t.device) + d2t
+    return head
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """vLLM's EAGLE-3 auxiliary layers when the checkpoint names none: ``(2, L // 2, L - 3)``."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+__all__ = ["Eagle3Head", "Eagle3Spec", "default_aux_layer_ids", "load_eagle3_head", "parse_eagle3_config"]

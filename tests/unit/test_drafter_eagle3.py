@@ -1,0 +1,305 @@
+"""``eagle3`` from the original and the ``speculators`` checkpoint formats.
+
+Checkpoints are written as they ship: the original (``config.json`` = LlamaConfig of the draft layer +
+``draft_vocab_size``, ``midlayer.*``, ``fc``, ``norm``, ``lm_head [Vd, H]``, ``d2t``, ``t2d``) and
+speculators' (``speculators_model_type: eagle3``, ``transformer_layer_config``, ``layers.0.*``,
+``eagle_aux_hidden_state_layer_ids``). The oracle recomputes every step's drafts from the committed
+tokens alone (no cache), so it checks alignment, ``d2t`` mapping and draft-cache rollback at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread  # noqa: F401 - autouse
+from safetensors.torch import save_file
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.proposers.eagle import EagleDrafter
+
+
+@pytest.fixture(scope="module")
+def deep_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 6-layer tiny Llama: vLLM's default aux layers (2, 3, 3) exist in it."""
+    return make_tiny_model(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=6, seed=3)
+
+
+def write_eagle3(
+    path: Path,
+    target_dir: str,
+    fmt: str,
+    draft_vocab: int | None = None,
+    aux_ids: list[int] | None = None,
+    norm_before_residual: bool = False,
+    seed: int = 0,
+) -> str:
+    """A random EAGLE-3 head for the target at ``target_dir`` in format ``fmt`` (original/speculators)."""
+    cfg = json.loads(Path(target_dir, "config.json").read_text())
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    vd = draft_vocab or v
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.3
+
+    first = "midlayer." if fmt == "original" else "layers.0."
+    tensors = {
+        "fc.weight": rnd(h, 3 * h),
+        first + "hidden_norm.weight": 1 + rnd(h),
+        first + "input_layernorm.weight": 1 + rnd(h),
+        first + "self_attn.q_proj.weight": rnd(heads * d, 2 * h),
+        first + "self_attn.k_proj.weight": rnd(kv * d, 2 * h),
+        first + "self_attn.v_proj.weight": rnd(kv * d, 2 * h),
+        first + "self_attn.o_proj.weight": rnd(h, heads * d),
+        first + "post_attention_layernorm.weight": 1 + rnd(h),
+        first + "mlp.gate_proj.weight": rnd(inter, h),
+        first + "mlp.up_proj.weight": rnd(inter, h),
+        first + "mlp.down_proj.weight": rnd(h, inter),
+        "norm.weight": 1 + rnd(h),
+        "lm_head.weight": rnd(vd, h) * 8,
+    }
+    if vd < v:  # a draft vocabulary: the vd target ids it covers, as offsets (target = draft + d2t)
+        ids = torch.randperm(v, generator=gen)[:vd].sort().values
+        tensors["d2t"] = ids - torch.arange(vd)
+        tensors["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True)
+    layer = {**cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}
+    if fmt == "original":
+        config: dict[str, Any] = {
+            **layer,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": vd,
+        }
+    else:
+        config = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "speculators_version": "0.3.0",
+            "transformer_layer_config": layer,
+            "draft_vocab_size": vd,
+            "norm_before_residual": norm_before_residual,
+            "target_hidden_size": None,
+            "eagle_aux_hidden_state_layer_ids": aux_ids,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                "verifier": {"name_or_path": target_dir, "architectures": ["LlamaForCausalLM"]},
+            },
+        }
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def greedy_outputs(target: str) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_original_format_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
+    head = write_eagle3(tmp_path / "e3", deep_target, "original", draft_vocab=48)
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+    llm = check_greedy_identity(deep_target, greedy_outputs(deep_target), spec, EagleDrafter)
+    assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (2, 3, 3)
+
+
+def test_speculators_format_greedy_identity(
+    target_dir: str, expected: list[list[int]], tmp_path: Path
+) -> None:
+    head = write_eagle3(
+        tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2], norm_before_residual=True
+    )
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    llm = check_greedy_identity(target_dir, expected, spec, EagleDrafter)
+    assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (0, 1, 2)
+
+
+def _aux_states(target: Any, tokens: list[int], ids: list[int]) -> torch.Tensor:  # [T, 3H]
+    """Residual streams entering layers ``ids`` (id L = last layer's pre-norm output), by transformers."""
+    layers = target.model.layers
+    kept: list[torch.Tensor] = []
+    handle = layers[-1].register_forward_hook(
+        lambda m, a, out: kept.append(out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    handle.remove()
+    return torch.cat([kept[0][0] if i == len(layers) else states[i][0] for i in ids], dim=-1)
+
+
+def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> list[int]:
+    """EAGLE-3 drafts straight from the pseudo-code, recomputing every row from the committed tokens."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    raw = json.loads(Path(head_dir, "config.json").read_text())
+    speculators = "speculators_model_type" in raw
+    layer_cfg = raw["transformer_layer_config"] if speculators else raw
+    config = LlamaConfig(
+        **{n: x for n, x in layer_cfg.items() if n not in ("architectures", "draft_vocab_size")}
+    )
+    config._attn_implementation = "sdpa"
+    w = {
+        n.replace("midlayer.", "layers.0."): t
+        for n, t in load_file(str(Path(head_dir, "model.safetensors"))).items()
+    }
+    layer = LlamaDecoderLayer(config, 0).double()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        setattr(
+            layer.self_attn,
+            name,
+            torch.nn.Linear(2 * config.hidden_size, getattr(layer.self_attn, name).out_features, bias=False),
+        )
+    layer.load_state_dict(
+        {n[9:]: t for n, t in w.items() if n.startswith("layers.0.") and "hidden_norm" not in n}, strict=False
+    )
+    layer = layer.double()
+    hidden_norm, norm = LlamaRMSNorm(config.hidden_size).double(), LlamaRMSNorm(config.hidden_size).double()
+    hidden_norm.weight.data, norm.weight.data = (
+        w["layers.0.hidden_norm.weight"].double(),
+        w["norm.weight"].double(),
+    )
+    rope = LlamaRotaryEmbedding(config)
+    n_layers = target.config.num_hidden_layers
+    ids = (raw.get("eagle_aux_hidden_state_layer_ids") if speculators else None) or [
+        2,
+        n_layers // 2,
+        n_layers - 3,
+    ]
+    g = list(_aux_states(target, committed[:-1], ids) @ w["fc.weight"].double().T)  # rows' g
+    toks, drafts = committed[1:], []
+    for _ in range(k):
+        e = layer.input_layernorm(target.get_input_embeddings()(torch.tensor([toks])))  # [1, T, H]
+        gs = torch.stack(g)[None]  # [1, T, H]
+        hn = hidden_norm(gs)
+        pos = torch.arange(len(toks))[None]
+        mask = torch.ones(len(toks), len(toks), dtype=torch.bool).tril()[None, None]
+        x = torch.cat([e, hn], -1)
+        attn = layer.self_attn(x, rope(x, pos), mask)[0]
+        x = (hn if raw.get("norm_before_residual") else gs) + attn
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits_d = norm(x[0, -1]) @ w["lm_head.weight"].double().T  # [Vd]
+        draft_id = int(logits_d.argmax())
+        d = draft_id + int(w["d2t"][draft_id]) if "d2t" in w else draft_id
+        drafts.append(d)
+        toks, g = [*toks, d], [*g, x[0, -1]]
+    return drafts
+
+
+@pytest.mark.parametrize("fmt", ["original", "speculators"])
+def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
+    target_dir: str, deep_target: str, tmp_path: Path, fmt: str
+) -> None:
+    target = deep_target if fmt == "original" else target_dir
+    head = write_eagle3(
+        tmp_path / "e3",
+        target,
+        fmt,
+        draft_vocab=64 if fmt == "original" else None,
+        aux_ids=[0, 1, 2],
+        norm_before_residual=True,
+        seed=1,
+    )
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+    )
+    drafter: Any = llm.engine.drafter
+    propose, seen = drafter.propose, []
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        seen.append((inputs.requests[0].num_tokens, out.token_ids[0, : out.num_draft_tokens[0]].tolist()))
+        return out
+
+    drafter.propose = spy
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12))[0].outputs[0]
+    tokens = PROMPTS[0] + out.token_ids
+    assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0
+    for n, drafts in seen:
+        assert drafts == _oracle(target, head, tokens[:n], 3)[: len(drafts)], f"drafts after {n} tokens"
+
+
+def test_drafts_stay_in_the_draft_vocabulary(deep_target: str, tmp_path: Path) -> None:
+    head = write_eagle3(tmp_path / "e3", deep_target, "original", draft_vocab=16, seed=2)
+    from safetensors.torch import load_file
+
+    allowed = set(load_file(os.path.join(head, "model.safetensors"))["t2d"].nonzero().flatten().tolist())
+    llm = LLM(
+        deep_target, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    )
+    drafter: Any = llm.engine.drafter
+    propose, drafted = drafter.propose, set()
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        for b, n in enumerate(out.num_draft_tokens):
+            drafted.update(out.token_ids[b, :n].tolist())
+        return out
+
+    drafter.propose = spy
+    llm.generate(PROMPTS, SamplingParams(temperature=1.0, seed=0, max_tokens=16))
+    assert drafted and drafted <= allowed
+
+
+def _edit(head: str, **changes: Any) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(os.path.join(head, "model.safetensors"))
+    for name, value in changes.items():
+        if value is None:
+            del tensors[name]
+        else:
+            tensors[name] = value
+    save_file(tensors, os.path.join(head, "model.safetensors"))
+
+
+def test_bad_checkpoints_are_refused(target_dir: str, tmp_path: Path) -> None:
+    spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": 2}
+    head = write_eagle3(tmp_path / "default_ids", target_dir, "original")
+    with pytest.raises(
+        ValueError, match=r"3 layer ids in 0\.\.2 \(the target has 2 layers\), got \[2, 1, -1\]"
+    ):
+        LLM(target_dir, speculative_config={**spec, "model": head})
+    head = write_eagle3(tmp_path / "shapes", target_dir, "speculators", aux_ids=[0, 1, 2])
+    _edit(head, **{"norm.weight": None, "fc.weight": torch.zeros(32, 64)})
+    with pytest.raises(
+        ValueError, match=r"missing \['norm.weight'\].*fc.weight: \[32, 64\] \(expected \[32, 96\]\)"
+    ):
+        LLM(target_dir, speculative_config={**spec, "model": head})
+    head = write_eagle3(tmp_path / "d2t", target_dir, "speculators", draft_vocab=16, aux_ids=[0, 1, 2])
+    _edit(head, d2t=torch.full((16,), 120, dtype=torch.int64))
+    with pytest.raises(
+        ValueError, match=r"d2t must map the 16 draft ids to distinct target ids in \[0, 128\)"
+    ):
+        LLM(target_dir, speculative_config={**spec, "model": head})
+    head = write_eagle3(tmp_path / "t2d", target_dir, "speculators", draft_vocab=16, aux_ids=[0, 1, 2])
+    _edit(head, t2d=torch.ones(128, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"t2d \(shape \[128\]\) must be a bool\[128\] mask"):
+        LLM(target_dir, speculative_config={**spec, "model": head})
+
+
+def test_an_eagle1_checkpoint_is_not_an_eagle3_one(target_dir: str, tmp_path: Path) -> None:
+    from test_drafter_eagle import write_eagle1
+
+    head = write_eagle1(tmp_path / "eagle1", target_dir, bias=False)
+    with pytest.raises(
+        ValueError,
+        match=r"EAGLE-3 checkpoint .* missing \[.*'layers.0.hidden_norm.weight'.*"
+        r"fc.weight: \[32, 64\] \(expected \[32, 96\]\)",
+    ):
+        LLM(target_dir, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 2})
