@@ -43,7 +43,9 @@ class ChainHead(torch.nn.Module, ABC):
         """The head's output for each row (fed back as the next row's hidden state)."""
 
     @abstractmethod
-    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V] over the target vocabulary
+    def logits(
+        self, out: torch.Tensor, step: int = 0
+    ) -> torch.Tensor:  # [B, H] -> [B, V] over the target vocabulary
         """Draft logits over the target's vocabulary."""
 
 

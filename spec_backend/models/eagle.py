@@ -56,7 +56,7 @@ class EagleHead(ChainHead):
         x: torch.Tensor = self.fc(torch.cat([e, hidden], dim=-1))  # [B, Q, 2H] -> [B, Q, H]
         return run_layers(self.layers, x, position_ids, self.rotary_emb(x, position_ids), cache, meta)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V]
+    def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         logits: torch.Tensor = self.lm_head(out)
         return logits
 

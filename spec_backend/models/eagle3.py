@@ -154,7 +154,7 @@ class Eagle3Head(ChainHead):
         x = x + first.mlp(first.post_attention_layernorm(x))
         return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, V]
+    def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         draft: torch.Tensor = self.lm_head(self.norm(out)).float()  # [B, Vd]
         if self.target_ids is None:
             return draft

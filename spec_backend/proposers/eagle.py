@@ -112,7 +112,7 @@ class EagleDrafter(Drafter):
             return empty_drafts(batch, self.num_speculative_tokens, rows_h.device)
         chain = DraftChain(inputs.requests, self.probabilistic, rows_h.device)
         for step in range(k_max):
-            ids = chain.draw(self.head.logits(out).float())  # logits [B, V]
+            ids = chain.draw(self.head.logits(out, step).float())  # logits [B, V]
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)
@@ -170,6 +170,11 @@ class EagleDrafter(Drafter):
 def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateRequest) -> EagleDrafter:
     config = ctx.config
     assert config.num_speculative_tokens is not None
+    if config.parallel_drafting:
+        raise ValueError(
+            f"parallel_drafting=True (method={config.method!r}) is not supported by the embedded engine yet: "
+            "its heads draft one token per forward; set parallel_drafting=False"
+        )
     return EagleDrafter(
         head, hidden_states, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs
     )
@@ -216,4 +221,19 @@ def build_eagle3_drafter(ctx: DrafterContext) -> EagleDrafter:
     return _drafter(ctx, head, HiddenStateRequest(aux_layer_ids=tuple(ids)))
 
 
-__all__ = ["EagleDrafter", "build_eagle3_drafter", "build_eagle_drafter"]
+def build_mtp_drafter(ctx: DrafterContext) -> EagleDrafter:
+    """The target checkpoint's own MTP layers (``speculative_config.model``, default: the target)."""
+    from spec_backend.models.mtp import load_mtp_head
+
+    target: Any = ctx.target
+    path = ctx.config.model or ctx.target_path
+    if path is None:
+        raise ValueError("method='mtp' needs the target checkpoint folder (speculative_config['model'])")
+    shipped = getattr(target.config.get_text_config(), "num_nextn_predict_layers", None)
+    k = ctx.config.num_speculative_tokens or 1
+    layers = min(k, shipped) if isinstance(shipped, int) and shipped > 0 else 1
+    head = load_mtp_head(path, target, layers, target.dtype)
+    return _drafter(ctx, head, HiddenStateRequest(final=True))
+
+
+__all__ = ["EagleDrafter", "build_eagle3_drafter", "build_eagle_drafter", "build_mtp_drafter"]

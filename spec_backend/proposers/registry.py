@@ -47,6 +47,7 @@ class DrafterContext:
     target_vocab: dict[str, int] | None = None  # the target tokenizer's token -> id map, when it has one
     backend: Backend | None = None  # for drafters that capture graphs (None: they run eagerly)
     enforce_eager: bool = True
+    target_path: str | None = None  # the target checkpoint's folder (MTP layers live there)
 
 
 Builder = Callable[[DrafterContext], "Drafter"]
@@ -95,6 +96,12 @@ def _eagle3(ctx: DrafterContext) -> Drafter:
     return build_eagle3_drafter(ctx)
 
 
+def _mtp(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.eagle import build_mtp_drafter
+
+    return build_mtp_drafter(ctx)
+
+
 def _medusa(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.medusa import build_medusa_drafter
 
@@ -126,7 +133,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("eagle", "eagle", build=_eagle),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True, build=_eagle3),
         MethodSpec("dflash", "eagle", aux_hidden_states=True),
-        MethodSpec("mtp", "eagle"),
+        MethodSpec("mtp", "eagle", build=_mtp),
         MethodSpec("extract_hidden_states", "record", aux_hidden_states=True, build=_extract_hidden_states),
     )
 }

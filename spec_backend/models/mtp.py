@@ -1,0 +1,173 @@
+"""Multi-token-prediction layers shipped inside the target checkpoint (``method="mtp"``).
+
+Format (DeepSeek-V3, GLM-4.5/4.6 and every ``*_mtp`` that follows them): the target's ``config.json``
+says ``num_nextn_predict_layers`` = n; MTP layer ``i`` is stored after the target's ``L`` decoder layers
+as ``model.layers.{L+i}.*``:
+
+* ``enorm.weight [H]``, ``hnorm.weight [H]``, ``eh_proj.weight [H, 2H]`` (embedding first, then hidden);
+* ``shared_head.norm.weight [H]``, optional ``shared_head.head.weight [V, H]`` and
+  ``embed_tokens.weight [V, H]`` (as vLLM does, the target's LM head and embedding are used; the
+  shipped copies are only shape-checked);
+* a full decoder layer of the target's own kind (attention, MLP or MoE, two norms), loaded into the
+  target's decoder-layer class; MoE experts stored one by one (``mlp.experts.{e}.{gate,up,down}_proj``)
+  are stacked into transformers' fused ``gate_up_proj``/``down_proj``.
+
+One row: ``x = eh_proj(cat(enorm(embed(token_{t+1})), hnorm(h_t)))`` (the embedding is zeroed at
+position 0, as DeepSeek and vLLM do), the decoder layer at position ``t`` on the head's own cache; the
+output is the next row's ``h``; logits are ``lm_head(shared_head.norm(out))``. Draft ``s`` uses layer
+``s % n`` (vLLM's reuse when K > n); the committed rows always go through layer 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import torch
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.models.chain_head import ChainHead
+from spec_backend.models.checkpoint import check_tensors, module_shapes, read_tensors
+
+
+class MtpLayer(torch.nn.Module):
+    """One MTP layer: the two input norms, the projection, the decoder block and the output norm."""
+
+    def __init__(self, block: torch.nn.Module, norm_cls: Any, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.enorm, self.hnorm = norm_cls(hidden, eps=eps), norm_cls(hidden, eps=eps)
+        self.eh_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.block = block
+        self.norm = norm_cls(hidden, eps=eps)
+
+
+class MtpHead(ChainHead):
+    """The MTP layers of a target (see the module docstring)."""
+
+    def __init__(self, target: Any, num_layers: int) -> None:
+        from spec_backend.engine.hidden import decoder_layers, decoder_of
+
+        super().__init__()
+        text = target.config.get_text_config()
+        n_target = int(text.num_hidden_layers)
+        decoder = decoder_of(target)
+        layer_cls = type(decoder_layers(target, n_target)[0])
+        norm_cls = type(decoder.norm)
+        hidden, eps = int(text.hidden_size), float(text.rms_norm_eps)
+        layers = []
+        for i in range(num_layers):
+            block: Any = layer_cls(text, n_target + i)  # the index picks dense vs MoE as in the target
+            block.self_attn.layer_idx = i  # its slot in the head's own cache
+            layers.append(MtpLayer(block, norm_cls, hidden, eps))
+        self.mtp = torch.nn.ModuleList(layers)
+        self.config = copy.copy(text)
+        self.config.num_hidden_layers = num_layers
+        # the target's modules, held in tuples so they are not parameters of the head
+        self.rotary: tuple[Any, ...] = (decoder.rotary_emb,)
+        self.embed: tuple[Any, ...] = (target.get_input_embeddings(),)
+        self.lm_head: tuple[Any, ...] = (target.get_output_embeddings(),)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, Q]
+        hidden: torch.Tensor,  # [B, Q, H]
+        position_ids: torch.Tensor,  # [B, Q]
+        cache: Any,
+        meta: RaggedAttentionMetadata,
+        step: int = 0,
+    ) -> torch.Tensor:  # [B, Q, H]
+        layer: Any = self.mtp[step % len(self.mtp)]
+        e = self.embed[0](input_ids).to(hidden.dtype)  # [B, Q, H]
+        e = torch.where((position_ids == 0)[..., None], torch.zeros_like(e), layer.enorm(e))
+        x = layer.eh_proj(torch.cat([e, layer.hnorm(hidden)], dim=-1))  # [B, Q, 2H] -> [B, Q, H]
+        out: torch.Tensor = layer.block(
+            x,
+            attention_mask=None,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            position_embeddings=self.rotary[0](x, position_ids),
+            spec_attn_metadata=meta,
+        )
+        return out
+
+    def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
+        layer: Any = self.mtp[step % len(self.mtp)]
+        logits: torch.Tensor = self.lm_head[0](layer.norm(out))
+        return logits
+
+
+_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def _rename(n_target: int, num_layers: int) -> Any:
+    pattern = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+    def rename(name: str) -> str | None:
+        m = pattern.fullmatch(name)
+        if m is None or not n_target <= int(m[1]) < n_target + num_layers:
+            return None  # the target's own weights
+        i, rest = int(m[1]) - n_target, m[2]
+        if rest in _SHARED:
+            return f"shared.{i}.{rest}"
+        if rest in ("enorm.weight", "hnorm.weight", "eh_proj.weight"):
+            return f"mtp.{i}.{rest}"
+        if rest == "shared_head.norm.weight":
+            return f"mtp.{i}.norm.weight"
+        return f"mtp.{i}.block.{rest}"
+
+    return rename
+
+
+def _fuse_experts(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
+    """Stack per-expert MoE weights into transformers' fused ``gate_up_proj [E, 2I, H]``/``down_proj``."""
+    for name in [n for n in expected if n.endswith("mlp.experts.gate_up_proj")]:
+        prefix, count = name[: -len("gate_up_proj")], expected[name][0]
+        parts = [f"{prefix}{e}.{p}_proj.weight" for e in range(count) for p in ("gate", "up", "down")]
+        if all(p in tensors for p in parts):
+            gate_up = [
+                torch.cat([tensors[f"{prefix}{e}.{p}_proj.weight"] for p in ("gate", "up")])
+                for e in range(count)
+            ]
+            tensors[name] = torch.stack(gate_up)  # [E, 2I, H]
+            tensors[prefix + "down_proj"] = torch.stack(
+                [tensors[f"{prefix}{e}.down_proj.weight"] for e in range(count)]
+            )
+            for p in parts:
+                del tensors[p]
+
+
+def load_mtp_head(path: str, target: Any, num_layers: int, dtype: torch.dtype) -> MtpHead:
+    """The first ``num_layers`` MTP layers of the target checkpoint at ``path`` (every shape checked)."""
+    text = target.config.get_text_config()
+    n_target, hidden = int(text.num_hidden_layers), int(text.hidden_size)
+    shipped = getattr(text, "num_nextn_predict_layers", None)
+    if not isinstance(shipped, int) or shipped < num_layers:
+        raise ValueError(
+            f"the target checkpoint {path!r} declares num_nextn_predict_layers={shipped!r}; method='mtp' "
+            f"needs {num_layers} MTP layer(s) stored as model.layers.{n_target}.* onward"
+        )
+    tensors = read_tensors("MTP", path, _rename(n_target, num_layers))
+    if not tensors:
+        raise ValueError(
+            f"the target checkpoint {path!r} has no MTP weights: expected "
+            f"model.layers.{n_target}.enorm.weight, eh_proj, hnorm, shared_head.norm and a decoder layer "
+            f"(num_nextn_predict_layers={shipped})"
+        )
+    head = MtpHead(target, num_layers)
+    expected = module_shapes(head)
+    _fuse_experts(tensors, expected)
+    vocab = int(target.get_input_embeddings().weight.shape[0])
+    shared = {f"shared.{i}.{n}": (vocab, hidden) for i in range(num_layers) for n in _SHARED}
+    check_tensors("MTP", path, expected, tensors, optional=shared)
+    wrong = [
+        f"{n}: {list(t.shape)}" for n, t in tensors.items() if n in shared and tuple(t.shape) != shared[n]
+    ]
+    if wrong:
+        raise ValueError(f"MTP checkpoint {path!r}: shared tensors must be [{vocab}, {hidden}], got {wrong}")
+    head.load_state_dict({n: t for n, t in tensors.items() if n not in shared}, strict=True)
+    return head.to(device=next(target.parameters()).device, dtype=dtype).eval()
+
+
+__all__ = ["MtpHead", "MtpLayer", "load_mtp_head"]
