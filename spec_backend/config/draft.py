@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from spec_backend.config.methods import detect_draft_method, mtp_hf_config_override
+from spec_backend.config.methods import checkpoint_method, detect_draft_method, mtp_hf_config_override
 from spec_backend.config.model_configs import ModelConfigLite, ParallelConfigLite
 from spec_backend.config.token_tree import chain_tree
 
@@ -135,6 +135,17 @@ def resolve_draft_model(spec: SpeculativeConfig, model: str) -> None:
     hf = mtp_hf_config_override(draft.hf_config)
     raw_type = hf.get("model_type")
     model_type: str = raw_type if isinstance(raw_type, str) else ""
+    declared, parallel, declared_k = checkpoint_method(hf)
+    if declared is not None:
+        if spec.method not in ("draft_model", declared):
+            raise ValueError(
+                f"method={spec.method!r} does not match the draft checkpoint {model!r}, which is a "
+                f"{declared!r} checkpoint; use method={declared!r} or leave method unset"
+            )
+        spec.method = declared
+        spec.parallel_drafting = spec.parallel_drafting or parallel
+        if spec.num_speculative_tokens is None:
+            spec.num_speculative_tokens = declared_k
     spec.method = detect_draft_method(spec.method, model, model_type, spec.num_speculative_tokens)
     if spec.method == "dflash":
         spec.parallel_drafting = True

@@ -181,6 +181,42 @@ def detect_draft_method(
     )
 
 
+#: ``speculators_model_type`` -> (method, parallel drafting)
+_SPECULATORS_TYPES: Final[dict[str, tuple[SpeculativeMethod, bool]]] = {
+    "eagle": ("eagle", False),
+    "eagle3": ("eagle3", False),
+    "peagle": ("eagle3", True),
+    "dflash": ("dflash", True),
+    "mtp": ("mtp", False),
+}
+
+#: ``architectures[0]`` of draft checkpoints that are not plain causal LMs -> method
+_DRAFT_ARCHITECTURES: Final[dict[str, SpeculativeMethod]] = {
+    "LlamaForCausalLMEagle3": "eagle3",
+    "Eagle3LlamaForCausalLM": "eagle3",
+    "DFlashDraftModel": "dflash",
+}
+
+
+def checkpoint_method(hf_config: dict[str, Any]) -> tuple[SpeculativeMethod | None, bool, int | None]:
+    """(method, parallel drafting, K) a draft config declares itself: the ``speculators`` format
+    (``speculators_model_type``, K from its first proposal method) or a known draft architecture."""
+    kind = hf_config.get("speculators_model_type")
+    if kind is None:
+        return _DRAFT_ARCHITECTURES.get(_first_architecture(hf_config)), False, None
+    if kind not in _SPECULATORS_TYPES:
+        raise ValueError(
+            f"speculators_model_type={kind!r} is not supported; supported: {sorted(_SPECULATORS_TYPES)}"
+        )
+    method, parallel = _SPECULATORS_TYPES[kind]
+    spec = hf_config.get("speculators_config")
+    proposals = spec.get("proposal_methods") if isinstance(spec, dict) else None
+    first = (
+        proposals[0] if isinstance(proposals, list) and proposals and isinstance(proposals[0], dict) else {}
+    )
+    return method, parallel, _int_or_none(first.get("speculative_tokens"))
+
+
 # --- MTP hf_config overrides (what vLLM's hf_config_override does, on plain dicts) -------------------
 
 #: model_type of a full checkpoint -> model_type of its MTP drafter.
@@ -275,6 +311,7 @@ __all__ = [
     "SPECULATIVE_METHODS",
     "SpeculativeMethod",
     "check_method_name",
+    "checkpoint_method",
     "detect_draft_method",
     "infer_method",
     "mtp_hf_config_override",

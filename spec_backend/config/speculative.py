@@ -303,6 +303,11 @@ class SpeculativeConfig(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
         """Parse ``--speculative-config`` JSON (an object) and validate it."""
+        return cls.model_validate(cls.json_object(text))
+
+    @staticmethod
+    def json_object(text: str) -> dict[str, Any]:
+        """``--speculative-config`` JSON as a dict (``ValueError`` for bad JSON or a non-object)."""
         if not isinstance(text, str):
             raise ValueError(f"speculative_config JSON must be a string, got {type(text).__name__}")
         try:
@@ -314,7 +319,7 @@ class SpeculativeConfig(BaseModel):
                 'speculative_config JSON must be an object such as {"method": "ngram", '
                 f'"num_speculative_tokens": 3}}, got {type(data).__name__}: {text[:200]!r}'
             )
-        return cls.model_validate(data)
+        return data
 
     def bind(self, backend: SupportsSpeculativeTokenCheck) -> SpeculativeConfig:
         """Check this config against a backend's token limits; raise ``ValueError`` naming backend,

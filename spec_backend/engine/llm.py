@@ -20,6 +20,8 @@ from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, parse_prompts
 from spec_backend.engine.loader import (
+    ModelLoadError,
+    ModelSource,
     load_model,
     load_tokenizer,
     register_attention,
@@ -28,6 +30,7 @@ from spec_backend.engine.loader import (
 )
 from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.request import Request
+from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
 from spec_backend.proposers.registry import DrafterContext
@@ -35,19 +38,6 @@ from spec_backend.proposers.registry import DrafterContext
 logger = logging.getLogger("spec_backend.engine")
 
 PromptInput = str | Sequence[int] | dict[str, Any]
-
-
-def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
-    """``None``, a ``SpeculativeConfig``, a dict or a JSON object string → a validated config."""
-    if value is None or isinstance(value, SpeculativeConfig):
-        return value
-    if isinstance(value, str):
-        return SpeculativeConfig.from_json(value) if value.strip() else None
-    if isinstance(value, dict):
-        return SpeculativeConfig.model_validate(value)
-    raise ValueError(
-        f"speculative_config must be a dict, a JSON string or a SpeculativeConfig, got {value!r}"
-    )
 
 
 def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
@@ -91,6 +81,23 @@ def _check_args(
         raise ValueError(f"kv_transfer_config must be a dict, got {type(kv_transfer_config).__name__}")
 
 
+def _check_parallel_args(tensor_parallel_size: Any, executor: Any, async_scheduling: Any) -> None:
+    """vLLM's parallelism arguments, accepted so its offline examples run: one device, one process."""
+    if tensor_parallel_size != 1:
+        raise ValueError(
+            "tensor_parallel_size must be 1 (the embedded engine runs on one device), "
+            f"got {tensor_parallel_size!r}"
+        )
+    if executor not in (None, "mp", "uni"):
+        raise ValueError(
+            f"distributed_executor_backend must be None, 'mp' or 'uni' (one process), got {executor!r}"
+        )
+    if async_scheduling not in (None, False, True):
+        raise ValueError(f"async_scheduling must be a bool or None, got {async_scheduling!r}")
+    if async_scheduling:
+        logger.info("async_scheduling=True: the embedded engine schedules each step synchronously")
+
+
 class LLM:
     """A Hugging Face causal LM with speculative decoding and continuous batching.
 
@@ -129,14 +136,10 @@ class LLM:
         enforce_eager: bool = False,
         kv_cache_memory_bytes: int | None = None,
         kv_transfer_config: dict[str, Any] | None = None,
+        distributed_executor_backend: str | None = None,
+        async_scheduling: bool | None = None,
     ) -> None:
-        # vLLM-compatible arguments, so vLLM's offline examples run unchanged: the embedded engine runs
-        # on one device.
-        if tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size must be 1 (the embedded engine runs on one device), "
-                f"got {tensor_parallel_size!r}"
-            )
+        _check_parallel_args(tensor_parallel_size, distributed_executor_backend, async_scheduling)
         _check_args(
             enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config
         )
@@ -148,9 +151,13 @@ class LLM:
                 f"backend {self.backend.name!r} cannot run on this machine: {status.reason} "
                 f"(installed backends and their status: spec-backend backends)"
             )
-        self.speculative_config = parse_speculative_config(speculative_config)
+        try:  # the checkpoints' config.json complete the speculative config (spec_config)
+            source: ModelSource | None = resolve_model(model)
+        except ModelLoadError:
+            source = None  # configuration errors are reported before the model's
+        self.speculative_config = parse_speculative_config(speculative_config, source)
         verifier = self._verifier(additional_config, kv_transfer_config)
-        self.source = resolve_model(model)
+        self.source = source if source is not None else resolve_model(model)
         attn_name = register_attention(self.backend)
         self.model = load_model(self.source, attn_name, resolve_dtype(dtype), self.backend.device())
         self.backend.prepare_model(self.model)
@@ -211,6 +218,7 @@ class LLM:
                 dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
                 self.backend,
                 enforce_eager or bool(spec.enforce_eager),
+                self.source.directory if self.source.gguf_file is None else None,
             )
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
         runner, slots, drafter = assemble(

@@ -91,8 +91,12 @@ def test_first_drafts_follow_the_published_step(target_dir: str, tmp_path: Path,
 
 def test_refusals(target_dir: str, tmp_path: Path) -> None:
     path = write_mlp(tmp_path / "mlp", tied=False)
-    with pytest.raises(ValueError, match="num_speculative_tokens=4 exceeds the MLPSpeculator's n_predict=3"):
-        LLM(target_dir, speculative_config=_spec(path, 4))
+    with pytest.raises(
+        ValueError, match="num_speculative_tokens=4 must be a multiple of the draft model's n_predict=3"
+    ):
+        LLM(target_dir, speculative_config=_spec(path, 4))  # vLLM's rule, from the checkpoint's config.json
+    with pytest.raises(ValueError, match="num_speculative_tokens=6 exceeds the MLPSpeculator's n_predict=3"):
+        LLM(target_dir, speculative_config=_spec(path, 6))  # a multiple, but these heads are not reused
     cfg = json.loads(Path(path, "config.json").read_text())
     Path(path, "config.json").write_text(json.dumps({**cfg, "emb_dim": 64}))
     with pytest.raises(ValueError, match="needs emb_dim=32, vocab_size=128"):

@@ -123,16 +123,20 @@ def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
     assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
 
 
-def test_eagle_reads_hidden_states_through_the_captured_step(llama_dir: str, tmp_path: Path) -> None:
-    """The captured callable returns (logits, final hidden states): EAGLE drafts the same as eager."""
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_reads_hidden_states_through_the_captured_step(
+    llama_dir: str, tmp_path: Path, method: str
+) -> None:
+    """The captured callable returns (logits, final or aux hidden states): drafts are the same as eager."""
     from engine_fixtures import record_drafts
     from test_drafter_eagle import write_eagle1
+    from test_drafter_eagle3 import write_eagle3
 
-    spec = {
-        "method": "eagle",
-        "model": write_eagle1(tmp_path / "eagle", llama_dir, bias=True),
-        "num_speculative_tokens": K,
-    }
+    if method == "eagle":
+        head = write_eagle1(tmp_path / "eagle", llama_dir, bias=True)
+    else:
+        head = write_eagle3(tmp_path / "eagle3", llama_dir, "speculators", draft_vocab=64, aux_ids=[0, 1, 2])
+    spec = {"method": method, "model": head, "num_speculative_tokens": K}
     eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)

@@ -79,3 +79,99 @@ def test_seed_none_draws_fresh_samples(model_dir: str) -> None:
 def test_tensor_parallelism_is_refused_clearly(model_dir: str) -> None:
     with pytest.raises(ValueError, match=r"tensor_parallel_size must be 1 .* got 4"):
         LLM(model=model_dir, tensor_parallel_size=4)
+
+
+def test_eagle_offline_example_of_the_ascend_guide(
+    model_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Seed 003's EAGLE example (one device instead of four), with a tiny head in EAGLE-1's format."""
+    from test_drafter_eagle import write_eagle1
+
+    head = write_eagle1(tmp_path_factory.mktemp("eagle") / "EAGLE-tiny", model_dir, bias=True)
+    llm = LLM(
+        model=model_dir,
+        tensor_parallel_size=1,
+        distributed_executor_backend="mp",
+        enforce_eager=True,
+        async_scheduling=True,
+        speculative_config={
+            "method": "eagle",
+            "model": head,
+            "draft_tensor_parallel_size": 1,
+            "num_speculative_tokens": 2,
+        },
+    )
+    _run_example(llm)
+    assert llm.metrics.total.num_draft_tokens > 0
+
+
+def test_eagle_config_of_the_vllm_guide_infers_the_method(
+    model_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Seed 001's EAGLE config; the folder name (``EAGLE-...``) alone selects ``eagle``, as in vLLM."""
+    from test_drafter_eagle import write_eagle1
+
+    head = write_eagle1(tmp_path_factory.mktemp("eagle") / "EAGLE-LLaMA3.1-tiny", model_dir, bias=False)
+    llm = LLM(
+        model=model_dir, speculative_config={"model": head, "num_speculative_tokens": 3, "max_model_len": 256}
+    )
+    assert llm.speculative_config is not None and llm.speculative_config.method == "eagle"
+    _run_example(llm)
+
+
+@pytest.mark.parametrize("fmt", ["original", "speculators"])
+def test_eagle3_offline_example(model_dir: str, tmp_path_factory: pytest.TempPathFactory, fmt: str) -> None:
+    """Seed 003's EAGLE-3 config (``method`` must say eagle3) with a head in each published format."""
+    from test_drafter_eagle3 import write_eagle3
+
+    head = write_eagle3(
+        tmp_path_factory.mktemp("e3") / "draft", model_dir, fmt, draft_vocab=64, aux_ids=[0, 1, 2]
+    )
+    if fmt == "original":  # the original format names no aux layers: a 2-layer target has no (2, 1, -1)
+        with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids must be 3 layer ids"):
+            LLM(
+                model=model_dir,
+                speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+            )
+        return
+    llm = LLM(
+        model=model_dir, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    )
+    _run_example(llm)
+    assert llm.metrics.total.num_draft_tokens > 0
+
+
+def test_speculators_checkpoint_alone_selects_eagle3_and_k(
+    model_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from test_drafter_eagle3 import write_eagle3
+
+    head = write_eagle3(tmp_path_factory.mktemp("e3") / "draft", model_dir, "speculators", aux_ids=[0, 1, 2])
+    llm = LLM(model=model_dir, speculative_config={"model": head})
+    spec = llm.speculative_config
+    assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("eagle3", 3)
+    with pytest.raises(
+        ValueError, match=r"method='medusa' does not match the draft checkpoint .* 'eagle3' checkpoint"
+    ):
+        LLM(
+            model=model_dir,
+            speculative_config={"method": "medusa", "model": head, "num_speculative_tokens": 2},
+        )
+
+
+def test_mtp_online_example_config(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Seed 003's MTP ``--speculative-config`` (a JSON string) on a GLM-style checkpoint with MTP layers."""
+    from test_drafter_mtp import write_glm_with_mtp
+
+    target = write_glm_with_mtp(tmp_path_factory.mktemp("mtp") / "glm", nextn=1)
+    llm = LLM(
+        model=target,
+        seed=1024,
+        max_model_len=256,
+        max_num_seqs=10,
+        speculative_config='{"num_speculative_tokens": 2, "method":"mtp", '
+        '"disable_padded_drafter_batch": false}',
+    )
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.8, top_p=0.95, max_tokens=MAX_TOKENS))
+    assert len(out[0].outputs[0].token_ids) == MAX_TOKENS and out[0].outputs[0].error is None
+    assert llm.metrics.total.num_draft_tokens > 0
