@@ -46,6 +46,24 @@ def record_drafts(llm: LLM) -> list[list[int]]:
     return seen
 
 
+def draft_history(
+    llm: LLM, prompt: list[int], max_tokens: int
+) -> tuple[list[int], list[tuple[int, list[int]]]]:
+    """Greedy generation of ``prompt`` alone: (prompt + output tokens, and per step the number of tokens
+    committed when the drafter proposed and the drafts it proposed within its budget)."""
+    drafter: Any = llm.engine.drafter
+    propose, seen = drafter.propose, []
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        seen.append((inputs.requests[0].num_tokens, out.token_ids[0, : out.num_draft_tokens[0]].tolist()))
+        return out
+
+    drafter.propose = spy
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))[0].outputs[0]
+    return prompt + out.token_ids, seen
+
+
 def check_greedy_identity(
     target_dir: str, expected: list[list[int]], spec: dict[str, Any], drafter_type: type
 ) -> LLM:

@@ -19,7 +19,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, draft_history, one_thread  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -218,17 +218,7 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
         dtype="float64",
         speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
     )
-    drafter: Any = llm.engine.drafter
-    propose, seen = drafter.propose, []
-
-    def spy(inputs: Any) -> Any:
-        out = propose(inputs)
-        seen.append((inputs.requests[0].num_tokens, out.token_ids[0, : out.num_draft_tokens[0]].tolist()))
-        return out
-
-    drafter.propose = spy
-    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12))[0].outputs[0]
-    tokens = PROMPTS[0] + out.token_ids
+    tokens, seen = draft_history(llm, PROMPTS[0], 12)
     assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0
     for n, drafts in seen:
         assert drafts == _oracle(target, head, tokens[:n], 3)[: len(drafts)], f"drafts after {n} tokens"

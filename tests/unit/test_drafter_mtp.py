@@ -20,7 +20,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -145,17 +145,7 @@ def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[i
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: Path) -> None:
     target = write_glm_with_mtp(tmp_path / "one", nextn=1, seed=4)
     llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    drafter: Any = llm.engine.drafter
-    propose, seen = drafter.propose, []
-
-    def spy(inputs: Any) -> Any:
-        out = propose(inputs)
-        seen.append((inputs.requests[0].num_tokens, out.token_ids[0, : out.num_draft_tokens[0]].tolist()))
-        return out
-
-    drafter.propose = spy
-    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=10))[0].outputs[0]
-    tokens = PROMPTS[0] + out.token_ids
+    tokens, seen = draft_history(llm, PROMPTS[0], 10)
     assert len(seen) >= 3
     for n, drafts in seen:
         assert drafts == _oracle(target, tokens[:n], 2, 1)[: len(drafts)], f"drafts after {n} tokens"
