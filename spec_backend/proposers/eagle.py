@@ -18,30 +18,25 @@ vocabulary mapped through ``d2t`` for EAGLE-3); drafts are argmax or sampled (``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spec_backend.proposers.contract import (
-    Drafter,
     DraftInputs,
     DraftOutput,
-    DraftRequest,
     HiddenStateRequest,
-    SlotCache,
     empty_drafts,
 )
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.step import build_step_batch
+from spec_backend.proposers.head_cache import HeadCacheDrafter
 
 if TYPE_CHECKING:
-    from spec_backend.engine.kv_cache import RaggedKVCache
     from spec_backend.models.chain_head import ChainHead
     from spec_backend.proposers.registry import DrafterContext
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(HeadCacheDrafter):
     """See the module docstring. ``hidden_states``: what ``head`` reads (final, or aux layer ids)."""
 
     def __init__(
@@ -52,61 +47,21 @@ class EagleDrafter(Drafter):
         max_model_len: int,
         probabilistic: bool,
     ) -> None:
-        from spec_backend.engine.kv_cache import kv_layout
-
         if hidden_states.final == bool(hidden_states.aux_layer_ids):
             raise ValueError(
                 f"an EAGLE-style head reads either the final state or aux layers, got {hidden_states}"
             )
-        self.head, self.hidden_states = head, hidden_states
-        self.num_speculative_tokens = k
-        self.max_model_len = max_model_len
-        self.probabilistic = probabilistic
-        param = next(head.parameters())
-        self.layout = kv_layout(head.config, param.dtype, param.device)
-        self.cache: RaggedKVCache | None = None
-        self._rows: dict[str, int] = {}  # per request: cache rows fed with target hidden states
-
-    def cache_bytes_per_slot(self) -> int:
-        return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
-
-    def allocate_caches(self, num_slots: int) -> None:
-        from spec_backend.engine.kv_cache import RaggedKVCache
-
-        self.cache = RaggedKVCache(
-            self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
-        )
-
-    def caches(self) -> Sequence[SlotCache]:
-        return (self._cache(),)
-
-    def _cache(self) -> RaggedKVCache:
-        if self.cache is None:
-            raise RuntimeError("the EAGLE head's cache was not allocated (allocate_caches)")
-        return self.cache
-
-    def add_request(self, request: DraftRequest) -> None:
-        self._rows[request.request_id] = 0
-
-    def remove_request(self, request_id: str) -> None:
-        self._rows.pop(request_id, None)
-
-    def _features(self, inputs: DraftInputs) -> torch.Tensor:  # [N, F]
-        target = inputs.target
-        features = target.final if self.hidden_states.final else target.aux
-        if features is None:
-            raise RuntimeError(f"the target returned no {self.hidden_states} hidden states for the drafter")
-        return features.flatten(1)  # aux [N, n, H] -> [N, n·H]
+        super().__init__(head.config, next(head.parameters()), hidden_states, k, max_model_len, probabilistic)
+        self.head = head
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        rows_h = self.head.combine(self._features(inputs))  # [N, H]
+        rows_h = self.head.combine(self.features(inputs))  # [N, H]
+        self.rollback(inputs)
         tokens, hidden, lens = self._committed(inputs, rows_h)
         start, batch = inputs.batch.start, len(inputs.requests)
         out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
-        for b, request in enumerate(inputs.requests):
-            if lens[b]:  # a dummy row (nothing committed) is not a row fed with target hidden states
-                self._rows[request.request_id] = self._cache().lengths[start + b]
+        self.mark_committed(inputs, lens)
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, rows_h.device)
@@ -120,14 +75,12 @@ class EagleDrafter(Drafter):
     def _committed(
         self, inputs: DraftInputs, rows_h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Roll back, then this step's committed rows: tokens ``[B, M]``, hidden ``[B, M, H]``, counts."""
-        cache, batch = self._cache(), inputs.batch
+        """This step's committed rows: tokens ``[B, M]`` (each row's next token), hidden ``[B, M, H]``,
+        counts."""
+        batch = inputs.batch
         loc = batch.query_start_loc.tolist()
         rows: list[tuple[torch.Tensor, list[int]]] = []
-        for b, request in enumerate(inputs.requests):
-            cache.truncate(
-                batch.start + b, min(cache.lengths[batch.start + b], self._rows.get(request.request_id, 0))
-            )
+        for b in range(len(inputs.requests)):
             kept = inputs.accepted.new_token_ids[b]
             if inputs.accepted.is_prefill:
                 nxt = batch.input_ids[loc[b] + 1 : loc[b + 1]].tolist() + kept[:1]
@@ -148,8 +101,7 @@ class EagleDrafter(Drafter):
     ) -> torch.Tensor:
         """One head forward; a request with nothing to feed gets a dummy row (not counted as committed)."""
         cache = self._cache()
-        query = [max(1, n) for n in lens]
-        batch = build_step_batch(start, tokens, query, cache.lengths[start : start + len(query)])
+        batch = self.step_batch(start, tokens, lens)
         cache.begin_step(batch)
         try:
             out = self.head(
@@ -162,7 +114,7 @@ class EagleDrafter(Drafter):
             )
         finally:
             cache.end_step()
-        rows = torch.arange(len(query), device=out.device)
+        rows = torch.arange(len(lens), device=out.device)
         last: torch.Tensor = out[rows, batch.query_lens - 1]  # [B, H]
         return last
 
