@@ -102,6 +102,12 @@ def _mtp(ctx: DrafterContext) -> Drafter:
     return build_mtp_drafter(ctx)
 
 
+def _dflash(ctx: DrafterContext) -> Drafter:
+    from spec_backend.proposers.dflash import build_dflash_drafter
+
+    return build_dflash_drafter(ctx)
+
+
 def _medusa(ctx: DrafterContext) -> Drafter:
     from spec_backend.proposers.medusa import build_medusa_drafter
 
@@ -132,7 +138,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("mlp_speculator", "head", build=_mlp_speculator),
         MethodSpec("eagle", "eagle", build=_eagle),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True, build=_eagle3),
-        MethodSpec("dflash", "eagle", aux_hidden_states=True),
+        MethodSpec("dflash", "eagle", aux_hidden_states=True, build=_dflash),
         MethodSpec("mtp", "eagle", build=_mtp),
         MethodSpec("extract_hidden_states", "record", aux_hidden_states=True, build=_extract_hidden_states),
     )

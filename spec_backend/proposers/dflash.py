@@ -1,0 +1,111 @@
+"""``dflash``: block drafting — all K drafts of a step from one forward of the DFlash head.
+
+After each step the drafter writes the committed tokens' target features into its cache as context
+(a prefill's prompt rows, or a decode step's first row plus one per accepted draft; rows never hold
+drafts, so nothing is recomputed), then runs the block ``[last committed token, MASK × K]`` at the
+positions that follow and reads draft ``i`` from block row ``i`` (``spec_backend.models.dflash``).
+Drafts are argmax or sampled per position from that forward's distributions (``draft_sampling``); each
+draft's distribution does not depend on the other drafts' values, so the probabilities passed to the
+sampler are exactly those the drafts were drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spec_backend.proposers.contract import DraftInputs, DraftOutput, HiddenStateRequest, empty_drafts
+from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.head_cache import HeadCacheDrafter
+
+if TYPE_CHECKING:
+    from spec_backend.models.dflash import DFlashHead, DFlashSpec
+    from spec_backend.proposers.registry import DrafterContext
+
+
+class DFlashDrafter(HeadCacheDrafter):
+    """See the module docstring."""
+
+    def __init__(
+        self, head: DFlashHead, spec: DFlashSpec, k: int, max_model_len: int, probabilistic: bool
+    ) -> None:
+        hidden = HiddenStateRequest(aux_layer_ids=spec.aux_layer_ids)
+        super().__init__(head.config, next(head.parameters()), hidden, k, max_model_len, probabilistic)
+        self.head, self.spec = head, spec
+
+    def _context(self, inputs: DraftInputs, features: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """This step's committed rows' features ``[B, C, F]`` and their counts."""
+        loc = inputs.batch.query_start_loc.tolist()
+        accepted = inputs.accepted
+        lens = [
+            loc[b + 1] - loc[b] if accepted.is_prefill else accepted.num_accepted[b] + 1
+            for b in range(len(inputs.requests))
+        ]
+        rows = features.new_zeros((len(lens), max(1, *lens), features.shape[1]))  # [B, C, F]
+        for b, n in enumerate(lens):
+            rows[b, :n] = features[loc[b] : loc[b] + n]
+        return rows, lens
+
+    def _block(self, inputs: DraftInputs, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ids ``[B, K+1]`` = [last committed token, MASK × K] and their positions ``[B, K+1]``."""
+        k, requests = self.num_speculative_tokens, inputs.requests
+        last = [r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1] for r in requests]
+        ids = torch.full((len(requests), k + 1), self.spec.mask_token_id, dtype=torch.int64)
+        ids[:, 0] = torch.tensor(last, dtype=torch.int64)
+        first = torch.tensor([r.num_tokens - 1 for r in requests], dtype=torch.int64)
+        positions = first[:, None] + torch.arange(k + 1)[None]
+        return ids.to(device), positions.to(device)
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        features = self.features(inputs)  # [N, n·Ht]
+        self.rollback(inputs)
+        rows, lens = self._context(inputs, features)
+        start, cache = inputs.batch.start, self._cache()
+        tokens = torch.zeros(rows.shape[:2], dtype=torch.int64, device=rows.device)  # [B, C] (unused ids)
+        batch = self.step_batch(start, tokens, lens)
+        block_ids, block_positions = self._block(inputs, rows.device)
+        cache.begin_step(batch)
+        try:
+            logits = self.head(
+                rows[:, : batch.max_query_len],
+                batch.padded_positions(),
+                block_ids,
+                block_positions,
+                cache,
+                batch.seq_lens,
+            )  # [B, K+1, V]
+        finally:
+            cache.end_step()
+        self.mark_committed(inputs, lens)
+        k_max = max(inputs.budgets, default=0)
+        if k_max == 0:
+            return empty_drafts(len(inputs.requests), self.num_speculative_tokens, rows.device)
+        chain = DraftChain(inputs.requests, self.probabilistic, rows.device)
+        for i in range(k_max):
+            chain.draw(logits[:, i + 1])
+        return chain.output(inputs.budgets)
+
+
+def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:
+    """Load ``speculative_config.model`` (z-lab DFlash format) for the target."""
+    from spec_backend.models.dflash import load_dflash_head
+
+    config, target = ctx.config, ctx.target
+    if config.model is None:
+        raise ValueError("method='dflash' needs speculative_config['model'] (a DFlash checkpoint folder)")
+    model: Any = target
+    head, spec = load_dflash_head(config.model, model, str(model.config._attn_implementation), model.dtype)
+    assert config.num_speculative_tokens is not None
+    if config.num_speculative_tokens > spec.block_size - 1:
+        raise ValueError(
+            f"num_speculative_tokens={config.num_speculative_tokens} exceeds what the DFlash checkpoint "
+            f"{config.model!r} drafts per block (block_size {spec.block_size} - 1 = {spec.block_size - 1})"
+        )
+    return DFlashDrafter(
+        head, spec, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs
+    )
+
+
+__all__ = ["DFlashDrafter", "build_dflash_drafter"]

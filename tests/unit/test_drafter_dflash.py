@@ -1,0 +1,178 @@
+"""``dflash`` from z-lab's checkpoint format: greedy identity, a from-scratch oracle, refusals.
+
+The checkpoint is written as z-lab ships it: ``config.json`` = a Qwen3Config of the draft layers plus
+``block_size``, ``num_target_layers``, ``dflash_config: {mask_token_id, target_layer_ids}`` and
+``architectures: ["DFlashDraftModel"]``; safetensors ``fc``, ``hidden_norm``, ``layers.{i}.*`` (with
+``q_norm``/``k_norm``), ``norm``; no embedding, no LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, draft_history, one_thread  # noqa: F401 - autouse
+from safetensors.torch import load_file, save_file
+
+from spec_backend.engine import LLM
+from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.proposers.dflash import DFlashDrafter
+
+MASK = 127
+
+
+@pytest.fixture(scope="module")
+def deep_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 6-layer tiny Llama: z-lab's default target layers for 2 draft layers are (1, 3)."""
+    return make_tiny_model(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=6, seed=5)
+
+
+def write_dflash(
+    path: Path, target_dir: str, layers: int = 2, target_layer_ids: list[int] | None = None, seed: int = 0
+) -> str:
+    """A random DFlash head for the target at ``target_dir`` in z-lab's format (block size 8)."""
+    target = json.loads(Path(target_dir, "config.json").read_text())
+    h, inter, d = 32, 64, 8
+    n_feat = len(target_layer_ids) if target_layer_ids else layers
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.3
+
+    tensors = {"fc.weight": rnd(h, n_feat * h), "hidden_norm.weight": 1 + rnd(h), "norm.weight": 1 + rnd(h)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": rnd(4 * d, h),
+            p + "self_attn.k_proj.weight": rnd(2 * d, h),
+            p + "self_attn.v_proj.weight": rnd(2 * d, h),
+            p + "self_attn.o_proj.weight": rnd(h, 4 * d),
+            p + "self_attn.q_norm.weight": 1 + rnd(d),
+            p + "self_attn.k_norm.weight": 1 + rnd(d),
+            p + "input_layernorm.weight": 1 + rnd(h),
+            p + "post_attention_layernorm.weight": 1 + rnd(h),
+            p + "mlp.gate_proj.weight": rnd(inter, h),
+            p + "mlp.up_proj.weight": rnd(inter, h),
+            p + "mlp.down_proj.weight": rnd(h, inter),
+        }
+    dflash: dict[str, Any] = {"mask_token_id": MASK}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = target_layer_ids
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": target["vocab_size"],
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": d,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "block_size": 8,
+        "num_target_layers": target["num_hidden_layers"],
+        "dflash_config": dflash,
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
+    head = write_dflash(tmp_path / "dflash", deep_target)
+    expected = [o.outputs[0].token_ids for o in LLM(deep_target, dtype="float64").generate(PROMPTS, GREEDY)]
+    spec = {"method": "dflash", "model": head, "num_speculative_tokens": k}
+    llm = check_greedy_identity(deep_target, expected, spec, DFlashDrafter)
+    assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (2, 4)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x [T, heads, d]
+    d = x.shape[-1]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = pos.double()[:, None] * inv[None]  # [T, d/2]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1)[:, None], torch.cat([ang.sin(), ang.sin()], -1)[:, None]
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+
+def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> list[int]:
+    """DFlash from the pseudo-code: context = every committed token but the last, one block, no cache."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    w = {n: t.double() for n, t in load_file(os.path.join(head_dir, "model.safetensors")).items()}
+    ids = [1, 3]  # z-lab's default for 6 target layers and 2 draft layers: outputs of layers 1 and 3
+    with torch.no_grad():
+        states = target(torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states
+        feats = torch.cat([states[i + 1][0] for i in ids], -1)  # [C, 2H]
+        ctx = _rms(feats @ w["fc.weight"].T, w["hidden_norm.weight"])  # [C, H]
+        n = len(committed)
+        block = [committed[-1]] + [MASK] * k
+        x = target.get_input_embeddings()(torch.tensor(block))  # [Q, H]
+        pos_c, pos_q = torch.arange(n - 1), torch.arange(n - 1, n + k)
+        for i in range(2):
+            p = f"layers.{i}.self_attn."
+            h = _rms(x, w[f"layers.{i}.input_layernorm.weight"])
+            both = torch.cat([ctx, h])  # keys/values come from the context and the block alike
+            q = _rope(_rms((h @ w[p + "q_proj.weight"].T).view(-1, 4, 8), w[p + "q_norm.weight"]), pos_q)
+            kk = _rope(
+                _rms((both @ w[p + "k_proj.weight"].T).view(-1, 2, 8), w[p + "k_norm.weight"]),
+                torch.cat([pos_c, pos_q]),
+            )
+            v = (both @ w[p + "v_proj.weight"].T).view(-1, 2, 8)
+            kk, v = kk.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # GQA: 4 heads over 2
+            att = torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) / 8**0.5, -1)  # no mask: non-causal
+            x = x + torch.einsum("hqk,khd->qhd", att, v).reshape(len(block), -1) @ w[p + "o_proj.weight"].T
+            m = f"layers.{i}.mlp."
+            y = _rms(x, w[f"layers.{i}.post_attention_layernorm.weight"])
+            act = torch.nn.functional.silu(y @ w[m + "gate_proj.weight"].T) * (y @ w[m + "up_proj.weight"].T)
+            x = x + act @ w[m + "down_proj.weight"].T
+        logits = target.lm_head(_rms(x, w["norm.weight"]))  # [Q, V]
+    return logits[1:].argmax(-1).tolist()
+
+
+def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
+    deep_target: str, tmp_path: Path
+) -> None:
+    head = write_dflash(tmp_path / "dflash", deep_target, seed=1)
+    llm = LLM(
+        deep_target,
+        dtype="float64",
+        speculative_config={"method": "dflash", "model": head, "num_speculative_tokens": 3},
+    )
+    tokens, seen = draft_history(llm, PROMPTS[2], 12)
+    assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0
+    for n, drafts in seen:
+        assert drafts == _oracle(deep_target, head, tokens[:n], 3)[: len(drafts)], f"drafts after {n} tokens"
+
+
+def test_method_comes_from_the_checkpoint_and_bad_ones_are_refused(deep_target: str, tmp_path: Path) -> None:
+    head = write_dflash(tmp_path / "dflash", deep_target, layers=1, target_layer_ids=[0, 2, 4])
+    llm = LLM(deep_target, speculative_config={"model": head, "num_speculative_tokens": 2})
+    assert isinstance(llm.engine.drafter, DFlashDrafter)
+    assert llm.engine.drafter.hidden_states.aux_layer_ids == (1, 3, 5)
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=8 exceeds .* \(block_size 8 - 1 = 7\)"):
+        LLM(deep_target, speculative_config={"model": head, "num_speculative_tokens": 8})
+    bad = write_dflash(tmp_path / "ids", deep_target, target_layer_ids=[1, 6])
+    with pytest.raises(ValueError, match=r"target_layer_ids \[1, 6\] must be layer ids in 0\.\.5"):
+        LLM(deep_target, speculative_config={"model": bad, "num_speculative_tokens": 2})
+    tensors = load_file(os.path.join(head, "model.safetensors"))
+    del tensors["layers.0.self_attn.k_norm.weight"]
+    save_file(tensors, os.path.join(head, "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"DFlash checkpoint .* missing \['layers.0.self_attn.k_norm.weight'\]"
+    ):
+        LLM(deep_target, speculative_config={"model": head, "num_speculative_tokens": 2})
