@@ -8,10 +8,8 @@ The checkpoint is written as z-lab ships it: ``config.json`` = a Qwen3Config of 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.dflash import DFlashDrafter
+from spec_backend.testing.draft_checkpoints import write_dflash
 
 MASK = 127
 
@@ -32,59 +31,6 @@ MASK = 127
 def deep_target(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 6-layer tiny Llama: z-lab's default target layers for 2 draft layers are (1, 3)."""
     return make_tiny_model(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=6, seed=5)
-
-
-def write_dflash(
-    path: Path, target_dir: str, layers: int = 2, target_layer_ids: list[int] | None = None, seed: int = 0
-) -> str:
-    """A random DFlash head for the target at ``target_dir`` in z-lab's format (block size 8)."""
-    target = json.loads(Path(target_dir, "config.json").read_text())
-    h, inter, d = 32, 64, 8
-    n_feat = len(target_layer_ids) if target_layer_ids else layers
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * 0.3
-
-    tensors = {"fc.weight": rnd(h, n_feat * h), "hidden_norm.weight": 1 + rnd(h), "norm.weight": 1 + rnd(h)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rnd(4 * d, h),
-            p + "self_attn.k_proj.weight": rnd(2 * d, h),
-            p + "self_attn.v_proj.weight": rnd(2 * d, h),
-            p + "self_attn.o_proj.weight": rnd(h, 4 * d),
-            p + "self_attn.q_norm.weight": 1 + rnd(d),
-            p + "self_attn.k_norm.weight": 1 + rnd(d),
-            p + "input_layernorm.weight": 1 + rnd(h),
-            p + "post_attention_layernorm.weight": 1 + rnd(h),
-            p + "mlp.gate_proj.weight": rnd(inter, h),
-            p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-        }
-    dflash: dict[str, Any] = {"mask_token_id": MASK}
-    if target_layer_ids is not None:
-        dflash["target_layer_ids"] = target_layer_ids
-    config = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": target["vocab_size"],
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": d,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 512,
-        "block_size": 8,
-        "num_target_layers": target["num_hidden_layers"],
-        "dflash_config": dflash,
-    }
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])

@@ -21,37 +21,7 @@ from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.eagle import EagleDrafter
-
-
-def write_eagle1(path: Path, target_dir: str, bias: bool, seed: int = 0) -> str:
-    """A random EAGLE-1 head for the target at ``target_dir``, in the published format."""
-    with open(os.path.join(target_dir, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg.update({"num_hidden_layers": 1, "bias": bias, "architectures": ["LlamaForCausalLM"]})
-    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * 0.3
-
-    tensors = {
-        "fc.weight": rnd(h, 2 * h),
-        "layers.0.self_attn.q_proj.weight": rnd(heads * d, h),
-        "layers.0.self_attn.k_proj.weight": rnd(kv * d, h),
-        "layers.0.self_attn.v_proj.weight": rnd(kv * d, h),
-        "layers.0.self_attn.o_proj.weight": rnd(h, heads * d),
-        "layers.0.mlp.gate_proj.weight": rnd(inter, h),
-        "layers.0.mlp.up_proj.weight": rnd(inter, h),
-        "layers.0.mlp.down_proj.weight": rnd(h, inter),
-        "layers.0.post_attention_layernorm.weight": 1 + rnd(h),
-    }
-    if bias:
-        tensors["fc.bias"] = rnd(h)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+from spec_backend.testing.draft_checkpoints import write_eagle1
 
 
 @pytest.mark.parametrize(("k", "bias"), [(1, True), (3, False), (3, True)])

@@ -25,81 +25,13 @@ from safetensors.torch import save_file
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.eagle import EagleDrafter
+from spec_backend.testing.draft_checkpoints import write_eagle3
 
 
 @pytest.fixture(scope="module")
 def deep_target(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 6-layer tiny Llama: vLLM's default aux layers (2, 3, 3) exist in it."""
     return make_tiny_model(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=6, seed=3)
-
-
-def write_eagle3(
-    path: Path,
-    target_dir: str,
-    fmt: str,
-    draft_vocab: int | None = None,
-    aux_ids: list[int] | None = None,
-    norm_before_residual: bool = False,
-    seed: int = 0,
-) -> str:
-    """A random EAGLE-3 head for the target at ``target_dir`` in format ``fmt`` (original/speculators)."""
-    cfg = json.loads(Path(target_dir, "config.json").read_text())
-    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    vd = draft_vocab or v
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * 0.3
-
-    first = "midlayer." if fmt == "original" else "layers.0."
-    tensors = {
-        "fc.weight": rnd(h, 3 * h),
-        first + "hidden_norm.weight": 1 + rnd(h),
-        first + "input_layernorm.weight": 1 + rnd(h),
-        first + "self_attn.q_proj.weight": rnd(heads * d, 2 * h),
-        first + "self_attn.k_proj.weight": rnd(kv * d, 2 * h),
-        first + "self_attn.v_proj.weight": rnd(kv * d, 2 * h),
-        first + "self_attn.o_proj.weight": rnd(h, heads * d),
-        first + "post_attention_layernorm.weight": 1 + rnd(h),
-        first + "mlp.gate_proj.weight": rnd(inter, h),
-        first + "mlp.up_proj.weight": rnd(inter, h),
-        first + "mlp.down_proj.weight": rnd(h, inter),
-        "norm.weight": 1 + rnd(h),
-        "lm_head.weight": rnd(vd, h) * 8,
-    }
-    if vd < v:  # a draft vocabulary: the vd target ids it covers, as offsets (target = draft + d2t)
-        ids = torch.randperm(v, generator=gen)[:vd].sort().values
-        tensors["d2t"] = ids - torch.arange(vd)
-        tensors["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True)
-    layer = {**cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}
-    if fmt == "original":
-        config: dict[str, Any] = {
-            **layer,
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "draft_vocab_size": vd,
-        }
-    else:
-        config = {
-            "architectures": ["Eagle3Speculator"],
-            "speculators_model_type": "eagle3",
-            "speculators_version": "0.3.0",
-            "transformer_layer_config": layer,
-            "draft_vocab_size": vd,
-            "norm_before_residual": norm_before_residual,
-            "target_hidden_size": None,
-            "eagle_aux_hidden_state_layer_ids": aux_ids,
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                "verifier": {"name_or_path": target_dir, "architectures": ["LlamaForCausalLM"]},
-            },
-        }
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
 
 
 def greedy_outputs(target: str) -> list[list[int]]:
@@ -284,7 +216,7 @@ def test_bad_checkpoints_are_refused(target_dir: str, tmp_path: Path) -> None:
 
 
 def test_an_eagle1_checkpoint_is_not_an_eagle3_one(target_dir: str, tmp_path: Path) -> None:
-    from test_drafter_eagle import write_eagle1
+    from spec_backend.testing.draft_checkpoints import write_eagle1
 
     head = write_eagle1(tmp_path / "eagle1", target_dir, bias=False)
     with pytest.raises(

@@ -129,8 +129,8 @@ def test_eagle_reads_hidden_states_through_the_captured_step(
 ) -> None:
     """The captured callable returns (logits, final or aux hidden states): drafts are the same as eager."""
     from engine_fixtures import record_drafts
-    from test_drafter_eagle import write_eagle1
-    from test_drafter_eagle3 import write_eagle3
+
+    from spec_backend.testing.draft_checkpoints import write_eagle1, write_eagle3
 
     if method == "eagle":
         head = write_eagle1(tmp_path / "eagle", llama_dir, bias=True)

@@ -1,0 +1,190 @@
+"""Random draft checkpoints written in the published on-disk formats, for tests and benchmarks.
+
+Each writer reads the target's ``config.json`` (sizes, vocabulary) and writes ``config.json`` +
+``model.safetensors`` exactly as the method's checkpoints ship (tensor names, shapes, config fields), with
+random weights. They prove that loaders read the real formats; they say nothing about acceptance.
+
+* ``write_eagle1``: EAGLE-1 (``yuhuili/EAGLE-*``): LlamaConfig + ``bias``, ``fc``, ``layers.0.*`` without
+  ``input_layernorm``.
+* ``write_eagle3``: EAGLE-3 in the original format (``midlayer.*``, ``draft_vocab_size``) or the
+  ``speculators`` format (``transformer_layer_config``, ``layers.0.*``), with ``d2t``/``t2d`` when the
+  draft vocabulary is smaller than the target's.
+* ``write_dflash``: z-lab DFlash (Qwen3Config + ``block_size``, ``dflash_config``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _target_config(target_dir: str) -> dict[str, Any]:
+    with open(os.path.join(target_dir, "config.json"), encoding="utf-8") as f:
+        cfg: dict[str, Any] = json.load(f)
+    heads = cfg["num_attention_heads"]
+    cfg.setdefault("head_dim", cfg["hidden_size"] // heads)
+    cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
+    return cfg
+
+
+def _save(path: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> str:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+class _Random:
+    """Random tensors of one seed, scaled to keep activations in range."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, *shape: int, scale: float = 0.3) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen) * scale
+
+    def norm(self, size: int) -> torch.Tensor:
+        return 1 + self(size)
+
+
+def _attention_mlp(rnd: _Random, prefix: str, cfg: dict[str, Any], width: int) -> dict[str, torch.Tensor]:
+    """One Llama-style layer's projections; q/k/v read ``width`` inputs (2H for EAGLE-3's first layer)."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    std = width**-0.5
+    return {
+        prefix + "self_attn.q_proj.weight": rnd(heads * d, width, scale=std),
+        prefix + "self_attn.k_proj.weight": rnd(kv * d, width, scale=std),
+        prefix + "self_attn.v_proj.weight": rnd(kv * d, width, scale=std),
+        prefix + "self_attn.o_proj.weight": rnd(h, heads * d, scale=(heads * d) ** -0.5),
+        prefix + "mlp.gate_proj.weight": rnd(inter, h, scale=h**-0.5),
+        prefix + "mlp.up_proj.weight": rnd(inter, h, scale=h**-0.5),
+        prefix + "mlp.down_proj.weight": rnd(h, inter, scale=inter**-0.5),
+        prefix + "post_attention_layernorm.weight": rnd.norm(h),
+    }
+
+
+def write_eagle1(path: Path, target_dir: str, bias: bool, seed: int = 0) -> str:
+    """A random EAGLE-1 head for the target at ``target_dir``."""
+    cfg = _target_config(target_dir)
+    cfg.update({"num_hidden_layers": 1, "bias": bias, "architectures": ["LlamaForCausalLM"]})
+    h, rnd = cfg["hidden_size"], _Random(seed)
+    tensors = {
+        "fc.weight": rnd(h, 2 * h, scale=(2 * h) ** -0.5 * 1.7),
+        **_attention_mlp(rnd, "layers.0.", cfg, h),
+    }
+    if bias:
+        tensors["fc.bias"] = rnd(h)
+    return _save(path, tensors, cfg)
+
+
+def write_eagle3(
+    path: Path,
+    target_dir: str,
+    fmt: str,
+    draft_vocab: int | None = None,
+    aux_ids: list[int] | None = None,
+    norm_before_residual: bool = False,
+    seed: int = 0,
+) -> str:
+    """A random EAGLE-3 head for the target at ``target_dir`` in ``fmt`` ("original" or "speculators")."""
+    if fmt not in ("original", "speculators"):
+        raise ValueError(f"fmt must be 'original' or 'speculators', got {fmt!r}")
+    cfg = _target_config(target_dir)
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    vd, rnd = draft_vocab or v, _Random(seed)
+    first = "midlayer." if fmt == "original" else "layers.0."
+    tensors = {
+        "fc.weight": rnd(h, 3 * h, scale=(3 * h) ** -0.5 * 1.7),
+        first + "hidden_norm.weight": rnd.norm(h),
+        first + "input_layernorm.weight": rnd.norm(h),
+        **_attention_mlp(rnd, first, cfg, 2 * h),
+        "norm.weight": rnd.norm(h),
+        "lm_head.weight": rnd(vd, h, scale=8 * h**-0.5),
+    }
+    if vd < v:  # the vd target ids the draft vocabulary covers, as offsets (target = draft + d2t)
+        ids = torch.randperm(v, generator=rnd.gen)[:vd].sort().values
+        tensors["d2t"] = ids - torch.arange(vd)
+        tensors["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True)
+    layer = {**cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}
+    if fmt == "original":
+        return _save(
+            path, tensors, {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vd}
+        )
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": vd,
+        "norm_before_residual": norm_before_residual,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": aux_ids,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": target_dir, "architectures": cfg.get("architectures")},
+        },
+    }
+    return _save(path, tensors, config)
+
+
+def write_dflash(
+    path: Path,
+    target_dir: str,
+    layers: int = 2,
+    target_layer_ids: list[int] | None = None,
+    mask_token_id: int | None = None,
+    block_size: int = 8,
+    seed: int = 0,
+) -> str:
+    """A random z-lab DFlash head for the target at ``target_dir`` (mask token: the last id by default)."""
+    cfg = _target_config(target_dir)
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    n_feat, rnd = len(target_layer_ids) if target_layer_ids else layers, _Random(seed)
+    tensors = {
+        "fc.weight": rnd(h, n_feat * h, scale=(n_feat * h) ** -0.5 * 1.7),
+        "hidden_norm.weight": rnd.norm(h),
+        "norm.weight": rnd.norm(h),
+    }
+    for i in range(layers):
+        p = f"layers.{i}."
+        tensors |= _attention_mlp(rnd, p, cfg, h)
+        tensors |= {
+            p + "self_attn.q_norm.weight": rnd.norm(d),
+            p + "self_attn.k_norm.weight": rnd.norm(d),
+            p + "input_layernorm.weight": rnd.norm(h),
+        }
+    dflash: dict[str, Any] = {
+        "mask_token_id": cfg["vocab_size"] - 1 if mask_token_id is None else mask_token_id
+    }
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = target_layer_ids
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": cfg["vocab_size"],
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": d,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
+        "block_size": block_size,
+        "num_target_layers": cfg["num_hidden_layers"],
+        "dflash_config": dflash,
+    }
+    return _save(path, tensors, config)
+
+
+__all__ = ["write_dflash", "write_eagle1", "write_eagle3"]
