@@ -10,6 +10,8 @@ random weights. They prove that loaders read the real formats; they say nothing 
   ``speculators`` format (``transformer_layer_config``, ``layers.0.*``), with ``d2t``/``t2d`` when the
   draft vocabulary is smaller than the target's.
 * ``write_dflash``: z-lab DFlash (Qwen3Config + ``block_size``, ``dflash_config``).
+* ``write_medusa``: Medusa heads in vLLM's or FasterDecoding's safetensors layout.
+* ``write_mlp_speculator``: IBM's MLPSpeculator, tied or untied, with or without ``speculator.``.
 """
 
 from __future__ import annotations
@@ -187,4 +189,74 @@ def write_dflash(
     return _save(path, tensors, config)
 
 
-__all__ = ["write_dflash", "write_eagle1", "write_eagle3"]
+def write_medusa(path: Path, hidden: int, vocab: int, heads: int, layout: str, seed: int = 0) -> str:
+    """Random one-layer Medusa heads in vLLM's (``layout="vllm"``) or FasterDecoding's safetensors layout."""
+    if layout not in ("vllm", "fasterdecoding"):
+        raise ValueError(f"layout must be 'vllm' or 'fasterdecoding', got {layout!r}")
+    rnd = _Random(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(heads):
+        w, b, head = (
+            rnd(hidden, hidden, scale=0.3 * (32 / hidden) ** 0.5),
+            rnd(hidden, scale=0.1),
+            rnd(vocab, hidden, scale=1.0),
+        )
+        if layout == "vllm":
+            tensors |= {
+                f"blocks.{i}.layers.0.weight": w,
+                f"blocks.{i}.layers.0.bias": b,
+                f"lm_heads.{i}.weight": head,
+            }
+        else:
+            tensors |= {f"{i}.0.linear.weight": w, f"{i}.0.linear.bias": b, f"{i}.1.weight": head}
+    config: dict[str, Any] = (
+        {
+            "model_type": "medusa",
+            "num_heads": heads,
+            "num_hidden_layers": 1,
+            "medusa_fc_bias": True,
+            "hidden_size": hidden,
+            "vocab_size": vocab,
+        }
+        if layout == "vllm"
+        else {"medusa_num_heads": heads, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"}
+    )
+    return _save(path, tensors, config)
+
+
+def write_mlp_speculator(
+    path: Path,
+    hidden: int,
+    vocab: int,
+    inner: int,
+    n_predict: int,
+    tied: bool,
+    prefix: str = "speculator.",
+    seed: int = 0,
+) -> str:
+    """A random IBM MLPSpeculator (tied or untied weights; ``prefix`` ``"speculator."`` or ``""``)."""
+    rnd = _Random(seed)
+    steps = 1 if tied else n_predict
+    t: dict[str, torch.Tensor] = {"proj.0.weight": rnd(inner, hidden, scale=0.3 * (32 / hidden) ** 0.5)}
+    for i in range(1, 2 if tied else n_predict):
+        t[f"proj.{i}.weight"] = rnd(inner, inner)
+    for i in range(steps):
+        t[f"emb.{i}.weight"] = rnd(vocab, inner, scale=1.0)
+        t[f"head.{i}.weight"] = rnd(vocab, inner, scale=1.0)
+        t[f"ln.{i}.weight"] = 1 + rnd(inner, scale=0.1)
+        t[f"ln.{i}.bias"] = rnd(inner, scale=0.1)
+    config = {
+        "model_type": "mlp_speculator",
+        "vocab_size": vocab,
+        "emb_dim": hidden,
+        "inner_dim": inner,
+        "n_predict": n_predict,
+        "tie_weights": tied,
+        "scale_input": tied,
+        "top_k_tokens_per_head": [1] * n_predict,
+        "n_candidates": 1,
+    }
+    return _save(path, {prefix + k: v for k, v in t.items()}, config)
+
+
+__all__ = ["write_dflash", "write_eagle1", "write_eagle3", "write_medusa", "write_mlp_speculator"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -13,47 +12,16 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
-from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.medusa import MedusaDrafter
+from spec_backend.testing import draft_checkpoints
 
 H, V, HEADS = 32, 128, 3
 
 
 def write_medusa(path: Path, layout: str, seed: int = 0) -> str:
-    gen = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for i in range(HEADS):
-        w, b, head = (
-            torch.randn(H, H, generator=gen) * 0.3,
-            torch.randn(H, generator=gen) * 0.1,
-            torch.randn(V, H, generator=gen),
-        )
-        if layout == "vllm":
-            tensors |= {
-                f"blocks.{i}.layers.0.weight": w,
-                f"blocks.{i}.layers.0.bias": b,
-                f"lm_heads.{i}.weight": head,
-            }
-        else:
-            tensors |= {f"{i}.0.linear.weight": w, f"{i}.0.linear.bias": b, f"{i}.1.weight": head}
-    cfg: dict[str, Any] = (
-        {
-            "model_type": "medusa",
-            "num_heads": HEADS,
-            "num_hidden_layers": 1,
-            "medusa_fc_bias": True,
-            "hidden_size": H,
-            "vocab_size": V,
-        }
-        if layout == "vllm"
-        else {"medusa_num_heads": HEADS, "medusa_num_layers": 1, "base_model_name_or_path": "tiny"}
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+    return draft_checkpoints.write_medusa(path, H, V, HEADS, layout, seed)
 
 
 @pytest.mark.parametrize(("layout", "k"), [("vllm", 3), ("fasterdecoding", 1), ("fasterdecoding", 3)])

@@ -15,31 +15,17 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.mlp_speculator import MLPSpeculatorDrafter
+from spec_backend.testing import draft_checkpoints
 
 H, V, INNER, N = 32, 128, 24, 3
 
 
 def write_mlp(path: Path, tied: bool, prefix: str = "speculator.", seed: int = 0) -> str:
-    gen = torch.Generator().manual_seed(seed)
-    steps = 1 if tied else N
-    t: dict[str, torch.Tensor] = {"proj.0.weight": torch.randn(INNER, H, generator=gen) * 0.3}
-    for i in range(1, 2 if tied else N):
-        t[f"proj.{i}.weight"] = torch.randn(INNER, INNER, generator=gen) * 0.3
-    for i in range(steps):
-        t[f"emb.{i}.weight"] = torch.randn(V, INNER, generator=gen)
-        t[f"head.{i}.weight"] = torch.randn(V, INNER, generator=gen)
-        t[f"ln.{i}.weight"] = 1 + 0.1 * torch.randn(INNER, generator=gen)
-        t[f"ln.{i}.bias"] = 0.1 * torch.randn(INNER, generator=gen)
-    cfg = {"model_type": "mlp_speculator", "vocab_size": V, "emb_dim": H, "inner_dim": INNER, "n_predict": N}
-    cfg |= {"tie_weights": tied, "scale_input": tied, "top_k_tokens_per_head": [1] * N, "n_candidates": 1}
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({prefix + k: v for k, v in t.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+    return draft_checkpoints.write_mlp_speculator(path, H, V, INNER, N, tied, prefix, seed)
 
 
 def _spec(path: str, k: int) -> dict[str, Any]:
