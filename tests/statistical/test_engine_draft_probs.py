@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import statistics
 from collections import Counter
-from itertools import product
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import engine_laws
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
@@ -45,17 +46,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def exact_law(model_dir: str) -> SeqDist:
-    """P(x_1..x_LENGTH | PROMPT) at temperature 1, by enumeration in float64."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    law: SeqDist = {}
-    for seq in product(range(VOCAB), repeat=LENGTH):
-        with torch.no_grad():
-            logits = model(torch.tensor([PROMPT + list(seq[:-1])])).logits[0, len(PROMPT) - 1 :]  # [L, V]
-        probs = torch.softmax(logits, dim=-1)
-        law[seq] = float(torch.prod(probs[torch.arange(LENGTH), torch.tensor(seq)]))
-    return law
+    return engine_laws.exact_law(model_dir, PROMPT, VOCAB, LENGTH)
 
 
 def run(target: str, draft: str, method: str) -> tuple[Counter[tuple[int, ...]], list[int]]:
