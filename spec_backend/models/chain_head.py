@@ -8,6 +8,8 @@ Glossary:
   concatenation of auxiliary layer states (EAGLE-3), ``[N, F]``;
 * ``combine`` — maps features to the head's hidden size ``[N, F] -> [N, H]`` (EAGLE-3's ``fc``; the
   identity elsewhere); drafts feed the head's own outputs, which are already ``[*, H]``;
+* *parallel drafting* — P-EAGLE: K-1 mask rows (mask token, ``mask_features()``) follow the committed
+  rows in the same causal forward, so the last committed row and the mask rows give all K drafts;
 * ``step`` — the draft index a forward serves (0 for the committed rows and the first draft); heads
   with several prediction layers (MTP) pick their layer by it.
 """
@@ -29,6 +31,11 @@ class ChainHead(torch.nn.Module, ABC):
 
     def combine(self, features: torch.Tensor) -> torch.Tensor:  # [N, F] -> [N, H]
         return features
+
+    def mask_features(self) -> torch.Tensor | None:  # [H]
+        """The hidden input of parallel drafting's mask rows (P-EAGLE's ``fc(mask_hidden)``); ``None``
+        for heads not trained for parallel drafting."""
+        return None
 
     @abstractmethod
     def forward(

@@ -6,7 +6,9 @@ Formats:
   ``draft_vocab_size`` and optional ``target_hidden_size``; weights ``midlayer.*`` (the first layer),
   ``fc.weight [H, 3·Ht]``, ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t int64[Vd]``,
   ``t2d bool[V]``, optional ``embed_tokens.weight``.
-* **speculators** (``speculators_model_type: "eagle3"``): the draft layers' config under
+* **speculators** (``speculators_model_type: "eagle3"``, or ``"peagle"`` for P-EAGLE heads trained
+  for parallel drafting, which add ``mask_token_id`` and ``mask_hidden [1, 1, 3·Ht]``): the draft
+  layers' config under
   ``transformer_layer_config`` (llama, qwen2 or qwen3), ``draft_vocab_size``, ``norm_before_residual``,
   ``norm_before_fc``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids``; weights
   ``layers.{i}.*`` instead of ``midlayer.*``, optional ``input_norm.weight [3·Ht]``.
@@ -50,6 +52,7 @@ class Eagle3Spec:
     use_aux_hidden_state: bool
     aux_layer_ids: tuple[int, ...] | None
     speculators: bool
+    mask_token_id: int | None = None  # parallel drafting: the token of the mask rows (P-EAGLE)
 
 
 def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
@@ -57,10 +60,10 @@ def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
     from transformers import AutoConfig
 
     speculators = raw.get("speculators_model_type") is not None
-    if speculators and raw["speculators_model_type"] != "eagle3":
+    if speculators and raw["speculators_model_type"] not in ("eagle3", "peagle"):
         raise ValueError(
             f"EAGLE-3 checkpoint {path!r} has speculators_model_type={raw['speculators_model_type']!r}, "
-            "expected 'eagle3'"
+            "expected 'eagle3' or 'peagle'"
         )
     bad = [f for f in _UNSUPPORTED_FLAGS if raw.get(f)]
     if bad:
@@ -83,6 +86,9 @@ def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
         use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
         aux_layer_ids=tuple(int(i) for i in ids) if ids else None,
         speculators=speculators,
+        mask_token_id=next(
+            (raw[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if raw.get(k) is not None), None
+        ),
     )
 
 
@@ -125,6 +131,10 @@ class Eagle3Head(ChainHead):
             features = self.input_norm(features)
         out: torch.Tensor = self.fc(features)
         return out
+
+    def mask_features(self) -> torch.Tensor | None:  # [H] the mask rows' g, or None
+        mask: torch.Tensor | None = getattr(self, "mask_hidden", None)  # [3·Ht]
+        return None if mask is None else self.combine(mask[None])[0]
 
     def forward(
         self,
@@ -197,6 +207,7 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
     spec.layer_config._attn_implementation = attn_name
     tensors = read_tensors("EAGLE-3", path, _rename)
     t2d = tensors.pop("t2d", None)  # [V] bool, checked against d2t
+    mask_hidden = tensors.pop("mask_hidden", None)  # P-EAGLE: [1, 1, 3·Ht] features of the mask rows
     target_embed = target.get_input_embeddings()
     vocab, ht = int(target_embed.weight.shape[0]), int(target_embed.weight.shape[1])
     if int(spec.layer_config.vocab_size) != vocab or spec.target_hidden_size != ht:
@@ -223,6 +234,13 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
             f"EAGLE-3 checkpoint {path!r} has draft_vocab_size {spec.draft_vocab_size} < {vocab} but no d2t"
         )
     head.load_state_dict(tensors, strict=False)
+    if mask_hidden is not None:
+        if mask_hidden.numel() != 3 * ht:
+            raise ValueError(
+                f"EAGLE-3 checkpoint {path!r}: mask_hidden has shape {list(mask_hidden.shape)}, expected "
+                f"{3 * ht} values ([1, 1, {3 * ht}])"
+            )
+        head.register_buffer("mask_hidden", mask_hidden.reshape(-1))  # [3·Ht]
     head = head.to(device=next(target.parameters()).device, dtype=dtype).eval()
     d2t = torch.as_tensor(head.d2t)  # [Vd]
     if ("d2t" in tensors and bool(tensors["d2t"].any())) or spec.draft_vocab_size != vocab:

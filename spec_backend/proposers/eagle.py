@@ -46,6 +46,7 @@ class EagleDrafter(HeadCacheDrafter):
         k: int,
         max_model_len: int,
         probabilistic: bool,
+        mask_token_id: int | None = None,
     ) -> None:
         if hidden_states.final == bool(hidden_states.aux_layer_ids):
             raise ValueError(
@@ -53,12 +54,15 @@ class EagleDrafter(HeadCacheDrafter):
             )
         super().__init__(head.config, next(head.parameters()), hidden_states, k, max_model_len, probabilistic)
         self.head = head
+        self.mask_token_id = mask_token_id  # parallel drafting (P-EAGLE) when set
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         rows_h = self.head.combine(self.features(inputs))  # [N, H]
         self.rollback(inputs)
         tokens, hidden, lens = self._committed(inputs, rows_h)
+        if self.mask_token_id is not None:
+            return self._propose_parallel(inputs, tokens, hidden, lens)
         start, batch = inputs.batch.start, len(inputs.requests)
         out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
         self.mark_committed(inputs, lens)
@@ -70,6 +74,33 @@ class EagleDrafter(HeadCacheDrafter):
             ids = chain.draw(self.head.logits(out, step).float())  # logits [B, V]
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
+        return chain.output(inputs.budgets)
+
+    def _propose_parallel(
+        self, inputs: DraftInputs, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int]
+    ) -> DraftOutput:
+        """P-EAGLE: K-1 mask rows after each request's committed rows, one causal forward, K drafts."""
+        mask_h, extra = self.head.mask_features(), self.num_speculative_tokens - 1  # [H]
+        assert mask_h is not None and self.mask_token_id is not None
+        base = [max(1, n) for n in lens]  # a dummy row when nothing was committed
+        batch, width = len(lens), max(base) + extra
+        ids = tokens.new_full((batch, width), self.mask_token_id)  # [B, M + K - 1]
+        rows = hidden.new_zeros((batch, width, hidden.shape[-1]))  # [B, M + K - 1, H]
+        for b, n in enumerate(base):
+            ids[b, :n], rows[b, :n], rows[b, n : n + extra] = tokens[b, :n], hidden[b, :n], mask_h
+        out = self._forward(inputs.batch.start, ids, rows, [n + extra for n in base], 0)  # [B, Q, H]
+        self.mark_committed(inputs, lens, trailing=extra)
+        k_max = max(inputs.budgets, default=0)
+        if k_max == 0:
+            return empty_drafts(batch, self.num_speculative_tokens, out.device)
+        first = torch.tensor([n - 1 for n in base], device=out.device)  # [B] last committed row
+        picked = out[
+            torch.arange(batch, device=out.device)[:, None],
+            first[:, None] + torch.arange(k_max, device=out.device),
+        ]
+        chain = DraftChain(inputs.requests, self.probabilistic, out.device)
+        for d in range(k_max):  # draft d+1 from the last committed row (d = 0) or mask row d
+            chain.draw(self.head.logits(picked[:, d]).float())  # picked [B, k_max, H]
         return chain.output(inputs.budgets)
 
     def _committed(
@@ -98,13 +129,21 @@ class EagleDrafter(HeadCacheDrafter):
 
     def _run(
         self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int], step: int = 0
-    ) -> torch.Tensor:
+    ) -> torch.Tensor:  # [B, H] each request's last row
         """One head forward; a request with nothing to feed gets a dummy row (not counted as committed)."""
+        out = self._forward(start, tokens, hidden, lens, step)  # [B, Q, H]
+        last_col = torch.tensor([max(1, n) - 1 for n in lens], device=out.device)  # [B]
+        last: torch.Tensor = out[torch.arange(len(lens), device=out.device), last_col]
+        return last
+
+    def _forward(
+        self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int], step: int
+    ) -> torch.Tensor:  # [B, Q, H]
         cache = self._cache()
         batch = self.step_batch(start, tokens, lens)
         cache.begin_step(batch)
         try:
-            out = self.head(
+            out: torch.Tensor = self.head(
                 tokens[:, : batch.max_query_len],
                 hidden[:, : batch.max_query_len],
                 batch.padded_positions(),
@@ -114,21 +153,34 @@ class EagleDrafter(HeadCacheDrafter):
             )
         finally:
             cache.end_step()
-        rows = torch.arange(len(lens), device=out.device)
-        last: torch.Tensor = out[rows, batch.query_lens - 1]  # [B, H]
-        return last
+        return out
 
 
 def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateRequest) -> EagleDrafter:
     config = ctx.config
     assert config.num_speculative_tokens is not None
+    mask_token = None
     if config.parallel_drafting:
-        raise ValueError(
-            f"parallel_drafting=True (method={config.method!r}) is not supported by the embedded engine yet: "
-            "its heads draft one token per forward; set parallel_drafting=False"
-        )
+        mask_token = getattr(getattr(head, "spec", None), "mask_token_id", None)
+        target: Any = ctx.target
+        vocab = int(target.get_input_embeddings().weight.shape[0])
+        if isinstance(mask_token, int) and not 0 <= mask_token < vocab:
+            raise ValueError(
+                f"{config.model!r}: mask_token_id={mask_token} is outside the target vocabulary [0, {vocab})"
+            )
+        if head.mask_features() is None or mask_token is None:
+            raise ValueError(
+                f"parallel_drafting=True needs a head trained for it (a P-EAGLE checkpoint with mask_hidden "
+                f"and mask_token_id); {config.model!r} (method={config.method!r}) has "
+                f"{'no mask_hidden' if head.mask_features() is None else 'no mask_token_id'}"
+            )
     return EagleDrafter(
-        head, hidden_states, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs
+        head,
+        hidden_states,
+        config.num_speculative_tokens,
+        ctx.max_model_len,
+        config.uses_draft_probs,
+        mask_token,
     )
 
 

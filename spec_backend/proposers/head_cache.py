@@ -86,12 +86,13 @@ class HeadCacheDrafter(Drafter):
         query = [max(1, n) for n in lens]
         return build_step_batch(start, tokens, query, cache.lengths[start : start + len(query)])
 
-    def mark_committed(self, inputs: DraftInputs, lens: Sequence[int]) -> None:
-        """After a forward over committed rows: each request's cache length is now all target-fed rows."""
+    def mark_committed(self, inputs: DraftInputs, lens: Sequence[int], trailing: int = 0) -> None:
+        """After a forward over committed rows (and ``trailing`` rows that are not): every cache row but
+        the trailing ones was fed with target features."""
         cache, start = self._cache(), inputs.batch.start
         for b, request in enumerate(inputs.requests):
             if lens[b]:  # a dummy row is not a row fed with target hidden states
-                self._rows[request.request_id] = cache.lengths[start + b]
+                self._rows[request.request_id] = cache.lengths[start + b] - trailing
 
 
 __all__ = ["HeadCacheDrafter"]

@@ -95,9 +95,11 @@ def write_eagle3(
     norm_before_residual: bool = False,
     seed: int = 0,
 ) -> str:
-    """A random EAGLE-3 head for the target at ``target_dir`` in ``fmt`` ("original" or "speculators")."""
-    if fmt not in ("original", "speculators"):
-        raise ValueError(f"fmt must be 'original' or 'speculators', got {fmt!r}")
+    """A random EAGLE-3 head for the target at ``target_dir`` in ``fmt``: "original", "speculators", or
+    "peagle" (speculators' P-EAGLE: ``mask_hidden [1, 1, 3H]`` and ``mask_token_id`` 5, for parallel
+    drafting)."""
+    if fmt not in ("original", "speculators", "peagle"):
+        raise ValueError(f"fmt must be 'original', 'speculators' or 'peagle', got {fmt!r}")
     cfg = _target_config(target_dir)
     h, v = cfg["hidden_size"], cfg["vocab_size"]
     vd, rnd = draft_vocab or v, _Random(seed)
@@ -119,9 +121,11 @@ def write_eagle3(
         return _save(
             path, tensors, {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vd}
         )
+    if fmt == "peagle":
+        tensors["mask_hidden"] = rnd(1, 1, 3 * h, scale=1.0)
     config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PEagleSpeculator" if fmt == "peagle" else "Eagle3Speculator"],
+        "speculators_model_type": "peagle" if fmt == "peagle" else "eagle3",
         "speculators_version": "0.3.0",
         "transformer_layer_config": layer,
         "draft_vocab_size": vd,
@@ -135,6 +139,8 @@ def write_eagle3(
             "verifier": {"name_or_path": target_dir, "architectures": cfg.get("architectures")},
         },
     }
+    if fmt == "peagle":
+        config["mask_token_id"] = 5
     return _save(path, tensors, config)
 
 

@@ -113,7 +113,10 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
     ]
     g = list(_aux_states(target, committed[:-1], ids) @ w["fc.weight"].double().T)  # rows' g
     toks, drafts = committed[1:], []
-    for _ in range(k):
+    if "mask_hidden" in w:  # P-EAGLE: K-1 mask rows in one causal pass, drafts from the last K rows
+        mask_g = w["mask_hidden"].double().reshape(-1) @ w["fc.weight"].double().T
+        toks, g = [*toks, *[raw["mask_token_id"]] * (k - 1)], [*g, *[mask_g] * (k - 1)]
+    for _ in range(1 if "mask_hidden" in w else k):
         e = layer.input_layernorm(target.get_input_embeddings()(torch.tensor([toks])))  # [1, T, H]
         gs = torch.stack(g)[None]  # [1, T, H]
         hn = hidden_norm(gs)
@@ -123,15 +126,14 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
         attn = layer.self_attn(x, rope(x, pos), mask)[0]
         x = (hn if raw.get("norm_before_residual") else gs) + attn
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits_d = norm(x[0, -1]) @ w["lm_head.weight"].double().T  # [Vd]
-        draft_id = int(logits_d.argmax())
-        d = draft_id + int(w["d2t"][draft_id]) if "d2t" in w else draft_id
-        drafts.append(d)
-        toks, g = [*toks, d], [*g, x[0, -1]]
+        rows = x[0, -k:] if "mask_hidden" in w else x[0, -1:]
+        for draft_id in (norm(rows) @ w["lm_head.weight"].double().T).argmax(-1).tolist():  # [Vd] each
+            drafts.append(draft_id + int(w["d2t"][draft_id]) if "d2t" in w else draft_id)
+        toks, g = [*toks, drafts[-1]], [*g, x[0, -1]]
     return drafts
 
 
-@pytest.mark.parametrize("fmt", ["original", "speculators"])
+@pytest.mark.parametrize("fmt", ["original", "speculators", "peagle"])
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
     target_dir: str, deep_target: str, tmp_path: Path, fmt: str
 ) -> None:
@@ -140,7 +142,7 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
         tmp_path / "e3",
         target,
         fmt,
-        draft_vocab=64 if fmt == "original" else None,
+        draft_vocab=None if fmt == "speculators" else 64,
         aux_ids=[0, 1, 2],
         norm_before_residual=True,
         seed=1,
@@ -150,10 +152,33 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
         dtype="float64",
         speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
     )
+    assert getattr(llm.engine.drafter, "mask_token_id", None) == (5 if fmt == "peagle" else None)
     tokens, seen = draft_history(llm, PROMPTS[0], 12)
     assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0
     for n, drafts in seen:
         assert drafts == _oracle(target, head, tokens[:n], 3)[: len(drafts)], f"drafts after {n} tokens"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_parallel_drafting_greedy_identity(
+    target_dir: str, expected: list[list[int]], tmp_path: Path, k: int
+) -> None:
+    """A P-EAGLE checkpoint alone selects eagle3 with parallel drafting; greedy output is unchanged."""
+    head = write_eagle3(tmp_path / "pe", target_dir, "peagle", draft_vocab=64, aux_ids=[0, 1, 2])
+    llm = check_greedy_identity(
+        target_dir, expected, {"model": head, "num_speculative_tokens": k}, EagleDrafter
+    )
+    assert llm.speculative_config is not None and llm.speculative_config.parallel_drafting
+    assert llm.speculative_config.method == "eagle3"
+
+
+def test_parallel_drafting_needs_a_head_trained_for_it(target_dir: str, tmp_path: Path) -> None:
+    head = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2])
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True}
+    with pytest.raises(
+        ValueError, match=r"parallel_drafting=True needs a head trained for it .* has no mask_hidden"
+    ):
+        LLM(target_dir, speculative_config=spec)
 
 
 def test_drafts_stay_in_the_draft_vocabulary(deep_target: str, tmp_path: Path) -> None:
