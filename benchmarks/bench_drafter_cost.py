@@ -85,6 +85,13 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
                 "model": w.write_eagle3(root / "eagle3", target, "original", draft_vocab=8192),
             },
         ),
+        "eagle3 parallel (P-EAGLE)": (
+            target,
+            {
+                "method": "eagle3",
+                "model": w.write_eagle3(root / "peagle", target, "peagle", draft_vocab=8192),
+            },
+        ),
         "dflash (2 layers)": (target, {"method": "dflash", "model": w.write_dflash(root / "dflash", target)}),
         "medusa": (target, {"method": "medusa", "model": w.write_medusa(root / "medusa", h, v, 5, "vllm")}),
         "mlp_speculator": (
