@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.draft_vocab import target_ids, to_target_logits
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class DFlashSpec:
 
     block_size: int
     mask_token_id: int
-    aux_layer_ids: tuple[int, ...]  # target_layer_ids + 1: residual streams entering those layers
+    aux_layer_ids: tuple[int, ...]  # residual streams entering these target layers (z-lab's ids + 1)
+    draft_vocab_size: int | None = None  # speculators: a reduced vocabulary (d2t)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -72,7 +74,8 @@ class DFlashHead(torch.nn.Module):
         )
         self.norm = Qwen3RMSNorm(h, eps=eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
-        self.target: tuple[Any, Any] = (embed, lm_head)  # not parameters of the head
+        self.target: tuple[Any, Any] = (embed, lm_head)  # the target's or the checkpoint's; not parameters
+        self.vocab: tuple[int, torch.Tensor | None] = (int(config.vocab_size), None)  # V, draft -> target ids
         self.head_dim = int(config.head_dim)
 
     def _kv(
@@ -117,23 +120,18 @@ class DFlashHead(torch.nn.Module):
             )  # [B, heads, Q, d]
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits: torch.Tensor = self.target[1](self.norm(x)).float()
-        return logits
+        draft: torch.Tensor = self.target[1](self.norm(x)).float()  # [B, Q, Vd]
+        return to_target_logits(draft, self.vocab[1], self.vocab[0])  # [B, Q, V]
 
 
-def parse_dflash_config(path: str, raw: dict[str, Any], num_target_layers: int) -> tuple[Any, DFlashSpec]:
-    """The draft layers' Qwen3Config and the DFlash fields of a z-lab ``config.json``."""
-    from transformers import Qwen3Config
-
+def _zlab_fields(path: str, raw: dict[str, Any], num_target_layers: int) -> tuple[dict[str, Any], DFlashSpec]:
     dflash = raw.get("dflash_config")
     if not isinstance(dflash, dict) or not isinstance(dflash.get("mask_token_id"), int):
         raise ValueError(
             f"DFlash checkpoint {path!r} needs dflash_config.mask_token_id (an int), got {dflash!r}"
         )
-    skip = ("architectures", "dflash_config", "block_size", "num_target_layers", "model_type", "auto_map")
-    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in skip})
     ids = dflash.get("target_layer_ids") or default_target_layer_ids(
-        num_target_layers, int(config.num_hidden_layers)
+        num_target_layers, int(raw.get("num_hidden_layers", 1))
     )
     bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < num_target_layers]
     if bad:
@@ -142,30 +140,107 @@ def parse_dflash_config(path: str, raw: dict[str, Any], num_target_layers: int) 
             f"0..{num_target_layers - 1} (the target has {num_target_layers} layers)"
         )
     block_raw: Any = raw.get("block_size") or dflash.get("block_size") or 16
-    block = int(block_raw)
-    return config, DFlashSpec(block, int(dflash["mask_token_id"]), tuple(int(i) + 1 for i in ids))
+    spec = DFlashSpec(int(block_raw), int(dflash["mask_token_id"]), tuple(int(i) + 1 for i in ids))
+    return raw, spec
+
+
+def _speculators_fields(
+    path: str, raw: dict[str, Any], num_target_layers: int
+) -> tuple[dict[str, Any], DFlashSpec]:
+    if raw["speculators_model_type"] != "dflash":
+        raise ValueError(
+            f"DFlash checkpoint {path!r} has speculators_model_type={raw['speculators_model_type']!r}"
+        )
+    if raw.get("sample_from_anchor"):
+        raise ValueError(f"DFlash checkpoint {path!r}: sample_from_anchor=true heads are not supported")
+    if not isinstance(raw.get("mask_token_id"), int):
+        raise ValueError(
+            f"DFlash checkpoint {path!r} needs mask_token_id (an int), got {raw.get('mask_token_id')!r}"
+        )
+    layers = num_target_layers
+    ids = raw.get("aux_hidden_state_layer_ids") or [2, layers // 2, layers - 3]
+    if any(not isinstance(i, int) or not 0 <= i <= layers for i in ids):
+        raise ValueError(
+            f"DFlash checkpoint {path!r}: aux_hidden_state_layer_ids {list(ids)} must be layer ids in "
+            f"0..{layers} (the target has {layers} layers)"
+        )
+    vocab_raw: Any = raw.get("draft_vocab_size")
+    spec = DFlashSpec(int(raw.get("block_size") or 8), raw["mask_token_id"], tuple(ids), vocab_raw)
+    return dict(raw["transformer_layer_config"]), spec
+
+
+def parse_dflash_config(path: str, raw: dict[str, Any], num_target_layers: int) -> tuple[Any, DFlashSpec]:
+    """The draft layers' Qwen3Config and the DFlash fields of a z-lab or speculators ``config.json``."""
+    from transformers import Qwen3Config
+
+    if raw.get("speculators_model_type") is not None:
+        layer, spec = _speculators_fields(path, raw, num_target_layers)
+    else:
+        layer, spec = _zlab_fields(path, raw, num_target_layers)
+    skip = ("architectures", "dflash_config", "block_size", "num_target_layers", "model_type", "auto_map")
+    return Qwen3Config(**{k: v for k, v in layer.items() if k not in skip}), spec
+
+
+def _own_vocab(
+    path: str, tensors: dict[str, torch.Tensor], spec: DFlashSpec, vocab: int, hidden: int
+) -> tuple[Any, Any, torch.Tensor | None]:
+    """The checkpoint's own embedding and LM head (speculators format) and its draft-vocabulary map."""
+    embed = tensors.pop("embed_tokens.weight", None)  # [V, H]
+    head = tensors.pop("lm_head.weight", None)  # [Vd, H]
+    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    vd = spec.draft_vocab_size or vocab
+    wrong = [
+        f"{name}: {list(t.shape)} (expected {list(shape)})"
+        for name, t, shape in (
+            ("embed_tokens.weight", embed, (vocab, hidden)),
+            ("lm_head.weight", head, (vd, hidden)),
+        )
+        if t is not None and tuple(t.shape) != shape
+    ]
+    if wrong or (vd != vocab and (d2t is None or head is None)):
+        raise ValueError(
+            f"DFlash checkpoint {path!r}: {wrong or f'draft_vocab_size {vd} < {vocab} needs lm_head and d2t'}"
+        )
+    own_embed = torch.nn.Embedding(vocab, hidden, _weight=embed, _freeze=True) if embed is not None else None
+    own_head = torch.nn.Linear(hidden, vd, bias=False) if head is not None else None
+    if own_head is not None and head is not None:
+        own_head.weight = torch.nn.Parameter(head, requires_grad=False)
+    ids = target_ids("DFlash", path, d2t, t2d, vocab) if d2t is not None else None
+    return own_embed, own_head, ids
 
 
 def load_dflash_head(
     path: str, target: Any, attn_name: str, dtype: torch.dtype
 ) -> tuple[DFlashHead, DFlashSpec]:
-    """Load a z-lab DFlash folder for ``target`` (sizes, mask token and every tensor checked)."""
+    """Load a z-lab or speculators DFlash folder for ``target`` (sizes, mask token, every tensor checked)."""
     raw = read_config("DFlash", path)
     text = target.config.get_text_config()
     config, spec = parse_dflash_config(path, raw, int(text.num_hidden_layers))
     config._attn_implementation = attn_name
-    embed = target.get_input_embeddings()
-    vocab, ht = int(embed.weight.shape[0]), int(embed.weight.shape[1])
+    target_embed = target.get_input_embeddings()
+    vocab, ht = int(target_embed.weight.shape[0]), int(target_embed.weight.shape[1])
     if int(config.hidden_size) != ht or not 0 <= spec.mask_token_id < vocab:
         raise ValueError(
             f"DFlash checkpoint {path!r} (hidden_size {config.hidden_size}, mask_token_id "
             f"{spec.mask_token_id}) does not fit the target (hidden size {ht}, vocabulary {vocab})"
         )
-    head = DFlashHead(config, len(spec.aux_layer_ids), embed, target.get_output_embeddings())
-    tensors = read_tensors("DFlash", path)
+    tensors = read_tensors("DFlash", path, lambda n: None if n.startswith("verifier_") else n)
+    embed, lm_head, ids = _own_vocab(path, tensors, spec, vocab, ht)
+    head = DFlashHead(
+        config,
+        len(spec.aux_layer_ids),
+        embed if embed is not None else target_embed,
+        lm_head if lm_head is not None else target.get_output_embeddings(),
+    )
     check_tensors("DFlash", path, module_shapes(head), tensors)
     head.load_state_dict(tensors)
-    return head.to(device=next(target.parameters()).device, dtype=dtype).eval(), spec
+    device = next(target.parameters()).device
+    head.target = (
+        head.target[0].to(device=device, dtype=dtype),
+        head.target[1].to(device=device, dtype=dtype),
+    )
+    head.vocab = (vocab, None if ids is None else ids.to(device))
+    return head.to(device=device, dtype=dtype).eval(), spec
 
 
 __all__ = ["DFlashHead", "DFlashSpec", "default_target_layer_ids", "load_dflash_head", "parse_dflash_config"]

@@ -34,6 +34,7 @@ import torch
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, decoder_classes, run_layers
 from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.draft_vocab import target_ids, to_target_logits
 
 #: config flags of the speculators format this loader does not implement (refused, never ignored)
 _UNSUPPORTED_FLAGS = ("fc_norm", "norm_output", "enable_sp_ulysses")
@@ -166,38 +167,13 @@ class Eagle3Head(ChainHead):
 
     def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         draft: torch.Tensor = self.lm_head(self.norm(out)).float()  # [B, Vd]
-        if self.target_ids is None:
-            return draft
-        full = draft.new_full((draft.shape[0], self.vocab_size), float("-inf"))  # [B, V]
-        full[:, self.target_ids] = draft
-        return full
+        return to_target_logits(draft, self.target_ids, self.vocab_size)  # [B, V]
 
 
 def _rename(name: str) -> str | None:
     if name.startswith("verifier_"):  # training-only tensors
         return None
     return "layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
-
-
-def _check_vocab_map(path: str, d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> None:
-    ids = torch.arange(d2t.numel()) + d2t.to(torch.int64)  # [Vd] target ids
-    if (
-        d2t.dim() != 1
-        or int(ids.min()) < 0
-        or int(ids.max()) >= vocab
-        or torch.unique(ids).numel() != ids.numel()
-    ):
-        raise ValueError(
-            f"EAGLE-3 checkpoint {path!r}: d2t must map the {d2t.numel()} draft ids to distinct target ids "
-            f"in [0, {vocab}) (target = draft + d2t[draft])"
-        )
-    if t2d is not None and (
-        t2d.shape != (vocab,) or not bool(t2d.bool()[ids].all()) or int(t2d.sum()) != ids.numel()
-    ):
-        raise ValueError(
-            f"EAGLE-3 checkpoint {path!r}: t2d (shape {list(t2d.shape)}) must be a bool[{vocab}] mask "
-            "marking exactly the target ids d2t maps to"
-        )
 
 
 def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) -> Eagle3Head:
@@ -228,7 +204,7 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
     expected = module_shapes(head, skip=["embed.weight", "d2t"] + (["lm_head.weight"] if shares_head else []))
     check_tensors("EAGLE-3", path, expected, tensors, optional=["d2t"])
     if "d2t" in tensors:
-        _check_vocab_map(path, tensors["d2t"], t2d, vocab)
+        target_ids("EAGLE-3", path, tensors["d2t"], t2d, vocab)
     elif spec.draft_vocab_size != vocab:
         raise ValueError(
             f"EAGLE-3 checkpoint {path!r} has draft_vocab_size {spec.draft_vocab_size} < {vocab} but no d2t"

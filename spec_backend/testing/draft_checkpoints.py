@@ -152,11 +152,20 @@ def write_dflash(
     mask_token_id: int | None = None,
     block_size: int = 8,
     seed: int = 0,
+    fmt: str = "zlab",
+    draft_vocab: int | None = None,
 ) -> str:
-    """A random z-lab DFlash head for the target at ``target_dir`` (mask token: the last id by default)."""
+    """A random DFlash head for the target at ``target_dir`` (mask token: the last id by default).
+
+    ``fmt="zlab"``: z-lab's format (``target_layer_ids`` name layer outputs). ``fmt="speculators"``:
+    speculators' (``target_layer_ids`` are written as ``aux_hidden_state_layer_ids``, i.e. layer inputs,
+    as given), with its own ``embed_tokens`` and ``lm_head [Vd, H]`` and ``d2t``/``t2d`` when
+    ``draft_vocab`` is smaller than the target's vocabulary.
+    """
+    if fmt not in ("zlab", "speculators"):
+        raise ValueError(f"fmt must be 'zlab' or 'speculators', got {fmt!r}")
     cfg = _target_config(target_dir)
-    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    h, v, d = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
     n_feat, rnd = len(target_layer_ids) if target_layer_ids else layers, _Random(seed)
     tensors = {
         "fc.weight": rnd(h, n_feat * h, scale=(n_feat * h) ** -0.5 * 1.7),
@@ -171,28 +180,66 @@ def write_dflash(
             p + "self_attn.k_norm.weight": rnd.norm(d),
             p + "input_layernorm.weight": rnd.norm(h),
         }
-    dflash: dict[str, Any] = {
-        "mask_token_id": cfg["vocab_size"] - 1 if mask_token_id is None else mask_token_id
+    layer = {
+        "model_type": "qwen3",
+        "vocab_size": v,
+        "hidden_size": h,
+        "intermediate_size": cfg["intermediate_size"],
+        "num_hidden_layers": layers,
+        "num_attention_heads": cfg["num_attention_heads"],
+        "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": d,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
     }
+    mask = v - 1 if mask_token_id is None else mask_token_id
+    if fmt == "speculators":
+        return _save(
+            path,
+            tensors | _speculators_vocab(rnd, v, h, draft_vocab),
+            _speculators_dflash(layer, mask, block_size, target_layer_ids, draft_vocab or v),
+        )
+    dflash: dict[str, Any] = {"mask_token_id": mask}
     if target_layer_ids is not None:
         dflash["target_layer_ids"] = target_layer_ids
     config = {
         "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": cfg["vocab_size"],
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": d,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
+        **layer,
         "block_size": block_size,
         "num_target_layers": cfg["num_hidden_layers"],
         "dflash_config": dflash,
     }
     return _save(path, tensors, config)
+
+
+def _speculators_vocab(rnd: _Random, v: int, h: int, draft_vocab: int | None) -> dict[str, torch.Tensor]:
+    vd = draft_vocab or v
+    tensors = {"embed_tokens.weight": rnd(v, h, scale=1.0), "lm_head.weight": rnd(vd, h, scale=8 * h**-0.5)}
+    if vd < v:
+        ids = torch.randperm(v, generator=rnd.gen)[:vd].sort().values
+        tensors["d2t"] = ids - torch.arange(vd)
+        tensors["t2d"] = torch.zeros(v, dtype=torch.bool).index_fill(0, ids, True)
+    return tensors
+
+
+def _speculators_dflash(
+    layer: dict[str, Any], mask: int, block_size: int, aux_ids: list[int] | None, draft_vocab: int
+) -> dict[str, Any]:
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": layer,
+        "block_size": block_size,
+        "mask_token_id": mask,
+        "aux_hidden_state_layer_ids": aux_ids,
+        "draft_vocab_size": draft_vocab,
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block_size - 1}],
+        },
+    }
 
 
 def write_medusa(path: Path, hidden: int, vocab: int, heads: int, layout: str, seed: int = 0) -> str:

@@ -60,14 +60,16 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
     w = {n: t.double() for n, t in load_file(os.path.join(head_dir, "model.safetensors")).items()}
-    ids = [1, 3]  # z-lab's default for 6 target layers and 2 draft layers: outputs of layers 1 and 3
+    speculators = "embed_tokens.weight" in w  # speculators: aux ids are layer inputs, own embed/head
+    inputs = [2, 4] if speculators else [1 + 1, 3 + 1]  # z-lab's default for 6 layers: outputs of 1, 3
     with torch.no_grad():
         states = target(torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states
-        feats = torch.cat([states[i + 1][0] for i in ids], -1)  # [C, 2H]
+        feats = torch.cat([states[i][0] for i in inputs], -1)  # [C, 2H]
         ctx = _rms(feats @ w["fc.weight"].T, w["hidden_norm.weight"])  # [C, H]
         n = len(committed)
         block = [committed[-1]] + [MASK] * k
-        x = target.get_input_embeddings()(torch.tensor(block))  # [Q, H]
+        embed = w["embed_tokens.weight"] if speculators else target.get_input_embeddings().weight
+        x = embed[torch.tensor(block)]  # [Q, H]
         pos_c, pos_q = torch.arange(n - 1), torch.arange(n - 1, n + k)
         for i in range(2):
             p = f"layers.{i}.self_attn."
@@ -86,14 +88,21 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
             y = _rms(x, w[f"layers.{i}.post_attention_layernorm.weight"])
             act = torch.nn.functional.silu(y @ w[m + "gate_proj.weight"].T) * (y @ w[m + "up_proj.weight"].T)
             x = x + act @ w[m + "down_proj.weight"].T
-        logits = target.lm_head(_rms(x, w["norm.weight"]))  # [Q, V]
-    return logits[1:].argmax(-1).tolist()
+        out = _rms(x, w["norm.weight"])  # [Q, H]
+        if not speculators:
+            return target.lm_head(out)[1:].argmax(-1).tolist()
+        best = (out @ w["lm_head.weight"].T)[1:].argmax(-1)  # [K] draft ids
+        return (best + w["d2t"].long()[best] if "d2t" in w else best).tolist()
 
 
+@pytest.mark.parametrize("fmt", ["zlab", "speculators"])
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
-    deep_target: str, tmp_path: Path
+    deep_target: str, tmp_path: Path, fmt: str
 ) -> None:
-    head = write_dflash(tmp_path / "dflash", deep_target, seed=1)
+    ids = [2, 4] if fmt == "speculators" else None
+    head = write_dflash(
+        tmp_path / "dflash", deep_target, seed=1, fmt=fmt, target_layer_ids=ids, draft_vocab=64
+    )
     llm = LLM(
         deep_target,
         dtype="float64",
@@ -103,6 +112,17 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
     assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0
     for n, drafts in seen:
         assert drafts == _oracle(deep_target, head, tokens[:n], 3)[: len(drafts)], f"drafts after {n} tokens"
+
+
+def test_speculators_format_alone_selects_dflash_and_k(deep_target: str, tmp_path: Path) -> None:
+    head = write_dflash(
+        tmp_path / "s", deep_target, fmt="speculators", target_layer_ids=[2, 4], draft_vocab=64
+    )
+    expected = [o.outputs[0].token_ids for o in LLM(deep_target, dtype="float64").generate(PROMPTS, GREEDY)]
+    llm = check_greedy_identity(deep_target, expected, {"model": head}, DFlashDrafter)
+    spec = llm.speculative_config
+    assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("dflash", 7)
+    assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (2, 4)
 
 
 def test_method_comes_from_the_checkpoint_and_bad_ones_are_refused(deep_target: str, tmp_path: Path) -> None:
