@@ -123,20 +123,34 @@ def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
     assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_eagle_reads_hidden_states_through_the_captured_step(
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "peagle", "dflash", "mtp"])
+def test_hidden_state_drafters_read_through_the_captured_step(
     llama_dir: str, tmp_path: Path, method: str
 ) -> None:
     """The captured callable returns (logits, final or aux hidden states): drafts are the same as eager."""
     from engine_fixtures import record_drafts
 
-    from spec_backend.testing.draft_checkpoints import write_eagle1, write_eagle3
+    from spec_backend.testing import draft_checkpoints as w
 
-    if method == "eagle":
-        head = write_eagle1(tmp_path / "eagle", llama_dir, bias=True)
+    if method == "mtp":
+        from test_drafter_mtp import write_glm_with_mtp
+
+        llama_dir = write_glm_with_mtp(tmp_path / "glm", nextn=1)
+        spec: dict[str, object] = {"method": "mtp", "num_speculative_tokens": K}
     else:
-        head = write_eagle3(tmp_path / "eagle3", llama_dir, "speculators", draft_vocab=64, aux_ids=[0, 1, 2])
-    spec = {"method": method, "model": head, "num_speculative_tokens": K}
+        head = {
+            "eagle": lambda: w.write_eagle1(tmp_path / "h", llama_dir, bias=True),
+            "eagle3": lambda: w.write_eagle3(
+                tmp_path / "h", llama_dir, "speculators", draft_vocab=64, aux_ids=[0, 1, 2]
+            ),
+            "peagle": lambda: w.write_eagle3(tmp_path / "h", llama_dir, "peagle", aux_ids=[0, 1, 2]),
+            "dflash": lambda: w.write_dflash(tmp_path / "h", llama_dir, target_layer_ids=[0, 1]),
+        }[method]()
+        spec = {
+            "method": "eagle3" if method == "peagle" else method,
+            "model": head,
+            "num_speculative_tokens": K,
+        }
     eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
