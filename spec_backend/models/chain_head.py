@@ -62,13 +62,14 @@ def run_layers(
     position_ids: torch.Tensor,  # [B, Q]
     position_embeddings: Any,
     cache: Any,
-    meta: RaggedAttentionMetadata,
+    meta: RaggedAttentionMetadata | None,
+    attention_mask: torch.Tensor | None = None,  # [B, 1, Q, KV] bool (training); None: the engine's
 ) -> torch.Tensor:  # [B, Q, H]
     """Ordinary transformers decoder layers over ``x`` on the head's own KV cache."""
     for layer in layers:
         x = layer(
             x,
-            attention_mask=None,
+            attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,

@@ -143,8 +143,9 @@ class Eagle3Head(ChainHead):
         hidden: torch.Tensor,  # [B, Q, H]  (g)
         position_ids: torch.Tensor,  # [B, Q]
         cache: Any,
-        meta: RaggedAttentionMetadata,
+        meta: RaggedAttentionMetadata | None,
         step: int = 0,
+        attention_mask: torch.Tensor | None = None,  # [B, 1, Q, KV] bool, training only
     ) -> torch.Tensor:  # [B, Q, H] pre-norm
         first: Any = self.layers[0]
         e = first.input_layernorm(self.embed(input_ids).to(hidden.dtype))  # [B, Q, H]
@@ -155,7 +156,7 @@ class Eagle3Head(ChainHead):
         attn, _ = first.self_attn(
             hidden_states=x,
             position_embeddings=position_embeddings,
-            attention_mask=None,
+            attention_mask=attention_mask,
             past_key_values=cache,
             position_ids=position_ids,
             use_cache=True,
@@ -163,7 +164,7 @@ class Eagle3Head(ChainHead):
         )
         x = residual + attn  # [B, Q, H]
         x = x + first.mlp(first.post_attention_layernorm(x))
-        return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta)
+        return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta, attention_mask)
 
     def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         draft: torch.Tensor = self.lm_head(self.norm(out)).float()  # [B, Vd]

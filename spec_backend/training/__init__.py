@@ -1,0 +1,8 @@
+"""Training draft heads from the target's own hidden states (EAGLE-3 with training-time test).
+
+Pipeline: ``data.extract`` runs prompts through the engine with ``extract_hidden_states`` (the three
+auxiliary layers and the last layer's pre-norm output, one safetensors file per prompt);
+``vocab.draft_vocabulary`` picks the reduced draft vocabulary from token frequencies;
+``eagle3.Eagle3Trainer`` trains a head against the target's own next-token distribution (no text
+generation needed) and writes it in the ``speculators`` format the loader (and vLLM) read.
+"""

@@ -1,0 +1,50 @@
+"""Training data for draft heads: the target's hidden states, extracted by the engine itself.
+
+``extract`` runs each prompt (token ids) through ``LLM`` with ``method="extract_hidden_states"`` and
+``max_tokens=1``, so each file holds exactly the prompt's rows: ``token_ids [T]`` and
+``hidden_states [T, n, H]`` for the listed layer ids (id ``L`` = the last layer's output before the
+final norm, from which the target's own next-token distribution is recomputed for the loss).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+
+def extract(
+    target_dir: str, prompts: Sequence[list[int]], out_dir: str, layer_ids: Sequence[int]
+) -> list[str]:
+    """Write one safetensors file per prompt under ``out_dir``; return their paths in prompt order."""
+    from spec_backend.engine import LLM, SamplingParams
+
+    os.makedirs(out_dir, exist_ok=True)
+    llm = LLM(
+        target_dir,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+        },
+        kv_transfer_config={
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": out_dir},
+        },
+        log_stats_interval=None,
+    )
+    outs = llm.generate([list(p) for p in prompts], SamplingParams(temperature=0.0, max_tokens=1))
+    return [str(o.kv_transfer_params["hidden_states_path"]) for o in outs]  # type: ignore[index]
+
+
+def load(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One extracted file: ``token_ids [T]`` and ``hidden_states [T, n, H]``."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    return tensors["token_ids"], tensors["hidden_states"]
+
+
+__all__ = ["extract", "load"]

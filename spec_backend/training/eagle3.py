@@ -1,0 +1,195 @@
+"""Training an EAGLE-3 head with training-time test (TTT), saved in the ``speculators`` format.
+
+Glossary:
+
+* *features* — the residual streams entering the three auxiliary target layers, ``[T, 3H]``; the head's
+  ``fc`` turns them into ``g [T, H]``;
+* *teacher* — the target's own next-token distribution, recomputed from the last layer's pre-norm
+  output (final norm + LM head) and restricted to the draft vocabulary; the loss is
+  ``KL(teacher || draft)``, so no text has to be generated;
+* *TTT step j* — row ``t`` at step ``j`` feeds the head's own step ``j-1`` output and argmax draft and
+  predicts token ``t + 2 + j``; it attends to the real rows ``<= t`` of step 0 and to its own rows of
+  steps ``1..j`` (``ttt_mask``), exactly what the head sees when it drafts ``j + 1`` tokens ahead.
+
+The head is ``spec_backend.models.eagle3.Eagle3Head`` (the inference module itself, run with transformers'
+SDPA attention and explicit masks), so what is trained is what is served.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from spec_backend.models.eagle3 import Eagle3Head, Eagle3Spec
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the trainer needs: auxiliary layer ids, draft vocabulary (``d2t``/``t2d``), TTT depth."""
+
+    aux_layer_ids: tuple[int, int, int]
+    d2t: torch.Tensor  # [Vd] int64 offsets
+    t2d: torch.Tensor  # [V] bool
+    ttt_steps: int = 3
+    lr: float = 3e-4
+    seed: int = 0
+
+
+def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Which keys each query row may see at TTT ``step``: ``[1, 1, T, (step + 1) · T]`` bool (module
+    docstring): causal over step 0, then only its own row in each later step."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    own = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.cat([causal, *[own] * step], dim=1)[None, None]
+
+
+class Eagle3Trainer:
+    """Trains one EAGLE-3 head for the target at ``target_dir`` (float32, on the target's device)."""
+
+    def __init__(self, target_dir: str, config: TrainConfig) -> None:
+        from spec_backend.engine.loader import load_model, resolve_model
+
+        torch.manual_seed(config.seed)
+        self.target_dir, self.config = target_dir, config
+        self.target: Any = load_model(
+            resolve_model(target_dir), "sdpa", torch.float32, torch.device("cpu")
+        ).eval()
+        text = self.target.config.get_text_config()
+        layer = copy.deepcopy(text)
+        layer.num_hidden_layers = 1
+        layer._attn_implementation = "sdpa"
+        spec = Eagle3Spec(
+            layer_config=layer,
+            model_type=str(text.model_type),
+            draft_vocab_size=int(config.d2t.numel()),
+            target_hidden_size=int(text.hidden_size),
+            norm_before_residual=False,
+            norm_before_fc=False,
+            use_aux_hidden_state=True,
+            aux_layer_ids=config.aux_layer_ids,
+            speculators=True,
+        )
+        embed = self.target.get_input_embeddings()
+        embed.weight.requires_grad_(False)
+        self.head = Eagle3Head(spec, embed, None)
+        self.ids = torch.arange(config.d2t.numel()) + config.d2t  # [Vd] target ids
+        head: Any = self.head
+        with torch.no_grad():  # start from the target's own LM head rows and final norm
+            head.lm_head.weight.copy_(self.target.get_output_embeddings().weight[self.ids])
+            head.norm.weight.copy_(self._final_norm().weight)
+            head.d2t.copy_(config.d2t)
+        self.head.target_ids = self.ids
+        params = [p for n, p in self.head.named_parameters() if not n.startswith("embed.")]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr)
+
+    def _final_norm(self) -> Any:
+        from spec_backend.engine.hidden import decoder_of
+
+        return decoder_of(self.target).norm
+
+    @torch.no_grad()
+    def teacher(self, last: torch.Tensor) -> torch.Tensor:  # [T, H] pre-norm -> [T, Vd] probabilities
+        logits = self.target.get_output_embeddings()(self._final_norm()(last))[:, self.ids]  # [T, Vd]
+        return torch.softmax(logits.float(), dim=-1)
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, Vd] over the draft vocabulary
+        head: Any = self.head
+        logits: torch.Tensor = head.lm_head(head.norm(out)).float()
+        return logits
+
+    def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, 4, H]`` (3 aux ids, then id L)."""
+        from transformers import DynamicCache
+
+        length, steps = tokens.numel(), self.config.ttt_steps
+        if length < steps + 2:
+            raise ValueError(f"a training sequence needs at least {steps + 2} tokens, got {length}")
+        teacher = self.teacher(hidden[:, 3].float())  # [T, Vd]
+        g = self.head.combine(hidden[:, :3].flatten(1).float())[None]  # [1, T, H]
+        ids = torch.cat([tokens[1:], tokens[-1:]])[None]  # [1, T] row t reads token t + 1
+        positions = torch.arange(length)[None]  # [1, T]
+        cache, total = DynamicCache(), torch.zeros(())
+        for step in range(steps):
+            out = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
+            log_q = torch.log_softmax(self.draft_logits(out[0]), dim=-1)  # [T, Vd]
+            rows = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
+            p = teacher[1 + step :]  # [rows, Vd]
+            total = total + (p * (torch.log(p.clamp_min(1e-30)) - log_q[:rows])).sum(-1).mean()
+            ids = (self.ids[log_q.argmax(-1)])[None]  # the head's own drafts, as target ids
+            g = out
+        return total / steps
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> float:
+        """One optimiser step on one sequence; returns its loss."""
+        self.optimizer.zero_grad()
+        loss = self.loss(tokens, hidden)
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def train(
+        self,
+        files: Sequence[str],
+        epochs: int = 1,
+        max_len: int = 2048,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> list[float]:
+        """``epochs`` passes over the extracted ``files`` in order (chunks of ``max_len`` rows)."""
+        from spec_backend.training.data import load
+
+        losses: list[float] = []
+        for _ in range(epochs):
+            for path in files:
+                tokens, hidden = load(path)
+                for start in range(0, tokens.numel(), max_len):
+                    chunk = slice(start, start + max_len)
+                    if tokens[chunk].numel() >= self.config.ttt_steps + 2:
+                        losses.append(self.step(tokens[chunk], hidden[chunk]))
+                        if progress is not None:
+                            progress(len(losses), losses[-1])
+        return losses
+
+    def save(self, out_dir: str, dtype: torch.dtype = torch.float32) -> str:
+        """Write the head in the ``speculators`` format (config.json + model.safetensors)."""
+        from safetensors.torch import save_file
+
+        os.makedirs(out_dir, exist_ok=True)
+        tensors = {
+            n: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous()
+            for n, t in self.head.state_dict().items()
+            if not n.startswith("embed.")
+        }
+        tensors["t2d"] = self.config.t2d.clone()
+        save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+        layer = {k: v for k, v in self.head.config.to_dict().items() if not k.startswith("_")}
+        config = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer,
+            "draft_vocab_size": int(self.config.d2t.numel()),
+            "norm_before_residual": False,
+            "eagle_aux_hidden_state_layer_ids": list(self.config.aux_layer_ids),
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [
+                    {"proposal_type": "greedy", "speculative_tokens": self.config.ttt_steps}
+                ],
+                "verifier": {
+                    "name_or_path": self.target_dir,
+                    "architectures": self.target.config.architectures,
+                },
+            },
+        }
+        with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+        return out_dir
+
+
+__all__ = ["Eagle3Trainer", "TrainConfig", "ttt_mask"]
