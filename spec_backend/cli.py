@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list installed backends, their availability and token limits")
     backends.set_defaults(func=cmd_backends)
     _add_engine_commands(sub)
+    from spec_backend.training.pipeline import add_parser as add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

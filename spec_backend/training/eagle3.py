@@ -39,6 +39,7 @@ class TrainConfig:
     ttt_steps: int = 3
     lr: float = 3e-4
     seed: int = 0
+    state_ids: tuple[int, ...] = ()  # layer ids of the extracted files' columns (default: aux, then L)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -85,6 +86,13 @@ class Eagle3Trainer:
             head.norm.weight.copy_(self._final_norm().weight)
             head.d2t.copy_(config.d2t)
         self.head.target_ids = self.ids
+        layers = int(text.num_hidden_layers)
+        ids = config.state_ids or (*config.aux_layer_ids, layers)
+        if layers not in ids or not set(config.aux_layer_ids) <= set(ids):
+            raise ValueError(
+                f"state_ids {list(ids)} must hold the aux ids {list(config.aux_layer_ids)} and {layers}"
+            )
+        self.columns = ([ids.index(i) for i in config.aux_layer_ids], ids.index(layers))
         params = [p for n, p in self.head.named_parameters() if not n.startswith("embed.")]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr)
 
@@ -104,14 +112,15 @@ class Eagle3Trainer:
         return logits
 
     def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, 4, H]`` (3 aux ids, then id L)."""
+        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, n, H]`` (columns: ``state_ids``)."""
         from transformers import DynamicCache
 
         length, steps = tokens.numel(), self.config.ttt_steps
         if length < steps + 2:
             raise ValueError(f"a training sequence needs at least {steps + 2} tokens, got {length}")
-        teacher = self.teacher(hidden[:, 3].float())  # [T, Vd]
-        g = self.head.combine(hidden[:, :3].flatten(1).float())[None]  # [1, T, H]
+        aux, last = self.columns
+        teacher = self.teacher(hidden[:, last].float())  # [T, Vd]
+        g = self.head.combine(hidden[:, aux].flatten(1).float())[None]  # [1, T, H]
         ids = torch.cat([tokens[1:], tokens[-1:]])[None]  # [1, T] row t reads token t + 1
         positions = torch.arange(length)[None]  # [1, T]
         cache, total = DynamicCache(), torch.zeros(())
@@ -154,6 +163,20 @@ class Eagle3Trainer:
                         if progress is not None:
                             progress(len(losses), losses[-1])
         return losses
+
+    def checkpoint(self, path: str, epoch: int) -> None:
+        """Save the head (without the target's embedding) and the optimiser after ``epoch`` epochs."""
+        head = {n: t for n, t in self.head.state_dict().items() if not n.startswith("embed.")}
+        torch.save({"head": head, "optimizer": self.optimizer.state_dict(), "epoch": epoch}, path)
+
+    def restore(self, path: str) -> int:
+        """Load a ``checkpoint`` if ``path`` exists; returns the epochs it had completed (0 if none)."""
+        if not os.path.exists(path):
+            return 0
+        state = torch.load(path, weights_only=True)
+        self.head.load_state_dict(state["head"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        return int(state["epoch"])
 
     def save(self, out_dir: str, dtype: torch.dtype = torch.float32) -> str:
         """Write the head in the ``speculators`` format (config.json + model.safetensors)."""

@@ -1,0 +1,68 @@
+"""``spec-backend train-eagle3``'s stages on a tiny target: the offline corpus and a resumable run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import one_thread  # noqa: F401 - autouse
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.training import corpus
+from spec_backend.training.pipeline import PipelineConfig, run
+
+
+def test_corpus_is_stable_and_split_by_file() -> None:
+    docs = list(corpus.documents(("json",)))
+    assert docs and [d.name for d in docs] == sorted(d.name for d in docs)
+    assert all(d.name.startswith("json/") for d in docs)
+    assert [d.name for d in corpus.documents(("json", "no_such_package_x"))] == [d.name for d in docs]
+    chats = list(corpus.conversations(docs[0], chunk_chars=400))
+    assert chats and chats[0][0]["role"] == "user" and docs[0].name in chats[0][0]["content"]
+    held = {d.name for d in docs if d.held_out}
+    assert held == {d.name for d in corpus.documents(("json",)) if d.held_out}  # same split every time
+
+
+def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
+    target = make_tiny_model(tmp_path / "target", "llama", num_hidden_layers=6, with_tokenizer=True)
+    config = PipelineConfig(
+        target,
+        str(tmp_path / "out"),
+        str(tmp_path / "work"),
+        num_sequences=10,
+        max_len=96,
+        draft_vocab_size=64,
+        ttt_steps=2,
+        epochs=2,
+        packages=("json",),
+    )
+    logs: list[str] = []
+    out = run(config, logs.append)
+    assert any("extracted 10/10" in line for line in logs) and any("epoch 2/2" in line for line in logs)
+    digest = hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest()
+    again: list[str] = []
+    run(config, again.append)  # resumes: nothing to extract, no epoch left
+    assert not any("extracted" in line or "epoch" in line for line in again)
+    assert hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest() == digest
+
+    llm = LLM(target, speculative_config={"model": out})
+    spec = llm.speculative_config
+    assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("eagle3", 2)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    plain = LLM(target).generate(["import json"], params)[0].outputs[0].token_ids
+    assert llm.generate(["import json"], params)[0].outputs[0].token_ids == plain
+    assert llm.metrics.total.num_draft_tokens > 0
+
+
+def test_cli_help_lists_train_eagle3(capsys: pytest.CaptureFixture[str]) -> None:
+    from spec_backend.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train-eagle3", "--help"])
+    assert "--draft-vocab" in capsys.readouterr().out
