@@ -77,7 +77,7 @@ def encode(tokenizer: Any, chat: list[dict[str, str]], max_len: int) -> list[int
     """A chat as token ids (the chat template when the tokenizer has one), cut to ``max_len``."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(chat, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 returns a BatchEncoding
     else:
         ids = tokenizer.encode("\n".join(m["content"] for m in chat))
     return [int(i) for i in ids][:max_len]

@@ -29,6 +29,21 @@ def test_corpus_is_stable_and_split_by_file() -> None:
     assert held == {d.name for d in corpus.documents(("json",)) if d.held_out}  # same split every time
 
 
+def test_chats_use_the_tokenizers_chat_template(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from spec_backend.engine.tiny import make_tiny_tokenizer
+
+    make_tiny_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    chat = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}]
+    plain = corpus.encode(tokenizer, chat, 100)
+    assert plain == tokenizer.encode("ab\ncd")
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
+    ids = corpus.encode(tokenizer, chat, 100)
+    assert tokenizer.decode(ids) == "<u>ab<a>cd" and corpus.encode(tokenizer, chat, 4) == ids[:4]
+
+
 def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
     target = make_tiny_model(tmp_path / "target", "llama", num_hidden_layers=6, with_tokenizer=True)
     config = PipelineConfig(
