@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import logging
 import math
 import sys
@@ -25,6 +24,7 @@ from spec_backend.config.fly import (
     FlyConfig,
     resolve_fly,
 )
+from spec_backend.config.json_input import json_object
 from spec_backend.config.methods import (
     AUX_HIDDEN_STATE_METHODS,
     AUX_HIDDEN_STATES_SUPPORTED,
@@ -303,23 +303,7 @@ class SpeculativeConfig(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
         """Parse ``--speculative-config`` JSON (an object) and validate it."""
-        return cls.model_validate(cls.json_object(text))
-
-    @staticmethod
-    def json_object(text: str) -> dict[str, Any]:
-        """``--speculative-config`` JSON as a dict (``ValueError`` for bad JSON or a non-object)."""
-        if not isinstance(text, str):
-            raise ValueError(f"speculative_config JSON must be a string, got {type(text).__name__}")
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"speculative_config is not valid JSON ({exc}): {text[:200]!r}") from None
-        if not isinstance(data, dict):
-            raise ValueError(
-                'speculative_config JSON must be an object such as {"method": "ngram", '
-                f'"num_speculative_tokens": 3}}, got {type(data).__name__}: {text[:200]!r}'
-            )
-        return data
+        return cls.model_validate(json_object(text))
 
     def bind(self, backend: SupportsSpeculativeTokenCheck) -> SpeculativeConfig:
         """Check this config against a backend's token limits; raise ``ValueError`` naming backend,

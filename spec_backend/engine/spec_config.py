@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from spec_backend.config import SpeculativeConfig
+from spec_backend.config.json_input import json_object
 from spec_backend.engine.loader import ModelSource
 
 
@@ -36,7 +37,7 @@ def parse_speculative_config(value: Any, target: ModelSource | None = None) -> S
     if isinstance(value, str):
         if not value.strip():
             return None
-        value = SpeculativeConfig.json_object(value)
+        value = json_object(value)
     if not isinstance(value, dict):
         raise ValueError(
             f"speculative_config must be a dict, a JSON string or a SpeculativeConfig, got {value!r}"

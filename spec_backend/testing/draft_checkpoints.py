@@ -180,18 +180,7 @@ def write_dflash(
             p + "self_attn.k_norm.weight": rnd.norm(d),
             p + "input_layernorm.weight": rnd.norm(h),
         }
-    layer = {
-        "model_type": "qwen3",
-        "vocab_size": v,
-        "hidden_size": h,
-        "intermediate_size": cfg["intermediate_size"],
-        "num_hidden_layers": layers,
-        "num_attention_heads": cfg["num_attention_heads"],
-        "num_key_value_heads": cfg["num_key_value_heads"],
-        "head_dim": d,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
-    }
+    layer = _qwen3_layers(cfg, layers)
     mask = v - 1 if mask_token_id is None else mask_token_id
     if fmt == "speculators":
         return _save(
@@ -210,6 +199,19 @@ def write_dflash(
         "dflash_config": dflash,
     }
     return _save(path, tensors, config)
+
+
+def _qwen3_layers(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A Qwen3Config dict of ``layers`` draft layers with the target's sizes."""
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    return {
+        "model_type": "qwen3",
+        **{k: cfg[k] for k in keys},
+        "num_hidden_layers": layers,
+        "head_dim": cfg["head_dim"],
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": cfg.get("max_position_embeddings", 2048),
+    }
 
 
 def _speculators_vocab(rnd: _Random, v: int, h: int, draft_vocab: int | None) -> dict[str, torch.Tensor]:
