@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 
-def extract(
-    target_dir: str, prompts: Sequence[list[int]], out_dir: str, layer_ids: Sequence[int]
-) -> list[str]:
-    """Write one safetensors file per prompt under ``out_dir``; return their paths in prompt order."""
-    from spec_backend.engine import LLM, SamplingParams
+def extractor(target_dir: str, out_dir: str, layer_ids: Sequence[int]) -> Any:
+    """An ``LLM`` that writes the listed layers' hidden states of each prompt under ``out_dir``."""
+    from spec_backend.engine import LLM
 
     os.makedirs(out_dir, exist_ok=True)
-    llm = LLM(
+    return LLM(
         target_dir,
         speculative_config={
             "method": "extract_hidden_states",
@@ -35,8 +34,21 @@ def extract(
         },
         log_stats_interval=None,
     )
+
+
+def extract_with(llm: Any, prompts: Sequence[list[int]]) -> list[str]:
+    """Run ``prompts`` through an ``extractor``; return the files' paths in prompt order."""
+    from spec_backend.engine import SamplingParams
+
     outs = llm.generate([list(p) for p in prompts], SamplingParams(temperature=0.0, max_tokens=1))
-    return [str(o.kv_transfer_params["hidden_states_path"]) for o in outs]  # type: ignore[index]
+    return [str(o.kv_transfer_params["hidden_states_path"]) for o in outs]
+
+
+def extract(
+    target_dir: str, prompts: Sequence[list[int]], out_dir: str, layer_ids: Sequence[int]
+) -> list[str]:
+    """Write one safetensors file per prompt under ``out_dir``; return their paths in prompt order."""
+    return extract_with(extractor(target_dir, out_dir, layer_ids), prompts)
 
 
 def load(path: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,16 +47,18 @@ def _target_sizes(target: str) -> tuple[int, int]:
 def _extract_all(
     config: PipelineConfig, sequences: list[list[int]], layer_ids: list[int], log: Callable[[str], None]
 ) -> list[str]:
-    from spec_backend.training.data import extract
+    from spec_backend.training.data import extract_with, extractor
 
     index_path = os.path.join(config.work_dir, "extracted.json")
     done: list[str] = []
     if os.path.exists(index_path):
         with open(index_path, encoding="utf-8") as f:
             done = json.load(f)
+    llm = None  # one engine for every batch (loading the target is the slow part)
     for start in range(len(done), len(sequences), 32):
-        batch = sequences[start : start + 32]
-        done += extract(config.target, batch, os.path.join(config.work_dir, "states"), layer_ids)
+        if llm is None:
+            llm = extractor(config.target, os.path.join(config.work_dir, "states"), layer_ids)
+        done += extract_with(llm, sequences[start : start + 32])
         with open(index_path, "w", encoding="utf-8") as f:
             json.dump(done, f)
         log(f"extracted {len(done)}/{len(sequences)} sequences")
