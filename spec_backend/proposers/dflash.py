@@ -92,16 +92,14 @@ def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:
     """Load ``speculative_config.model`` (z-lab DFlash format) for the target."""
     from spec_backend.models.dflash import load_dflash_head
 
-    config, target = ctx.config, ctx.target
-    if config.model is None:
-        raise ValueError("method='dflash' needs speculative_config['model'] (a DFlash checkpoint folder)")
-    model: Any = target
-    head, spec = load_dflash_head(config.model, model, str(model.config._attn_implementation), model.dtype)
+    config, model = ctx.config, ctx.model_path("a DFlash checkpoint folder")
+    target: Any = ctx.target
+    head, spec = load_dflash_head(model, target, str(target.config._attn_implementation), target.dtype)
     assert config.num_speculative_tokens is not None
     if config.num_speculative_tokens > spec.block_size - 1:
         raise ValueError(
             f"num_speculative_tokens={config.num_speculative_tokens} exceeds what the DFlash checkpoint "
-            f"{config.model!r} drafts per block (block_size {spec.block_size} - 1 = {spec.block_size - 1})"
+            f"{model!r} drafts per block (block_size {spec.block_size} - 1 = {spec.block_size - 1})"
         )
     return DFlashDrafter(
         head, spec, config.num_speculative_tokens, ctx.max_model_len, config.uses_draft_probs

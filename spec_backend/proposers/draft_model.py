@@ -142,8 +142,7 @@ class DraftModelDrafter(Drafter):
 def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     """Load ``speculative_config.model`` and check it against the target (vocabulary, tokenizer, TP)."""
     config = ctx.config
-    if config.model is None:
-        raise ValueError("method='draft_model' needs speculative_config['model'] (a folder or a .gguf file)")
+    path = ctx.model_path("a folder or a .gguf file")
     tp = config.draft_tensor_parallel_size
     if tp not in (None, 1):
         raise ValueError(f"draft_tensor_parallel_size must be 1 in the embedded engine, got {tp}")
@@ -152,8 +151,8 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         from spec_backend.engine.loader import resolve_dtype
 
         dtype = resolve_dtype(str(config.draft_model_config.dtype))
-    model = ctx.load_model(config.model, dtype)
-    _check_vocab(ctx, model, config.model)
+    model = ctx.load_model(path, dtype)
+    _check_vocab(ctx, model, path)
     assert config.num_speculative_tokens is not None
     return DraftModelDrafter(
         model,

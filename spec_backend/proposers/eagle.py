@@ -184,20 +184,12 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
     )
 
 
-def _checkpoint(ctx: DrafterContext, what: str) -> str:
-    if ctx.config.model is None:
-        raise ValueError(
-            f"method={ctx.config.method!r} needs speculative_config['model'] (an {what} checkpoint folder)"
-        )
-    return ctx.config.model
-
-
 def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:
     """Load ``speculative_config.model`` (EAGLE-1 format) for the target."""
     from spec_backend.models.eagle import load_eagle_head
 
     target: Any = ctx.target
-    path = _checkpoint(ctx, "EAGLE-1")
+    path = ctx.model_path("an EAGLE-1 checkpoint folder")
     head = load_eagle_head(path, target, str(target.config._attn_implementation), target.dtype)
     return _drafter(ctx, head, HiddenStateRequest(final=True))
 
@@ -211,7 +203,7 @@ def build_eagle3_drafter(ctx: DrafterContext) -> EagleDrafter:
     from spec_backend.models.eagle3 import default_aux_layer_ids, load_eagle3_head
 
     target: Any = ctx.target
-    path = _checkpoint(ctx, "EAGLE-3")
+    path = ctx.model_path("an EAGLE-3 checkpoint folder")
     head = load_eagle3_head(path, target, str(target.config._attn_implementation), target.dtype)
     if not head.spec.use_aux_hidden_state:
         return _drafter(ctx, head, HiddenStateRequest(final=True))

@@ -41,12 +41,10 @@ class MedusaDrafter(HeadDrafter):
 def build_medusa_drafter(ctx: DrafterContext) -> MedusaDrafter:
     from spec_backend.models.medusa import load_medusa
 
-    config = ctx.config
-    if config.model is None:
-        raise ValueError("method='medusa' needs speculative_config['model'] (a Medusa checkpoint folder)")
+    config, path = ctx.config, ctx.model_path("a Medusa checkpoint folder")
     target: Any = ctx.target
     weight = target.get_output_embeddings().weight  # [V, H]
-    heads = load_medusa(config.model, int(weight.shape[1]), int(weight.shape[0]))
+    heads = load_medusa(path, int(weight.shape[1]), int(weight.shape[0]))
     heads = heads.to(device=weight.device, dtype=weight.dtype).eval()
     assert config.num_speculative_tokens is not None
     return MedusaDrafter(heads, config.num_speculative_tokens, config.uses_draft_probs)

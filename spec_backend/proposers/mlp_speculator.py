@@ -35,14 +35,10 @@ class MLPSpeculatorDrafter(HeadDrafter):
 def build_mlp_speculator_drafter(ctx: DrafterContext) -> MLPSpeculatorDrafter:
     from spec_backend.models.mlp_speculator import load_mlp_speculator
 
-    config = ctx.config
-    if config.model is None:
-        raise ValueError(
-            "method='mlp_speculator' needs speculative_config['model'] (an MLPSpeculator folder)"
-        )
+    config, path = ctx.config, ctx.model_path("an MLPSpeculator folder")
     target: Any = ctx.target
     weight = target.get_output_embeddings().weight  # [V, H]
-    model = load_mlp_speculator(config.model, int(weight.shape[1]), int(weight.shape[0]))
+    model = load_mlp_speculator(path, int(weight.shape[1]), int(weight.shape[0]))
     model = model.to(device=weight.device, dtype=weight.dtype).eval()
     assert config.num_speculative_tokens is not None
     return MLPSpeculatorDrafter(model, config.num_speculative_tokens, config.uses_draft_probs)

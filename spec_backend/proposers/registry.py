@@ -49,6 +49,12 @@ class DrafterContext:
     enforce_eager: bool = True
     target_path: str | None = None  # the target checkpoint's folder (MTP layers live there)
 
+    def model_path(self, what: str) -> str:
+        """``speculative_config.model``; ``ValueError`` saying the method needs ``what`` when unset."""
+        if self.config.model is None:
+            raise ValueError(f"method={self.config.method!r} needs speculative_config['model'] ({what})")
+        return self.config.model
+
 
 Builder = Callable[[DrafterContext], "Drafter"]
 
