@@ -78,4 +78,13 @@ def module_shapes(module: torch.nn.Module, skip: Iterable[str] = ()) -> dict[str
     return {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in skipped}
 
 
-__all__ = ["check_tensors", "module_shapes", "read_config", "read_tensors"]
+def shipped_embedding(tensors: dict[str, torch.Tensor], default: torch.nn.Module) -> torch.nn.Module:
+    """The checkpoint's own ``embed_tokens.weight [V, H]`` as a frozen embedding (popped from
+    ``tensors``), else ``default`` (the target's)."""
+    weight = tensors.pop("embed_tokens.weight", None)
+    if weight is None:
+        return default
+    return torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+
+
+__all__ = ["check_tensors", "module_shapes", "read_config", "read_tensors", "shipped_embedding"]

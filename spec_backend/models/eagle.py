@@ -21,7 +21,13 @@ import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, run_layers
-from spec_backend.models.checkpoint import check_tensors, read_config, read_tensors
+from spec_backend.models.checkpoint import (
+    check_tensors,
+    module_shapes,
+    read_config,
+    read_tensors,
+    shipped_embedding,
+)
 
 
 class EagleHead(ChainHead):
@@ -61,30 +67,6 @@ class EagleHead(ChainHead):
         return logits
 
 
-def _expected_shapes(config: Any, bias: bool) -> dict[str, tuple[int, ...]]:
-    h, inter = int(config.hidden_size), int(config.intermediate_size)
-    heads, kv = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
-    d = int(getattr(config, "head_dim", None) or h // heads)
-    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
-    if bias:
-        shapes["fc.bias"] = (h,)
-    for i in range(int(config.num_hidden_layers)):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (heads * d, h),
-            p + "self_attn.k_proj.weight": (kv * d, h),
-            p + "self_attn.v_proj.weight": (kv * d, h),
-            p + "self_attn.o_proj.weight": (h, heads * d),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-            p + "post_attention_layernorm.weight": (h,),
-        }
-        if i > 0:
-            shapes[p + "input_layernorm.weight"] = (h,)
-    return shapes
-
-
 def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) -> EagleHead:
     """Load an EAGLE-1 checkpoint folder for ``target`` (checked: hidden size and vocabulary)."""
     from transformers import LlamaConfig
@@ -99,13 +81,9 @@ def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) 
             f"EAGLE head {path!r} has hidden_size {config.hidden_size}, the target has {target_h}"
         )
     bias = "fc.bias" in tensors  # load the bias iff it is there (config["bias"] is only a hint)
-    expected = _expected_shapes(config, bias)
-    check_tensors("EAGLE", path, expected, tensors, optional=["embed_tokens.weight"])
-    embed = target.get_input_embeddings()
-    if "embed_tokens.weight" in tensors:
-        weight = tensors.pop("embed_tokens.weight")  # [V, H]
-        embed = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+    embed = shipped_embedding(tensors, target.get_input_embeddings())
     head = EagleHead(config, bias, embed, target.get_output_embeddings())
+    check_tensors("EAGLE", path, module_shapes(head, skip=["embed.weight", "lm_head.weight"]), tensors)
     head.load_state_dict(tensors, strict=False)
     return head.to(device=next(target.parameters()).device, dtype=dtype).eval()
 

@@ -33,7 +33,13 @@ import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, decoder_classes, run_layers
-from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.checkpoint import (
+    check_tensors,
+    module_shapes,
+    read_config,
+    read_tensors,
+    shipped_embedding,
+)
 from spec_backend.models.draft_vocab import target_ids, to_target_logits
 
 #: config flags of the speculators format this loader does not implement (refused, never ignored)
@@ -192,11 +198,8 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
             f"EAGLE-3 checkpoint {path!r} is for a target with vocab_size {spec.layer_config.vocab_size} and "
             f"hidden size {spec.target_hidden_size}; this target has {vocab} and {ht}"
         )
-    embed = target_embed
-    if "embed_tokens.weight" in tensors:
-        weight = tensors.pop("embed_tokens.weight")  # [V, H]
-        embed = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
-    elif int(spec.layer_config.hidden_size) != ht:
+    embed = shipped_embedding(tensors, target_embed)
+    if embed is target_embed and int(spec.layer_config.hidden_size) != ht:
         raise ValueError(
             f"EAGLE-3 checkpoint {path!r} has a hidden size other than the target's but no embed_tokens"
         )
