@@ -172,9 +172,12 @@ class Eagle3Head(ChainHead):
         x = x + first.mlp(first.post_attention_layernorm(x))
         return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta, attention_mask)
 
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Vd] float
+        logits: torch.Tensor = self.lm_head(self.norm(out)).float()
+        return logits
+
     def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
-        draft: torch.Tensor = self.lm_head(self.norm(out)).float()  # [B, Vd]
-        return to_target_logits(draft, self.target_ids, self.vocab_size)  # [B, V]
+        return to_target_logits(self.draft_logits(out), self.target_ids, self.vocab_size)
 
 
 def _rename(name: str) -> str | None:
@@ -207,9 +210,8 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
     head = Eagle3Head(spec, embed, target.get_output_embeddings() if shares_head else None)
     expected = module_shapes(head, skip=["embed.weight", "d2t"] + (["lm_head.weight"] if shares_head else []))
     check_tensors("EAGLE-3", path, expected, tensors, optional=["d2t"])
-    if "d2t" in tensors:
-        target_ids("EAGLE-3", path, tensors["d2t"], t2d, vocab)
-    elif spec.draft_vocab_size != vocab:
+    ids = target_ids("EAGLE-3", path, tensors["d2t"], t2d, vocab) if "d2t" in tensors else None  # [Vd]
+    if ids is None and spec.draft_vocab_size != vocab:
         raise ValueError(
             f"EAGLE-3 checkpoint {path!r} has draft_vocab_size {spec.draft_vocab_size} < {vocab} but no d2t"
         )
@@ -221,11 +223,10 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
                 f"{3 * ht} values ([1, 1, {3 * ht}])"
             )
         head.register_buffer("mask_hidden", mask_hidden.reshape(-1))  # [3·Ht]
-    head = head.to(device=next(target.parameters()).device, dtype=dtype).eval()
-    d2t = torch.as_tensor(head.d2t)  # [Vd]
-    if ("d2t" in tensors and bool(tensors["d2t"].any())) or spec.draft_vocab_size != vocab:
-        head.target_ids = torch.arange(spec.draft_vocab_size, device=d2t.device) + d2t
-    return head
+    device = next(target.parameters()).device
+    if ids is not None and (spec.draft_vocab_size != vocab or bool(tensors["d2t"].any())):
+        head.target_ids = ids.to(device)  # else the draft vocabulary is the target's, in order
+    return head.to(device=device, dtype=dtype).eval()
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

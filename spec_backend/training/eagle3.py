@@ -106,11 +106,6 @@ class Eagle3Trainer:
         logits = self.target.get_output_embeddings()(self._final_norm()(last))[:, self.ids]  # [T, Vd]
         return torch.softmax(logits.float(), dim=-1)
 
-    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, Vd] over the draft vocabulary
-        head: Any = self.head
-        logits: torch.Tensor = head.lm_head(head.norm(out)).float()
-        return logits
-
     def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, n, H]`` (columns: ``state_ids``)."""
         from transformers import DynamicCache
@@ -126,7 +121,7 @@ class Eagle3Trainer:
         cache, total = DynamicCache(), torch.zeros(())
         for step in range(steps):
             out = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
-            log_q = torch.log_softmax(self.draft_logits(out[0]), dim=-1)  # [T, Vd]
+            log_q = torch.log_softmax(self.head.draft_logits(out[0]), dim=-1)  # [T, Vd]
             rows = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
             p = teacher[1 + step :]  # [rows, Vd]
             total = total + (p * (torch.log(p.clamp_min(1e-30)) - log_q[:rows])).sum(-1).mean()
