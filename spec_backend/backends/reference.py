@@ -18,7 +18,10 @@ from spec_backend.backends.base import (
     SamplerTuning,
     TokenLimits,
 )
-from spec_backend.backends.vocab_projection import install_tall_skinny_projection
+from spec_backend.backends.vocab_projection import (
+    install_small_batch_linears,
+    install_tall_skinny_projection,
+)
 from spec_backend.sampling.ops import SamplerOps
 
 
@@ -64,5 +67,7 @@ class ReferenceBackend(Backend):
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True, group_elements=1 << 21)
 
     def prepare_model(self, model: torch.nn.Module) -> None:
-        """CPU BLAS runs the few-row vocabulary projection far faster as a tall-skinny product."""
+        """CPU BLAS runs few-row products (the vocabulary projection, and the decoder's linear layers
+        while a step verifies K+1 positions) far faster as tall-skinny products (``vocab_projection``)."""
+        install_small_batch_linears(model)
         install_tall_skinny_projection(model)

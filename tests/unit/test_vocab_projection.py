@@ -10,10 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from spec_backend.backends.reference import ReferenceBackend
-from spec_backend.backends.vocab_projection import TallSkinnyProjection, install_tall_skinny_projection
+from spec_backend.backends.vocab_projection import (
+    TallSkinnyProjection,
+    install_small_batch_linears,
+    install_tall_skinny_projection,
+)
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 40, 64, 65, 200])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 40, 63, 64, 65, 200])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_linear_for_every_row_count(rows: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows)
@@ -48,3 +52,32 @@ def test_models_without_a_linear_head_are_left_alone() -> None:
             return None
 
     assert install_tall_skinny_projection(NoHead()) is False
+
+
+def test_reference_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.engine.tiny import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "tiny", num_hidden_layers=2)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    layer = model.model.layers[0]
+    weight = layer.mlp.down_proj.weight
+    with torch.no_grad():
+        before = [model(input_ids=torch.tensor([[3, 1, 4, 1, 5][:n]])).logits for n in (1, 3, 5)]
+        ReferenceBackend().prepare_model(model)
+        assert isinstance(layer.mlp.down_proj, TallSkinnyProjection) and layer.mlp.down_proj.max_rows == 4
+        assert layer.mlp.down_proj.weight is weight  # the same parameter, not a copy
+        assert not any(type(m) is nn.Linear for m in model.modules())  # 7 per layer + the head
+        after = [model(input_ids=torch.tensor([[3, 1, 4, 1, 5][:n]])).logits for n in (1, 3, 5)]
+    for a, b in zip(after, before, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_subclasses_are_left_alone() -> None:
+    class Quantized(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 4), Quantized(4, 4))
+    assert install_small_batch_linears(model) == 1
+    assert isinstance(model[0], TallSkinnyProjection) and type(model[1]) is Quantized
