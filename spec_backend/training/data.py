@@ -51,6 +51,24 @@ def extract(
     return extract_with(extractor(target_dir, out_dir, layer_ids), prompts)
 
 
+def respond(llm: Any, prompts: Sequence[str], max_tokens: int, seed: int) -> list[list[int]]:
+    """The target's own answers to chat ``prompts`` (self-distillation data): each result is the
+    chat-formatted prompt's token ids followed by the answer's. Even-numbered prompts are answered
+    greedily (what greedy decoding will ask the head to draft), odd ones sampled at temperature 0.8
+    with a per-prompt seed (more varied text, as sampled decoding asks)."""
+    from spec_backend.engine import SamplingParams
+
+    chats = [llm.chat_prompt(p) for p in prompts]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        if i % 2 == 0
+        else SamplingParams(temperature=0.8, max_tokens=max_tokens, seed=seed + i)
+        for i in range(len(prompts))
+    ]
+    outs = llm.generate(chats, params)
+    return [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs]
+
+
 def load(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One extracted file: ``token_ids [T]`` and ``hidden_states [T, n, H]``."""
     from safetensors.torch import load_file
@@ -59,4 +77,4 @@ def load(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     return tensors["token_ids"], tensors["hidden_states"]
 
 
-__all__ = ["extract", "load"]
+__all__ = ["extract", "extract_with", "extractor", "load", "respond"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ class TrainConfig:
     lr: float = 3e-4
     seed: int = 0
     state_ids: tuple[int, ...] = ()  # layer ids of the extracted files' columns (default: aux, then L)
+    total_steps: int = 0  # optimiser steps of the whole run: cosine decay to lr/10 (0: constant lr)
+    bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
 
 
 def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -48,6 +51,30 @@ def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torc
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     own = torch.eye(length, dtype=torch.bool, device=device)
     return torch.cat([causal, *[own] * step], dim=1)[None, None]
+
+
+def epoch_order(count: int, shuffle: int | None, epoch: int) -> list[int]:
+    """The order of ``count`` files in one epoch: as given, or a permutation drawn from the seed
+    ``shuffle + epoch``."""
+    if shuffle is None:
+        return list(range(count))
+    return torch.randperm(count, generator=torch.Generator().manual_seed(shuffle + epoch)).tolist()
+
+
+def lr_factor(total_steps: int, warmup: int = 20) -> Callable[[int], float]:
+    """The learning-rate multiplier at each optimiser step: a linear warm-up over ``warmup`` steps, then
+    a cosine decay from 1 to 0.1 at ``total_steps`` (held at 0.1 beyond); constant 1 when
+    ``total_steps`` is 0."""
+
+    def factor(step: int) -> float:
+        if total_steps <= 0:
+            return 1.0
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
 
 
 class Eagle3Trainer:
@@ -95,6 +122,9 @@ class Eagle3Trainer:
         self.columns = ([ids.index(i) for i in config.aux_layer_ids], ids.index(layers))
         params = [p for n, p in self.head.named_parameters() if not n.startswith("embed.")]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.total_steps))
+        # [Vd, H] the target's LM-head rows of the draft vocabulary (the teacher needs no other logits)
+        self.teacher_rows = self.target.get_output_embeddings().weight[self.ids].detach()
 
     def _final_norm(self) -> Any:
         from spec_backend.engine.hidden import decoder_of
@@ -103,7 +133,8 @@ class Eagle3Trainer:
 
     @torch.no_grad()
     def teacher(self, last: torch.Tensor) -> torch.Tensor:  # [T, H] pre-norm -> [T, Vd] probabilities
-        logits = self.target.get_output_embeddings()(self._final_norm()(last))[:, self.ids]  # [T, Vd]
+        with torch.autocast("cpu", enabled=False):  # float32 targets, also under bf16 training
+            logits = torch.nn.functional.linear(self._final_norm()(last), self.teacher_rows)  # [T, Vd]
         return torch.softmax(logits.float(), dim=-1)
 
     def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -121,7 +152,7 @@ class Eagle3Trainer:
         cache, total = DynamicCache(), torch.zeros(())
         for step in range(steps):
             out = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
-            log_q = torch.log_softmax(self.head.draft_logits(out[0]), dim=-1)  # [T, Vd]
+            log_q = torch.log_softmax(self.head.draft_logits(out[0]).float(), dim=-1)  # [T, Vd]
             rows = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
             p = teacher[1 + step :]  # [rows, Vd]
             total = total + (p * (torch.log(p.clamp_min(1e-30)) - log_q[:rows])).sum(-1).mean()
@@ -132,9 +163,11 @@ class Eagle3Trainer:
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> float:
         """One optimiser step on one sequence; returns its loss."""
         self.optimizer.zero_grad()
-        loss = self.loss(tokens, hidden)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.bf16):
+            loss = self.loss(tokens, hidden)
         loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
+        self.scheduler.step()
         return float(loss.detach())
 
     def train(
@@ -143,13 +176,15 @@ class Eagle3Trainer:
         epochs: int = 1,
         max_len: int = 2048,
         progress: Callable[[int, float], None] | None = None,
+        shuffle: int | None = None,
     ) -> list[float]:
-        """``epochs`` passes over the extracted ``files`` in order (chunks of ``max_len`` rows)."""
+        """``epochs`` passes over the extracted ``files`` (chunks of ``max_len`` rows), in order, or in
+        an order drawn from the seed ``shuffle`` (a new order each epoch)."""
         from spec_backend.training.data import load
 
         losses: list[float] = []
-        for _ in range(epochs):
-            for path in files:
+        for epoch in range(epochs):
+            for path in (files[i] for i in epoch_order(len(files), shuffle, epoch)):
                 tokens, hidden = load(path)
                 for start in range(0, tokens.numel(), max_len):
                     chunk = slice(start, start + max_len)
@@ -162,7 +197,8 @@ class Eagle3Trainer:
     def checkpoint(self, path: str, epoch: int) -> None:
         """Save the head (without the target's embedding) and the optimiser after ``epoch`` epochs."""
         head = {n: t for n, t in self.head.state_dict().items() if not n.startswith("embed.")}
-        torch.save({"head": head, "optimizer": self.optimizer.state_dict(), "epoch": epoch}, path)
+        optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
+        torch.save({"head": head, "optimizer": optimizer, "scheduler": scheduler, "epoch": epoch}, path)
 
     def restore(self, path: str) -> int:
         """Load a ``checkpoint`` if ``path`` exists; returns the epochs it had completed (0 if none)."""
@@ -171,6 +207,8 @@ class Eagle3Trainer:
         state = torch.load(path, weights_only=True)
         self.head.load_state_dict(state["head"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
         return int(state["epoch"])
 
     def save(self, out_dir: str, dtype: torch.dtype = torch.float32) -> str:
@@ -210,4 +248,4 @@ class Eagle3Trainer:
         return out_dir
 
 
-__all__ = ["Eagle3Trainer", "TrainConfig", "ttt_mask"]
+__all__ = ["Eagle3Trainer", "TrainConfig", "epoch_order", "lr_factor", "ttt_mask"]

@@ -1,4 +1,8 @@
-"""``spec-backend train-eagle3``: corpus → extracted hidden states → draft vocabulary → TTT → head.
+"""``spec-backend train-eagle3``: text → extracted hidden states → draft vocabulary → TTT → head.
+
+The text is ``--sequences`` chats cut from installed packages' sources (``corpus``) followed by the
+target's own answers to ``--chats`` instruction prompts (``prompts``, answered greedily and at
+temperature 0.8 in turn, ``--chat-tokens`` at most).
 
 Every stage writes under ``--work`` and is skipped when its output is already there, so an interrupted
 run resumes: extraction keeps an index of finished sequences, training saves the head and optimiser after
@@ -9,6 +13,7 @@ for ``speculative_config={"model": OUT}``. Deterministic for a given ``--seed`` 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -27,10 +32,13 @@ class PipelineConfig:
     max_len: int = 512
     draft_vocab_size: int = 8192
     ttt_steps: int = 3
-    epochs: int = 2
-    lr: float = 3e-4
+    epochs: int = 4
+    lr: float = 1.5e-3
     seed: int = 0
     packages: tuple[str, ...] = ()
+    chats: int = 600
+    chat_tokens: int = 256
+    bf16: bool = True
 
 
 def _target_sizes(target: str) -> tuple[int, int]:
@@ -65,6 +73,33 @@ def _extract_all(
     return done[: len(sequences)]
 
 
+def _respond_all(config: PipelineConfig, log: Callable[[str], None]) -> list[list[int]]:
+    """The target's own answers to ``config.chats`` instruction prompts (``training.prompts``), kept in
+    ``responses.json`` under the work folder and extended 64 prompts at a time (resumable)."""
+    from spec_backend.engine import LLM
+    from spec_backend.training.data import respond
+    from spec_backend.training.prompts import instruction_prompts
+
+    prompts = instruction_prompts()[: config.chats]
+    path = os.path.join(config.work_dir, "responses.json")
+    done: list[list[int]] = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            done = json.load(f)
+    llm = None
+    for start in range(len(done), len(prompts), 64):
+        if llm is None:
+            llm = LLM(config.target, max_num_seqs=64, log_stats_interval=None)
+        batch = prompts[start : start + 64]
+        done += [
+            ids[: config.max_len] for ids in respond(llm, batch, config.chat_tokens, config.seed + start)
+        ]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(done, f)
+        log(f"answered {len(done)}/{len(prompts)} instruction prompts")
+    return done[: len(prompts)]
+
+
 def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     """Run (or resume) the pipeline; returns the output folder."""
     import torch
@@ -76,14 +111,13 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
     from spec_backend.training.vocab import draft_vocabulary
 
-    os.makedirs(config.work_dir, exist_ok=True)
-    with open(os.path.join(config.work_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(asdict(config), f, indent=2)
+    _prepare_work(config)
     tokenizer: Any = load_tokenizer(resolve_model(config.target))
     if tokenizer is None:
         raise ValueError(f"train-eagle3 needs a target with a tokenizer, {config.target!r} has none")
     packages = config.packages or corpus.DEFAULT_PACKAGES
     train, _ = corpus.split_corpus(tokenizer, config.num_sequences, 0, config.max_len, packages)
+    train += _respond_all(config, log)  # after the corpus: extractions already made stay valid
     layers, vocab = _target_sizes(config.target)
     aux = default_aux_layer_ids(layers)
     state_ids = tuple(sorted({*aux, layers}))  # distinct ids (the default aux ids repeat on small targets)
@@ -92,15 +126,46 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     for path in files:
         counts += torch.bincount(load(path)[0], minlength=vocab)[:vocab]
     d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, counts.numel()))
-    trainer = Eagle3Trainer(
-        config.target, TrainConfig(aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids)
+    steps = config.epochs * len(files)  # one optimiser step per file (sequences are cut to max_len)
+    settings = TrainConfig(
+        aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids, steps, config.bf16
     )
-    state_path = os.path.join(config.work_dir, "trainer.pt")
+    trainer = Eagle3Trainer(config.target, settings)
+    state_path = os.path.join(config.work_dir, f"trainer-{_training_key(config)}.pt")
     for epoch in range(trainer.restore(state_path), config.epochs):
-        losses = trainer.train(files, max_len=config.max_len, progress=_progress(log, epoch, len(files)))
+        progress = _progress(log, epoch, len(files))
+        losses = trainer.train(files, max_len=config.max_len, progress=progress, shuffle=config.seed + epoch)
         trainer.checkpoint(state_path, epoch + 1)
         log(f"epoch {epoch + 1}/{config.epochs}: mean loss {sum(losses) / max(1, len(losses)):.4f}")
     return trainer.save(config.out_dir, dtype=torch.bfloat16)
+
+
+DATA_FIELDS = ("target", "num_sequences", "max_len", "seed", "packages", "chats", "chat_tokens")
+TRAINING_FIELDS = ("draft_vocab_size", "ttt_steps", "epochs", "lr", "seed", "bf16")
+
+
+def _prepare_work(config: PipelineConfig) -> None:
+    """Create the work folder, or check that the data it holds was made with this run's data settings
+    (a resumed run reuses extracted sequences by their order, so other settings would mislabel them)."""
+    os.makedirs(config.work_dir, exist_ok=True)
+    path, now = os.path.join(config.work_dir, "config.json"), json.loads(json.dumps(asdict(config)))
+    if os.path.exists(os.path.join(config.work_dir, "extracted.json")) and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+        changed = [f"{k}={before.get(k)!r} (now {now[k]!r})" for k in DATA_FIELDS if before.get(k) != now[k]]
+        if changed:
+            raise ValueError(
+                f"--work {config.work_dir} holds data made with {', '.join(changed)}; "
+                "pass the same settings to resume, or a new --work folder"
+            )
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(now, f, indent=2)
+
+
+def _training_key(config: PipelineConfig) -> str:
+    """A short hash of the training settings: a checkpoint resumes only a run with the same ones."""
+    settings = json.dumps([getattr(config, k) for k in TRAINING_FIELDS])
+    return hashlib.sha256(settings.encode()).hexdigest()[:12]
 
 
 def _progress(log: Callable[[str], None], epoch: int, total: int) -> Callable[[int, float], None]:
@@ -121,9 +186,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size")
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (drafts trained ahead)")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine decay to a tenth)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chats", type=int, default=600, help="instruction prompts the target answers")
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mixed-precision training (bfloat16 matmuls, float32 weights; fast where the CPU has bf16)",
+    )
+    p.add_argument("--chat-tokens", type=int, default=256, help="longest answer to one instruction prompt")
     p.set_defaults(func=_cmd)
 
 
@@ -139,6 +212,9 @@ def _cmd(args: argparse.Namespace) -> int:
         args.epochs,
         args.lr,
         args.seed,
+        chats=args.chats,
+        chat_tokens=args.chat_tokens,
+        bf16=args.bf16,
     )
     print(f"wrote {run(config)}")
     return 0

@@ -22,7 +22,7 @@ from engine_fixtures import one_thread  # noqa: F401 - autouse
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.training.data import extract
-from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, ttt_mask
+from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, epoch_order, lr_factor, ttt_mask
 from spec_backend.training.vocab import draft_vocabulary
 
 AUX = (1, 2, 3)
@@ -95,3 +95,41 @@ def test_a_trained_head_is_accepted_more_than_an_untrained_one(
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
     after, before = _acceptance(target, trained, held_out), _acceptance(target, untrained, held_out)
     assert after > before + 0.3, f"accepted drafts per step: trained {after:.2f}, untrained {before:.2f}"
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    factor = lr_factor(120, warmup=20)
+    assert [factor(s) for s in (0, 9, 19)] == [pytest.approx(x) for x in (0.05, 0.5, 1.0)]
+    assert factor(20) == pytest.approx(1.0) and factor(70) == pytest.approx(0.55)
+    assert factor(120) == pytest.approx(0.1) and factor(500) == pytest.approx(0.1)
+    assert lr_factor(0)(0) == lr_factor(0)(10_000) == 1.0  # no total: constant
+
+
+def test_teacher_is_the_targets_distribution_over_the_draft_vocabulary(
+    pipeline: tuple[str, list[str], list[list[int]]],
+) -> None:
+    from spec_backend.training.data import load
+
+    target, files, _ = pipeline
+    d2t, t2d = draft_vocabulary(torch.arange(128), 50)  # the 50 highest ids
+    trainer = Eagle3Trainer(target, TrainConfig(AUX, d2t, t2d))
+    _, hidden = load(files[0])  # [T, 4, H]; column 3 is layer 6 = the last layer's pre-norm output
+    model = trainer.target
+    logits = model.get_output_embeddings()(model.model.norm(hidden[:, 3].float()))  # [T, 128]
+    expected = torch.softmax(logits[:, 78:], dim=-1)  # [T, 50]
+    torch.testing.assert_close(trainer.teacher(hidden[:, 3].float()), expected)
+
+
+def test_shuffled_epochs_are_reproducible_and_differ_from_file_order(
+    pipeline: tuple[str, list[str], list[list[int]]],
+) -> None:
+    assert epoch_order(6, None, 3) == list(range(6))
+    first, second = epoch_order(6, 5, 0), epoch_order(6, 5, 1)
+    assert sorted(first) == sorted(second) == list(range(6)) and first != second
+    assert first == epoch_order(6, 5, 0) and first != list(range(6))
+    target, files, _ = pipeline
+    d2t, t2d = draft_vocabulary(torch.ones(128, dtype=torch.int64), 128)
+    config = TrainConfig(AUX, d2t, t2d, ttt_steps=1, seed=3)
+    shuffled = [Eagle3Trainer(target, config).train(files[:6], epochs=2, shuffle=5) for _ in range(2)]
+    in_order = Eagle3Trainer(target, config).train(files[:6], epochs=2)
+    assert shuffled[0] == shuffled[1] and shuffled[0] != in_order  # same seed, same run

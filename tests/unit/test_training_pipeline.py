@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -14,7 +15,8 @@ from engine_fixtures import one_thread  # noqa: F401 - autouse
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.training import corpus
+from spec_backend.training import corpus, prompts
+from spec_backend.training.data import respond
 from spec_backend.training.pipeline import PipelineConfig, run
 
 
@@ -56,15 +58,23 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
         ttt_steps=2,
         epochs=2,
         packages=("json",),
+        chats=6,
+        chat_tokens=8,
     )
     logs: list[str] = []
     out = run(config, logs.append)
-    assert any("extracted 10/10" in line for line in logs) and any("epoch 2/2" in line for line in logs)
+    assert any("answered 6/6" in line for line in logs) and any("extracted 16/16" in line for line in logs)
+    assert any("epoch 2/2" in line for line in logs)
     digest = hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest()
     again: list[str] = []
     run(config, again.append)  # resumes: nothing to extract, no epoch left
-    assert not any("extracted" in line or "epoch" in line for line in again)
+    assert not any(word in line for line in again for word in ("answered", "extracted", "epoch"))
     assert hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest() == digest
+    with pytest.raises(ValueError, match=r"chats=6 \(now 7\); pass the same settings"):
+        run(dataclasses.replace(config, chats=7))  # the extracted data would be mislabelled
+    changed: list[str] = []  # new training settings: a new checkpoint, trained from the start
+    run(dataclasses.replace(config, lr=1e-3, epochs=1), changed.append)
+    assert any("epoch 1/1" in line for line in changed) and not any("extracted" in x for x in changed)
 
     llm = LLM(target, speculative_config={"model": out})
     spec = llm.speculative_config
@@ -73,6 +83,28 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
     plain = LLM(target).generate(["import json"], params)[0].outputs[0].token_ids
     assert llm.generate(["import json"], params)[0].outputs[0].token_ids == plain
     assert llm.metrics.total.num_draft_tokens > 0
+
+
+def topics_of(asked: list[str]) -> set[str]:
+    return {t for t in prompts.TOPICS if any(p.endswith((f" {t}.", f" {t}?")) for p in asked)}
+
+
+def test_instruction_prompts_split_by_topic_and_answers_follow_the_prompt(tmp_path: Path) -> None:
+    train, held = prompts.instruction_prompts(), prompts.instruction_prompts(held_out=True)
+    assert len(train) + len(held) == len(prompts.TOPICS) * len(prompts.TEMPLATES)
+    assert train == prompts.instruction_prompts() and len(set(train)) == len(train)  # stable, no repeats
+    assert topics_of(train) and topics_of(held) and not topics_of(train) & topics_of(held)
+    assert len({p.split()[0] for p in train[:24]}) > 4  # the first prompts already mix templates
+
+    target = make_tiny_model(tmp_path / "target", "llama", with_tokenizer=True)
+    llm = LLM(target)
+    asked = ["Explain tea to a beginner.", "Write a haiku about rain."]
+    answers = respond(llm, asked, max_tokens=6, seed=0)
+    greedy = llm.generate([llm.chat_prompt(asked[0])], SamplingParams(temperature=0.0, max_tokens=6))[0]
+    assert answers[0] == greedy.prompt_token_ids + greedy.outputs[0].token_ids  # even: greedy
+    sampled = SamplingParams(temperature=0.8, max_tokens=6, seed=1)  # odd: temperature 0.8, seed + index
+    again = llm.generate([llm.chat_prompt(asked[1])], sampled)[0]
+    assert answers[1] == again.prompt_token_ids + again.outputs[0].token_ids
 
 
 def test_cli_help_lists_train_eagle3(capsys: pytest.CaptureFixture[str]) -> None:
