@@ -42,7 +42,44 @@ class TrainConfig:
     seed: int = 0
     state_ids: tuple[int, ...] = ()  # layer ids of the extracted files' columns (default: aux, then L)
     total_steps: int = 0  # optimiser steps of the whole run: cosine decay to lr/10 (0: constant lr)
+    norm_before_fc: bool = False  # an RMSNorm over the concatenated features before ``fc``
+    init_from_target: bool = False  # start from the target layer that reads the last aux feature
     bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
+
+
+@torch.no_grad()
+def copy_target_layer(head: Eagle3Head, target: Any, layer_id: int) -> None:
+    """Start ``head`` as the target's decoder layer ``layer_id`` applied to that layer's own input.
+
+    ``fc`` passes the last auxiliary feature (the residual stream entering ``layer_id``) through
+    unchanged; the layer's weights are the target's, with the embedding half of ``q/k/v`` zero, and
+    ``hidden_norm`` is the target layer's input norm. The untrained head's output is then exactly the
+    target's residual stream after ``layer_id`` (``tests/unit/test_training_eagle3.py``), a far better
+    start than random weights: the head begins with the target's attention and MLP of that depth.
+    """
+    from spec_backend.engine.hidden import decoder_of
+
+    source: Any = decoder_of(target).layers[layer_id]
+    first: Any = head.layers[0]
+    fc: Any = head.fc
+    hidden = int(first.hidden_norm.weight.numel())
+    if fc is None or fc.weight.shape != (hidden, 3 * hidden) or head.input_norm is not None:
+        raise ValueError("copy_target_layer needs fc [H, 3H] without norm_before_fc and H = the target's")
+    wanted = dict(source.named_parameters())
+    for name, param in first.named_parameters():
+        weight = wanted.get(name)
+        if weight is None:
+            continue
+        if param.shape == weight.shape:
+            param.copy_(weight)
+        elif param.shape[:-1] == weight.shape[:-1] and param.shape[-1] == 2 * weight.shape[-1]:
+            param.zero_()  # q/k/v over [embedding; hidden]: the hidden half is the target's
+            param[..., weight.shape[-1] :].copy_(weight)
+        else:
+            raise ValueError(f"head parameter {name} {list(param.shape)} does not fit {list(weight.shape)}")
+    first.hidden_norm.weight.copy_(source.input_layernorm.weight)
+    fc.weight.zero_()
+    fc.weight[:, 2 * hidden :].copy_(torch.eye(hidden))  # [H, 3H]: g = the last aux feature
 
 
 def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -98,7 +135,7 @@ class Eagle3Trainer:
             draft_vocab_size=int(config.d2t.numel()),
             target_hidden_size=int(text.hidden_size),
             norm_before_residual=False,
-            norm_before_fc=False,
+            norm_before_fc=config.norm_before_fc,
             use_aux_hidden_state=True,
             aux_layer_ids=config.aux_layer_ids,
             speculators=True,
@@ -112,6 +149,8 @@ class Eagle3Trainer:
             head.lm_head.weight.copy_(self.target.get_output_embeddings().weight[self.ids])
             head.norm.weight.copy_(self._final_norm().weight)
             head.d2t.copy_(config.d2t)
+        if config.init_from_target:
+            copy_target_layer(self.head, self.target, config.aux_layer_ids[-1])
         self.head.target_ids = self.ids
         layers = int(text.num_hidden_layers)
         ids = config.state_ids or (*config.aux_layer_ids, layers)
@@ -230,6 +269,7 @@ class Eagle3Trainer:
             "transformer_layer_config": layer,
             "draft_vocab_size": int(self.config.d2t.numel()),
             "norm_before_residual": False,
+            "norm_before_fc": self.config.norm_before_fc,
             "eagle_aux_hidden_state_layer_ids": list(self.config.aux_layer_ids),
             "speculators_config": {
                 "algorithm": "eagle3",
@@ -248,4 +288,4 @@ class Eagle3Trainer:
         return out_dir
 
 
-__all__ = ["Eagle3Trainer", "TrainConfig", "epoch_order", "lr_factor", "ttt_mask"]
+__all__ = ["Eagle3Trainer", "TrainConfig", "copy_target_layer", "epoch_order", "lr_factor", "ttt_mask"]

@@ -39,6 +39,7 @@ class PipelineConfig:
     chats: int = 600
     chat_tokens: int = 256
     bf16: bool = True
+    init_from_target: bool = True
 
 
 def _target_sizes(target: str) -> tuple[int, int]:
@@ -128,7 +129,16 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, counts.numel()))
     steps = config.epochs * len(files)  # one optimiser step per file (sequences are cut to max_len)
     settings = TrainConfig(
-        aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids, steps, config.bf16
+        aux,
+        d2t,
+        t2d,
+        config.ttt_steps,
+        config.lr,
+        config.seed,
+        state_ids,
+        steps,
+        init_from_target=config.init_from_target,
+        bf16=config.bf16,
     )
     trainer = Eagle3Trainer(config.target, settings)
     state_path = os.path.join(config.work_dir, f"trainer-{_training_key(config)}.pt")
@@ -141,7 +151,7 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
 
 
 DATA_FIELDS = ("target", "num_sequences", "max_len", "seed", "packages", "chats", "chat_tokens")
-TRAINING_FIELDS = ("draft_vocab_size", "ttt_steps", "epochs", "lr", "seed", "bf16")
+TRAINING_FIELDS = ("draft_vocab_size", "ttt_steps", "epochs", "lr", "seed", "bf16", "init_from_target")
 
 
 def _prepare_work(config: PipelineConfig) -> None:
@@ -196,6 +206,12 @@ def add_parser(sub: Any) -> None:
         default=True,
         help="mixed-precision training (bfloat16 matmuls, float32 weights; fast where the CPU has bf16)",
     )
+    p.add_argument(
+        "--init-from-target",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the head as the target layer that reads the last auxiliary feature",
+    )
     p.add_argument("--chat-tokens", type=int, default=256, help="longest answer to one instruction prompt")
     p.set_defaults(func=_cmd)
 
@@ -215,6 +231,7 @@ def _cmd(args: argparse.Namespace) -> int:
         chats=args.chats,
         chat_tokens=args.chat_tokens,
         bf16=args.bf16,
+        init_from_target=args.init_from_target,
     )
     print(f"wrote {run(config)}")
     return 0

@@ -133,3 +133,28 @@ def test_shuffled_epochs_are_reproducible_and_differ_from_file_order(
     shuffled = [Eagle3Trainer(target, config).train(files[:6], epochs=2, shuffle=5) for _ in range(2)]
     in_order = Eagle3Trainer(target, config).train(files[:6], epochs=2)
     assert shuffled[0] == shuffled[1] and shuffled[0] != in_order  # same seed, same run
+
+
+def test_a_head_started_from_the_target_reproduces_the_targets_next_layer(
+    pipeline: tuple[str, list[str], list[list[int]]], tmp_path: Path
+) -> None:
+    from transformers import DynamicCache
+
+    from spec_backend.training.data import load
+
+    target, files, _ = pipeline
+    tokens, _ = load(files[0])
+    (path,) = extract(target, [tokens.tolist()], str(tmp_path), [1, 2, 3, 4, 6])
+    _, hidden = load(path)  # [T, 5, H]: inputs of layers 1, 2, 3, 4 and the last output
+    d2t, t2d = draft_vocabulary(torch.ones(128, dtype=torch.int64), 128)
+    length = tokens.numel()
+    for start, expected_close in ((True, True), (False, False)):  # negative control: random weights
+        config = TrainConfig(AUX, d2t, t2d, state_ids=(1, 2, 3, 4, 6), init_from_target=start)
+        head = Eagle3Trainer(target, config).head
+        with torch.no_grad():
+            g = head.combine(hidden[:, :3].flatten(1))[None]  # [1, T, H]
+            out = head(tokens[None], g, torch.arange(length)[None], DynamicCache(), None, ttt_mask(length, 0))
+        close = torch.allclose(out[0], hidden[:, 3], rtol=1e-4, atol=1e-4)  # layer 3's output
+        assert close == expected_close
+    with pytest.raises(ValueError, match="copy_target_layer needs fc"):
+        Eagle3Trainer(target, TrainConfig(AUX, d2t, t2d, norm_before_fc=True, init_from_target=True))
