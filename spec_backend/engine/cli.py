@@ -223,6 +223,8 @@ def add_demo_parser(sub: Any) -> None:
     """``spec-backend demo``."""
     from spec_backend.engine.demo import add_demo_args, run_demo
 
-    p = sub.add_parser("demo", help="SmolLM2 on code-edit prompts with n-gram speculation (K=4)")
+    p = sub.add_parser(
+        "demo", help="SmolLM2 with plain decoding, ngram, suffix and the shipped EAGLE-3 head, side by side"
+    )
     add_demo_args(p)
     p.set_defaults(func=run_demo)

@@ -1,6 +1,10 @@
-"""Demo: SmolLM2 edits code with n-gram speculation (K=4); prints texts, tokens/s and acceptance.
+"""Demo: SmolLM2 with plain decoding and model-free drafters side by side, greedy, code-edit and chat.
 
-Run with ``spec-backend demo`` or ``python -m spec_backend.engine.demo``.
+Each method gets its own engine over the same model and the same prompts: plain decoding first (the
+reference), then n-gram and suffix drafting. Prints the reference texts, then one line per method:
+tokens/s, the speed-up over plain decoding, the mean acceptance length, and whether its texts equal
+plain decoding's (greedy speculation is lossless, so they must; the command fails otherwise). Run with
+``spec-backend demo`` or ``python -m spec_backend.engine.demo``.
 """
 
 from __future__ import annotations
@@ -8,53 +12,81 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
+
+#: Prompts whose answers copy little from the question (where n-gram drafting has little to find).
+CHAT_PROMPTS = ("Give me three tips for writing clear emails.", "Explain what a rainbow is to a child.")
+
+
+def drafter_specs(k: int) -> dict[str, dict[str, Any] | None]:
+    """``speculative_config`` per method shown (``None``: plain decoding)."""
+    return {
+        "plain": None,
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        },
+        "suffix": {"method": "suffix", "num_speculative_tokens": k},
+    }
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="model folder, .gguf file, or 'smollm2' (bundled)")
-    p.add_argument("--num-prompts", type=int, default=3)
+    p.add_argument("--num-prompts", type=int, default=2, help="code-edit prompts (plus the chat prompts)")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, draft tokens per step")
+
+
+def _run(llm: Any, prompts: list[str], max_tokens: int) -> tuple[list[Any], float]:
+    from spec_backend.engine import SamplingParams
+
+    llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return outputs, time.perf_counter() - start
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Load the model, generate greedily for a few code-edit prompts, print results and statistics."""
+    """Load the model once per method, generate greedily, print the texts and a comparison."""
     from spec_backend.backends.base import BackendError
-    from spec_backend.engine import LLM, SamplingParams
-    from spec_backend.engine.cli import fail, summary_table
+    from spec_backend.engine import LLM
+    from spec_backend.engine.cli import fail
     from spec_backend.engine.prompts import code_edit_prompts
 
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": args.num_speculative_tokens,
-        "prompt_lookup_min": 2,
-        "prompt_lookup_max": 4,
-    }
-    print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
-    try:
-        llm = LLM(args.model, speculative_config=spec, log_stats_interval=None)
-    except (ValueError, BackendError, OSError) as exc:
-        return fail(exc)
-    messages = code_edit_prompts(args.num_prompts)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    llm.generate([llm.chat_prompt(messages[0])], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    start = time.perf_counter()
-    outputs = llm.generate([llm.chat_prompt(m) for m in messages], params)
-    seconds = time.perf_counter() - start
+    messages = [*code_edit_prompts(args.num_prompts), *CHAT_PROMPTS]
+    specs = drafter_specs(args.num_speculative_tokens)
+    rows, reference = [], None
+    for name, spec in specs.items():
+        print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
+        try:
+            llm = LLM(args.model, speculative_config=spec, log_stats_interval=None)
+        except (ValueError, BackendError, OSError) as exc:
+            return fail(exc)
+        outputs, seconds = _run(llm, [llm.chat_prompt(m) for m in messages], args.max_tokens)
+        texts = [o.outputs[0].text if o.outputs[0].finish_reason != "error" else None for o in outputs]
+        if reference is None:
+            reference = texts
+            _print_texts(messages, outputs)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        rows.append((name, tokens / seconds, llm.metrics.total.mean_acceptance_length, texts == reference))
+    base = rows[0][1]
+    print(f"{'method':<8} {'tokens/s':>9} {'vs plain':>9} {'acceptance length':>18}  same text as plain")
+    for name, speed, length, same in rows:
+        accept = f"{length:.2f}" if name != "plain" else "-"
+        print(f"{name:<8} {speed:>9.2f} {speed / base:>8.2f}x {accept:>18}  {'yes' if same else 'NO'}")
+    return 0 if all(row[3] for row in rows) else 1
+
+
+def _print_texts(messages: list[str], outputs: list[Any]) -> None:
     for message, out in zip(messages, outputs, strict=True):
         c = out.outputs[0]
         print("=" * 80)
         print(message)
         print("-" * 32 + " SmolLM2 " + "-" * 39)
         print(c.text if c.finish_reason != "error" else f"[error] {c.error}")
-        stats = out.spec_stats
-        print(
-            f"[{len(c.token_ids)} tokens, finish_reason={c.finish_reason}, "
-            f"acceptance length {stats.mean_acceptance_length:.2f}]"
-        )
     print("=" * 80)
-    print(summary_table(outputs, seconds))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

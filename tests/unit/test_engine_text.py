@@ -81,3 +81,16 @@ def test_cli_seed_makes_sampled_runs_reproducible(model_dir: str, capsys: pytest
     assert completions("3") == first  # the same engine seed: the same samples
     assert first[0] != first[1]  # two identical prompts still draw different numbers
     assert completions("4") != first  # negative control: another seed samples differently
+
+
+def test_demo_compares_methods_with_plain_decoding(
+    model_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spec_backend.cli import main
+
+    code = main(["demo", "--model", model_dir, "--num-prompts", "1", "--max-tokens", "8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    table = out[out.index("same text as plain") :].splitlines()[1:]
+    assert [line.split()[0] for line in table] == ["plain", "ngram", "suffix"]
+    assert all(line.split()[-1] == "yes" for line in table)
