@@ -1,22 +1,32 @@
-"""A trained EAGLE-3 head on the bundled SmolLM2 against plain decoding, ngram and suffix, one run.
+"""The trained EAGLE-3 head on the bundled SmolLM2 against plain decoding, ngram and suffix, in one run.
 
-Prompt sets (chat template, greedy, batch 1, ``--max-tokens`` new tokens):
+Prompt sets (chat template, ``--max-tokens`` new tokens, ``--n`` prompts each), none trained on:
 
 * ``code-edit`` — the e2e benchmark's copy-heavy prompts (n-gram drafting's home ground);
-* ``chat`` — open questions whose answers copy nothing from the prompt (handwritten, never trained on);
-* ``held-out`` — the user turns of corpus chats from files held out of training (``training.corpus``).
+* ``chat`` — handwritten open questions whose answers copy nothing from the prompt;
+* ``instruct`` — instruction prompts on the topics held out of training (``training.prompts``);
+* ``source`` — the user turns of corpus chats from files held out of training (``training.corpus``).
 
-Per set and system: tokens/s (new tokens over wall time, a warm-up request first), the ratio to plain
-decoding, the mean acceptance length (1 + accepted drafts per verification step) and the number of
-requests whose tokens differ from plain decoding (must be 0: greedy is lossless). Run after
-``spec-backend train-eagle3``: ``python benchmarks/bench_eagle3_smollm2.py --head DIR``.
+Tables (one engine per system, a warm-up request first, wall time over new tokens):
+
+1. greedy, batch 1: tokens/s, ratio to plain decoding, mean acceptance length (1 + accepted drafts per
+   verification step), per-position acceptance rates, and the requests whose tokens differ from plain
+   decoding (must be 0: greedy speculation is lossless) — EAGLE-3 at every ``--ks``, ngram and suffix;
+2. greedy, batch 8 (all prompts of a set in one ``generate``): tokens/s against plain;
+3. temperature 0.8 (seeded), batch 1, sampled drafts: standard against lossless block verification
+   (``rejection_sample_method`` ``standard`` / ``block``), where block verification can gain.
+
+Run after ``spec-backend train-eagle3`` (``make eagle3-smollm2``):
+``python benchmarks/bench_eagle3_smollm2.py --head ~/.cache/spec_backend/smollm2-eagle3``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 CHAT = [
@@ -31,7 +41,17 @@ CHAT = [
 ]
 
 
-def held_out_prompts(tokenizer: Any, n: int) -> list[str]:
+@dataclass
+class Result:
+    """One system on one prompt set."""
+
+    ids: list[list[int]]
+    tokens_per_s: float
+    acceptance_length: float
+    per_position: list[float]
+
+
+def source_prompts(n: int) -> list[str]:
     from spec_backend.training import corpus
 
     prompts: list[str] = []
@@ -43,30 +63,93 @@ def held_out_prompts(tokenizer: Any, n: int) -> list[str]:
     return prompts
 
 
-def run(llm: Any, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], float, float]:
-    """(token ids per prompt, tokens/s, mean acceptance length) for ``prompts`` one at a time."""
+def measure(llm: Any, prompts: list[str], params: Any, batch: int) -> Result:
+    """Generate ``prompts`` ``batch`` at a time; tokens/s and the acceptance counters of this call."""
+    chats = [llm.chat_prompt(p) for p in prompts]
+    llm.generate(chats[:1], params)  # warm-up
+    before = copy.deepcopy(llm.metrics.total)
+    outputs: list[list[int]] = []
+    start = time.perf_counter()
+    for i in range(0, len(chats), batch):
+        outputs += [list(o.outputs[0].token_ids) for o in llm.generate(chats[i : i + batch], params)]
+    elapsed = time.perf_counter() - start
+    after = llm.metrics.total
+    steps = after.num_drafts - before.num_drafts
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    n = len(after.accepted_per_position)
+    old = (before.accepted_per_position + [0] * n)[:n]
+    per_position = [
+        (a - b) / steps if steps else 0.0 for a, b in zip(after.accepted_per_position, old, strict=True)
+    ]
+    length = 1 + accepted / steps if steps else 1.0
+    return Result(outputs, sum(map(len, outputs)) / elapsed, length, per_position)
+
+
+def engines(head: str, ks: list[int]) -> dict[str, Any]:
+    from spec_backend import LLM
+
+    systems: dict[str, dict[str, Any] | None] = {"plain": None}
+    for k in ks:
+        systems[f"eagle3 K={k}"] = {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+    systems["ngram K=3"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    systems["suffix K=3"] = {"method": "suffix", "num_speculative_tokens": 3}
+    for mode in ("standard", "block"):
+        systems[f"eagle3 K=3 {mode}"] = {
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": 3,
+            "rejection_sample_method": mode,
+        }
+    return {
+        name: LLM("smollm2", speculative_config=spec, max_num_seqs=8, log_stats_interval=None)
+        for name, spec in systems.items()
+    }
+
+
+def row(set_name: str, name: str, result: Result, base: Result, differ: int | str) -> str:
+    rates = " ".join(f"{r:.2f}" for r in result.per_position) or "-"
+    return (
+        f"| {set_name} | {name} | {result.tokens_per_s:.2f} | {result.tokens_per_s / base.tokens_per_s:.2f}x "
+        f"| {result.acceptance_length:.2f} | {rates} | {differ} |"
+    )
+
+
+def greedy_tables(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: int) -> None:
     from spec_backend import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    llm.generate([llm.chat_prompt(prompts[0])], params)  # warm-up
-    before = llm.metrics.total
-    drafts0, accepted0 = before.num_drafts, before.num_accepted_tokens
-    outputs, tokens, start = [], 0, time.perf_counter()
-    for prompt in prompts:
-        ids = llm.generate([llm.chat_prompt(prompt)], params)[0].outputs[0].token_ids
-        outputs.append(ids)
-        tokens += len(ids)
-    elapsed = time.perf_counter() - start
-    total = llm.metrics.total
-    steps = total.num_drafts - drafts0
-    length = 1 + (total.num_accepted_tokens - accepted0) / steps if steps else 1.0
-    return outputs, tokens / elapsed, length
+    names = [n for n in llms if not n.endswith(("standard", "block"))]
+    for batch in (1, 8):
+        print(f"\ngreedy, batch {batch}\n")
+        print("| set | system | tok/s | vs plain | acceptance length | per position | differ |")
+        print("|---|---|---:|---:|---:|---|---:|")
+        for set_name, prompts in sets.items():
+            base = measure(llms["plain"], prompts, params, batch)
+            print(row(set_name, "plain", base, base, 0))
+            for name in names[1:] if batch == 1 else ["eagle3 K=3", "ngram K=3", "suffix K=3"]:
+                result = measure(llms[name], prompts, params, batch)
+                differ = sum(a != b for a, b in zip(result.ids, base.ids, strict=True))
+                print(row(set_name, name, result, base, differ), flush=True)
+
+
+def sampled_table(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: int) -> None:
+    from spec_backend import SamplingParams
+
+    print("\ntemperature 0.8 (seed 7), batch 1, sampled drafts\n")
+    print("| set | system | tok/s | vs plain | acceptance length | per position | differ |")
+    print("|---|---|---:|---:|---:|---|---:|")
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=max_tokens)
+    for set_name in ("chat", "instruct"):
+        base = measure(llms["plain"], sets[set_name], params, 1)
+        print(row(set_name, "plain", base, base, "-"))
+        for name in ("eagle3 K=3 standard", "eagle3 K=3 block"):
+            print(row(set_name, name, measure(llms[name], sets[set_name], params, 1), base, "-"), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--head", required=True, help="the trained head (speculators format)")
-    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--head", required=True, help="the trained head's folder (speculators format)")
+    parser.add_argument("--ks", default="1,2,3,5", help="EAGLE-3 draft lengths for the greedy table")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--n", type=int, default=8, help="prompts per set")
     parser.add_argument("--threads", type=int, default=2)
@@ -74,42 +157,24 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from spec_backend import LLM
     from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.training.prompts import instruction_prompts
 
     torch.set_num_threads(args.threads)
-    k = args.k
-    systems = {
-        "plain": None,
-        f"eagle3 K={k}": {"method": "eagle3", "model": args.head, "num_speculative_tokens": k},
-        f"ngram K={k}": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3},
-        f"suffix K={k}": {"method": "suffix", "num_speculative_tokens": k},
-    }
-    llms = {
-        name: LLM("smollm2", speculative_config=spec, log_stats_interval=None)
-        for name, spec in systems.items()
-    }
-    tokenizer = llms["plain"].tokenizer
+    ks = sorted({int(k) for k in args.ks.split(",")} | {3})
+    llms = engines(args.head, ks)
     sets = {
         "code-edit": code_edit_prompts(args.n),
         "chat": CHAT[: args.n],
-        "held-out": held_out_prompts(tokenizer, args.n),
+        "instruct": instruction_prompts(held_out=True)[: args.n],
+        "source": source_prompts(args.n),
     }
     print(
-        f"SmolLM2-135M-Instruct (bundled GGUF, float32), greedy, batch 1, {args.max_tokens} new tokens, "
-        f"{args.threads} threads, torch {torch.__version__}"
+        f"SmolLM2-135M-Instruct (bundled GGUF, float32), head {args.head}, {args.max_tokens} new tokens, "
+        f"{args.n} prompts per set, {args.threads} threads, torch {torch.__version__}"
     )
-    print(f"{'set':<10} {'system':<14} {'tok/s':>7} {'vs plain':>9} {'accept len':>11} {'differ':>7}")
-    for set_name, prompts in sets.items():
-        base_ids, base_tps, _ = run(llms["plain"], prompts, args.max_tokens)
-        for name, llm in llms.items():
-            ids, tps, length = (
-                (base_ids, base_tps, 1.0) if name == "plain" else run(llm, prompts, args.max_tokens)
-            )
-            differ = sum(a != b for a, b in zip(ids, base_ids, strict=True))
-            print(
-                f"{set_name:<10} {name:<14} {tps:>7.2f} {tps / base_tps:>8.2f}x {length:>11.2f} {differ:>7}"
-            )
+    greedy_tables(llms, sets, args.max_tokens)
+    sampled_table(llms, sets, args.max_tokens)
 
 
 if __name__ == "__main__":

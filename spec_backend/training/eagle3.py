@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -59,11 +59,11 @@ def copy_target_layer(head: Eagle3Head, target: Any, layer_id: int) -> None:
     """
     from spec_backend.engine.hidden import decoder_of
 
-    source: Any = decoder_of(target).layers[layer_id]
-    first: Any = head.layers[0]
-    fc: Any = head.fc
+    decoder: Any = decoder_of(target)
+    source, owner = decoder.layers[layer_id], cast(Any, head)
+    first, fc = owner.layers[0], owner.fc
     hidden = int(first.hidden_norm.weight.numel())
-    if fc is None or fc.weight.shape != (hidden, 3 * hidden) or head.input_norm is not None:
+    if fc is None or fc.weight.shape != (hidden, 3 * hidden) or owner.input_norm is not None:
         raise ValueError("copy_target_layer needs fc [H, 3H] without norm_before_fc and H = the target's")
     wanted = dict(source.named_parameters())
     for name, param in first.named_parameters():

@@ -1,8 +1,9 @@
 """``spec-backend train-eagle3``: text → extracted hidden states → draft vocabulary → TTT → head.
 
-The text is ``--sequences`` chats cut from installed packages' sources (``corpus``) followed by the
-target's own answers to ``--chats`` instruction prompts (``prompts``, answered greedily and at
-temperature 0.8 in turn, ``--chat-tokens`` at most).
+The text is ``--sequences`` chats cut from installed packages' sources (``corpus``; none by default:
+the head drafts answers, so the default spends training time on answers) followed by the target's own
+answers to ``--chats`` instruction prompts (``prompts``, answered greedily and at temperature 0.8 in
+turn, ``--chat-tokens`` at most).
 
 Every stage writes under ``--work`` and is skipped when its output is already there, so an interrupted
 run resumes: extraction keeps an index of finished sequences, training saves the head and optimiser after
@@ -28,11 +29,11 @@ class PipelineConfig:
     target: str
     out_dir: str
     work_dir: str
-    num_sequences: int = 400
+    num_sequences: int = 0
     max_len: int = 512
     draft_vocab_size: int = 8192
     ttt_steps: int = 3
-    epochs: int = 4
+    epochs: int = 6
     lr: float = 1.5e-3
     seed: int = 0
     packages: tuple[str, ...] = ()
@@ -192,11 +193,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", default="smollm2", help="target model (folder, GGUF or smollm2)")
     p.add_argument("--out", required=True, help="output folder (speculators format)")
     p.add_argument("--work", required=True, help="working folder (extracted states, checkpoints; resumable)")
-    p.add_argument("--sequences", type=int, default=400, help="training sequences")
+    p.add_argument("--sequences", type=int, default=0, help="chats cut from installed packages' sources")
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size")
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (drafts trained ahead)")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine decay to a tenth)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chats", type=int, default=600, help="instruction prompts the target answers")
