@@ -82,7 +82,13 @@ def _respond_all(config: PipelineConfig, log: Callable[[str], None]) -> list[lis
     from spec_backend.training.data import respond
     from spec_backend.training.prompts import instruction_prompts
 
-    prompts = instruction_prompts()[: config.chats]
+    available = instruction_prompts()
+    if not 0 <= config.chats <= len(available):
+        raise ValueError(
+            f"--chats must be in [0, {len(available)}] (the instruction prompts of training.prompts), "
+            f"got {config.chats}"
+        )
+    prompts = available[: config.chats]
     path = os.path.join(config.work_dir, "responses.json")
     done: list[list[int]] = []
     if os.path.exists(path):

@@ -70,6 +70,9 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
     run(config, again.append)  # resumes: nothing to extract, no epoch left
     assert not any(word in line for line in again for word in ("answered", "extracted", "epoch"))
     assert hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest() == digest
+    available = len(prompts.instruction_prompts())
+    with pytest.raises(ValueError, match=rf"--chats must be in \[0, {available}\] .*got 5000"):
+        run(dataclasses.replace(config, work_dir=str(tmp_path / "other"), chats=5000))
     with pytest.raises(ValueError, match=r"chats=6 \(now 7\); pass the same settings"):
         run(dataclasses.replace(config, chats=7))  # the extracted data would be mislabelled
     changed: list[str] = []  # new training settings: a new checkpoint, trained from the start
