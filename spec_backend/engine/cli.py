@@ -223,8 +223,6 @@ def add_demo_parser(sub: Any) -> None:
     """``spec-backend demo``."""
     from spec_backend.engine.demo import add_demo_args, run_demo
 
-    p = sub.add_parser(
-        "demo", help="SmolLM2 with plain decoding, ngram, suffix and the shipped EAGLE-3 head, side by side"
-    )
+    p = sub.add_parser("demo", help="SmolLM2 with plain decoding, ngram and suffix speculation side by side")
     add_demo_args(p)
     p.set_defaults(func=run_demo)
