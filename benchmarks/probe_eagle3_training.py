@@ -54,25 +54,15 @@ def read(path: str, zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def score(trainer: Any, files: list[str], zero: bool) -> tuple[float, float]:
     """(step-0 agreement, chain-2 agreement) over ``files``."""
-    from transformers import DynamicCache
-
-    from spec_backend.training.eagle3 import ttt_mask
-
     first = chain = rows = 0
     for path in files:
         tokens, hidden = read(path, zero)
         length = tokens.numel()
-        target = trainer.teacher(hidden[:, 3].float()).argmax(-1)  # [T] draft ids
-        g = trainer.head.combine(hidden[:, :3].flatten(1).float())[None]  # [1, T, H]
-        ids = torch.cat([tokens[1:], tokens[-1:]])[None]  # row t reads token t + 1
-        cache, positions = DynamicCache(), torch.arange(length)[None]
-        out = trainer.head(ids, g, positions, cache, None, attention_mask=ttt_mask(length, 0))
-        q0 = trainer.head.draft_logits(out[0]).argmax(-1)  # [T] predicts token t + 2
-        ok0 = q0[: length - 1] == target[1:]
-        out = trainer.head(trainer.ids[q0][None], out, positions + 1, cache, None, ttt_mask(length, 1))
-        q1 = trainer.head.draft_logits(out[0]).argmax(-1)  # [T] predicts token t + 3
-        ok1 = (q1[: length - 2] == target[2:]) & ok0[: length - 2]
-        first, chain, rows = first + int(ok0[: length - 2].sum()), chain + int(ok1.sum()), rows + length - 2
+        target = trainer.teacher(hidden[:, trainer.columns[1]].float()).argmax(-1)  # [T] draft ids
+        steps = trainer.unroll(tokens, hidden)  # row t of step j predicts token t + 2 + j
+        ok0 = next(steps).argmax(-1)[: length - 2] == target[1 : length - 1]  # [T - 2]
+        ok1 = (next(steps).argmax(-1)[: length - 2] == target[2:]) & ok0
+        first, chain, rows = first + int(ok0.sum()), chain + int(ok1.sum()), rows + length - 2
     return first / rows, chain / rows
 
 

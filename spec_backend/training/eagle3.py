@@ -21,7 +21,7 @@ import copy
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -176,27 +176,36 @@ class Eagle3Trainer:
             logits = torch.nn.functional.linear(self._final_norm()(last), self.teacher_rows)  # [T, Vd]
         return torch.softmax(logits.float(), dim=-1)
 
-    def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, n, H]`` (columns: ``state_ids``)."""
+    def unroll(self, tokens: torch.Tensor, hidden: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The head's draft logits ``[T, Vd]`` at each TTT step for one sequence (``tokens [T]``,
+        ``hidden [T, n, H]``, columns ``state_ids``): row ``t`` of step ``j`` predicts token
+        ``t + 2 + j``; each step reads the previous step's outputs and argmax drafts."""
         from transformers import DynamicCache
 
-        length, steps = tokens.numel(), self.config.ttt_steps
-        if length < steps + 2:
-            raise ValueError(f"a training sequence needs at least {steps + 2} tokens, got {length}")
-        aux, last = self.columns
-        teacher = self.teacher(hidden[:, last].float())  # [T, Vd]
+        length = tokens.numel()
+        aux, _ = self.columns
         g = self.head.combine(hidden[:, aux].flatten(1).float())[None]  # [1, T, H]
         ids = torch.cat([tokens[1:], tokens[-1:]])[None]  # [1, T] row t reads token t + 1
         positions = torch.arange(length)[None]  # [1, T]
-        cache, total = DynamicCache(), torch.zeros(())
-        for step in range(steps):
-            out = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
-            log_q = torch.log_softmax(self.head.draft_logits(out[0]).float(), dim=-1)  # [T, Vd]
+        cache = DynamicCache()
+        for step in range(self.config.ttt_steps):
+            g = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
+            logits = self.head.draft_logits(g[0])  # [T, Vd] float
+            yield logits
+            ids = self.ids[logits.argmax(-1)][None]  # the head's own drafts, as target ids
+
+    def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, n, H]`` (columns: ``state_ids``)."""
+        length, steps = tokens.numel(), self.config.ttt_steps
+        if length < steps + 2:
+            raise ValueError(f"a training sequence needs at least {steps + 2} tokens, got {length}")
+        teacher = self.teacher(hidden[:, self.columns[1]].float())  # [T, Vd]
+        total = torch.zeros(())
+        for step, logits in enumerate(self.unroll(tokens, hidden)):
+            log_q = torch.log_softmax(logits, dim=-1)  # [T, Vd]
             rows = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
             p = teacher[1 + step :]  # [rows, Vd]
             total = total + (p * (torch.log(p.clamp_min(1e-30)) - log_q[:rows])).sum(-1).mean()
-            ids = (self.ids[log_q.argmax(-1)])[None]  # the head's own drafts, as target ids
-            g = out
         return total / steps
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> float:

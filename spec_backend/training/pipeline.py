@@ -14,6 +14,7 @@ for ``speculative_config={"model": OUT}``. Deterministic for a given ``--seed`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -54,25 +55,39 @@ def _target_sizes(target: str) -> tuple[int, int]:
     return int(text.num_hidden_layers), int(text.vocab_size)
 
 
+def _resumable(
+    path: str, total: int, batch: int, work: Callable[[int, int], list[Any]], log: Callable[[int], None]
+) -> list[Any]:
+    """Results ``0 .. total-1`` kept in the JSON list at ``path``: the missing ones are made ``batch`` at
+    a time by ``work(start, stop)`` and saved after each batch, so an interrupted run resumes."""
+    done: list[Any] = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            done = json.load(f)
+    for start in range(len(done), total, batch):
+        done += work(start, min(start + batch, total))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(done, f)
+        log(len(done))
+    return done[:total]
+
+
 def _extract_all(
     config: PipelineConfig, sequences: list[list[int]], layer_ids: list[int], log: Callable[[str], None]
 ) -> list[str]:
     from spec_backend.training.data import extract_with, extractor
 
-    index_path = os.path.join(config.work_dir, "extracted.json")
-    done: list[str] = []
-    if os.path.exists(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            done = json.load(f)
-    llm = None  # one engine for every batch (loading the target is the slow part)
-    for start in range(len(done), len(sequences), 32):
-        if llm is None:
-            llm = extractor(config.target, os.path.join(config.work_dir, "states"), layer_ids)
-        done += extract_with(llm, sequences[start : start + 32])
-        with open(index_path, "w", encoding="utf-8") as f:
-            json.dump(done, f)
-        log(f"extracted {len(done)}/{len(sequences)} sequences")
-    return done[: len(sequences)]
+    @functools.cache
+    def engine() -> Any:  # one engine for every batch (loading the target is the slow part)
+        return extractor(config.target, os.path.join(config.work_dir, "states"), layer_ids)
+
+    return _resumable(
+        os.path.join(config.work_dir, "extracted.json"),
+        len(sequences),
+        32,
+        lambda start, stop: extract_with(engine(), sequences[start:stop]),
+        lambda n: log(f"extracted {n}/{len(sequences)} sequences"),
+    )
 
 
 def _respond_all(config: PipelineConfig, log: Callable[[str], None]) -> list[list[int]]:
@@ -89,23 +104,22 @@ def _respond_all(config: PipelineConfig, log: Callable[[str], None]) -> list[lis
             f"got {config.chats}"
         )
     prompts = available[: config.chats]
-    path = os.path.join(config.work_dir, "responses.json")
-    done: list[list[int]] = []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            done = json.load(f)
-    llm = None
-    for start in range(len(done), len(prompts), 64):
-        if llm is None:
-            llm = LLM(config.target, max_num_seqs=64, log_stats_interval=None)
-        batch = prompts[start : start + 64]
-        done += [
-            ids[: config.max_len] for ids in respond(llm, batch, config.chat_tokens, config.seed + start)
-        ]
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(done, f)
-        log(f"answered {len(done)}/{len(prompts)} instruction prompts")
-    return done[: len(prompts)]
+
+    @functools.cache
+    def engine() -> Any:
+        return LLM(config.target, max_num_seqs=64, log_stats_interval=None)
+
+    def answer(start: int, stop: int) -> list[list[int]]:
+        answers = respond(engine(), prompts[start:stop], config.chat_tokens, config.seed + start)
+        return [ids[: config.max_len] for ids in answers]
+
+    return _resumable(
+        os.path.join(config.work_dir, "responses.json"),
+        len(prompts),
+        64,
+        answer,
+        lambda n: log(f"answered {n}/{len(prompts)} instruction prompts"),
+    )
 
 
 def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
