@@ -5,18 +5,40 @@ factory of host proposers.
 the attributes it needs (vLLM's field names) with ``getattr``, so any object carrying them works:
 ``method``, ``num_speculative_tokens``, ``prompt_lookup_min/max`` (ngram, ngram_gpu) and
 ``suffix_decoding_*`` (suffix).
+
+The proposer classes are imported on first use, not with the package: ``spec_backend.config`` reads the
+method registry from here, and the vLLM plugin imports the config in every vLLM process. Importing
+numba (the suffix kernels) there broke vLLM-CPU's worker start-up, whose kernel-override scan walks
+every loaded module (docs/vllm.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from spec_backend.config.ngram import resolve_lookup_window
 from spec_backend.proposers.base import Proposer
-from spec_backend.proposers.ngram import NgramProposer
-from spec_backend.proposers.ngram_gpu import NgramGpuProposer
 from spec_backend.proposers.registry import METHODS
-from spec_backend.proposers.suffix import SuffixProposer
+
+if TYPE_CHECKING:
+    from spec_backend.proposers.ngram import NgramProposer
+    from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+    from spec_backend.proposers.suffix import SuffixProposer
+
+_LAZY = {
+    "NgramProposer": "spec_backend.proposers.ngram",
+    "NgramGpuProposer": "spec_backend.proposers.ngram_gpu",
+    "SuffixProposer": "spec_backend.proposers.suffix",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The proposer classes, imported on first access (see the module docstring)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "IMPLEMENTED_METHODS",
@@ -65,6 +87,8 @@ def create_proposer(config: Any, device: Any = None) -> Proposer:
         )
     k = getattr(config, "num_speculative_tokens", None)
     if method == "suffix":
+        from spec_backend.proposers.suffix import SuffixProposer
+
         depth = int(getattr(config, "suffix_decoding_max_tree_depth", 24))
         return SuffixProposer(
             num_speculative_tokens=int(k) if k is not None else depth,
@@ -77,5 +101,9 @@ def create_proposer(config: Any, device: Any = None) -> Proposer:
         raise ValueError(f"num_speculative_tokens is required for speculative method {method!r}")
     lo, hi = _lookup_window(config, method)
     if method == "ngram":
+        from spec_backend.proposers.ngram import NgramProposer
+
         return NgramProposer(int(k), lo, hi)
+    from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+
     return NgramGpuProposer(int(k), lo, hi, device=device)
