@@ -1,0 +1,99 @@
+"""The GGUF → safetensors cache: keyed by content, reused, atomic under concurrent first runs.
+
+The de-quantizing writer (transformers) is replaced by a stand-in that writes a marker file, so these
+tests exercise the cache's own logic; the real conversion of the bundled model runs in the vLLM tier's
+set-up (``scripts/setup_vllm_env.sh``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spec_backend.engine import gguf_cache
+
+
+@pytest.fixture
+def gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "model" / "tiny.Q4_1.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF" + bytes(range(64)))
+    return path
+
+
+def fake_writer(calls: list[str], delay: float = 0.0) -> object:
+    def write(directory: str, gguf_file: str, out: Path) -> None:
+        calls.append(threading.current_thread().name)
+        time.sleep(delay)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_text(f"weights of {gguf_file}")
+
+    return write
+
+
+def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(gguf_cache.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache.cache_root() == tmp_path / "xdg" / "spec_backend"
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "own"))
+    assert gguf_cache.cache_root() == tmp_path / "own"
+
+
+def test_written_once_then_reused(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
+    first = gguf_cache.materialize(str(gguf.parent), gguf.name)
+    second = gguf_cache.materialize(str(gguf.parent), gguf.name)
+    assert first == second and len(calls) == 1
+    assert Path(first).name.startswith("tiny.Q4_1-") and (Path(first) / "model.safetensors").is_file()
+    assert sorted(p.name for p in Path(first).parent.iterdir()) == [Path(first).name]  # no leftovers
+
+
+def test_changed_file_gets_a_new_folder(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
+    before = gguf_cache.materialize(str(gguf.parent), gguf.name)
+    gguf.write_bytes(gguf.read_bytes() + b"!")
+    after = gguf_cache.materialize(str(gguf.parent), gguf.name)
+    assert before != after and len(calls) == 2
+
+
+def test_concurrent_first_runs_agree(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes (threads here) converting at once: both get the same complete folder and no
+    partial folder is left behind."""
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls, delay=0.2))
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(gguf_cache.materialize(str(gguf.parent), gguf.name)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and results[0] == results[1] and len(calls) == 2
+    folder = Path(results[0])
+    assert (folder / "model.safetensors").read_text() == f"weights of {gguf.name}"
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+def test_failed_conversion_leaves_nothing(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(directory: str, gguf_file: str, out: Path) -> None:
+        (out / "model.safetensors").write_text("half")
+        raise RuntimeError("unsupported tensor type")
+
+    monkeypatch.setattr(gguf_cache, "_write_folder", broken)
+    with pytest.raises(RuntimeError, match="unsupported tensor type"):
+        gguf_cache.materialize(str(gguf.parent), gguf.name)
+    assert list((Path(gguf_cache.cache_root()) / "gguf").iterdir()) == []
+
+
+def test_command_line_refuses_a_folder_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert gguf_cache.main([str(tmp_path)]) == 2
+    assert "is not a GGUF model" in capsys.readouterr().err
+    assert gguf_cache.main([]) == 2
