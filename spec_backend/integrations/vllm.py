@@ -13,6 +13,9 @@ the engine's ``additional_config`` carries ``rejection_sampler_config``:
   ``spec_backend.sampling.RejectionSampler`` replaces the verification step (the function that runs
   vLLM's triton kernels).
 
+One more, active whatever ``additional_config`` says: when ``arctic-inference`` is not installed,
+vLLM's ``method="suffix"`` drafts with our suffix drafter (``arctic_suffix``) instead of failing.
+
 Everything that touches vLLM lives under ``spec_backend.integrations``. See docs/vllm.md.
 """
 
@@ -71,10 +74,11 @@ def register() -> None:
     import vllm
 
     check_vllm_version(str(getattr(vllm, "__version__", "unknown")))
-    from spec_backend.integrations import vllm_config_hook, vllm_sampler
+    from spec_backend.integrations import arctic_suffix, vllm_config_hook, vllm_sampler
 
     vllm_config_hook.install()
     vllm_sampler.install()
+    arctic_suffix.install()
     _registered = True
     logger.debug("spec_backend vLLM plugin registered (active only with rejection_sampler_config)")
 

@@ -115,6 +115,37 @@ def resolve(additional_config: Any, vllm_spec: Any, backend: Any = None) -> Reso
     return ResolvedConfig(rs, spec)
 
 
+#: Platform plugins that replace vLLM's ``rejection_sample`` themselves and read the same
+#: ``rejection_sampler_config`` key with their own semantics: top-level module -> product name.
+OWN_REJECTION_PLATFORMS = {"vllm_ascend": "vllm-ascend"}
+
+
+def platform_owning_rejection() -> str | None:
+    """The active vLLM platform plugin that owns rejection sampling itself (vllm-ascend), or ``None``."""
+    from vllm import platforms
+
+    module = type(platforms.current_platform).__module__.split(".")[0]
+    return OWN_REJECTION_PLATFORMS.get(module)
+
+
+def refuse_shared_key(additional_config: Any) -> None:
+    """Raise when ``rejection_sampler_config`` is set on a platform whose plugin also reads it."""
+    if not isinstance(additional_config, Mapping) or ADDITIONAL_CONFIG_KEY not in additional_config:
+        return
+    owner = platform_owning_rejection()
+    if owner is None:
+        return
+    raise ValueError(
+        f"spec_backend vLLM plugin: additional_config[{ADDITIONAL_CONFIG_KEY!r}] is read by both {owner} "
+        f"(the active platform, whose rejection sampler replaces vLLM's and whose block verify is the lossy "
+        "cumulative rule) and spec_backend (lossless unless a lossy mode is named); one engine cannot honour "
+        f"both. For {owner}'s sampler, start vLLM without spec_backend's plugin (list the plugins to load in "
+        "VLLM_PLUGINS, leaving out 'spec_backend', or pip uninstall spec-backend). For spec_backend's "
+        "verification on this hardware, use spec_backend's own engine (from spec_backend import LLM). "
+        "See docs/vllm.md, 'vllm-ascend'."
+    )
+
+
 def select_v1_runner() -> None:
     """The verification hook is in the V1 model runner: select it, or fail if V2 was asked for."""
     value = os.environ.get(V2_RUNNER_ENV)
@@ -164,6 +195,7 @@ def _before_post_init(vllm_config: Any) -> bool:
     """Our part of ``VllmConfig.__post_init__``; returns whether our sampler is configured."""
     if getattr(getattr(vllm_config, "model_config", None), "is_submodel_config", False):
         return False  # a view of an already validated parent config
+    refuse_shared_key(vllm_config.additional_config)
     resolved = resolve(vllm_config.additional_config, vllm_config.speculative_config)
     if resolved is None:
         return False

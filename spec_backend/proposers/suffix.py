@@ -85,7 +85,7 @@ class SuffixProposer(Proposer):
         self.min_token_prob = min_token_prob
         self._reqs: dict[str, _Request] = {}
         self.global_tree = SuffixTree(max_tree_depth, removable=True)
-        self._cached: deque[array[int]] = deque()  # FIFO of responses in the global tree
+        self._cached: deque[tuple[str, array[int]]] = deque()  # FIFO of (req_id, response) in the global tree
 
     # ----------------------------------------------------------------------------------------- state
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
@@ -113,9 +113,33 @@ class SuffixProposer(Proposer):
         if req is None or self.max_cached_requests == 0 or len(req.output) == 0:
             return
         self.global_tree.insert(req.output)
-        self._cached.append(req.output)
+        self._cached.append((req_id, req.output))
         while len(self._cached) > self.max_cached_requests:
-            self.global_tree.remove(self._cached.popleft())
+            self.global_tree.remove(self._cached.popleft()[1])
+
+    def evict_cached_response(self, req_id: str) -> None:
+        """Take ``req_id``'s responses out of the global tree (exact count subtraction); a request id
+        that comes back (e.g. a preempted request restarting) then starts from a clean slate."""
+        kept: deque[tuple[str, array[int]]] = deque()
+        for cached_id, output in self._cached:
+            if cached_id == req_id:
+                self.global_tree.remove(output)
+            else:
+                kept.append((cached_id, output))
+        self._cached = kept
+
+    @property
+    def active_request_ids(self) -> set[str]:
+        return set(self._reqs)
+
+    @property
+    def cached_request_ids(self) -> set[str]:
+        return {cached_id for cached_id, _ in self._cached}
+
+    def response_tail(self, req_id: str, n: int) -> list[int]:
+        """The last ``n`` tokens added to ``req_id`` with ``update`` (fewer when it has fewer)."""
+        output = self._reqs[req_id].output
+        return list(output[max(0, len(output) - n) :])
 
     @property
     def num_cached_responses(self) -> int:
@@ -131,7 +155,7 @@ class SuffixProposer(Proposer):
         """Host bytes of all trees, request states and cached responses."""
         trees = self.global_tree.memory_bytes + sum(r.tree.memory_bytes for r in self._reqs.values())
         states = sum(r.active.nbytes + r.output.itemsize * len(r.output) for r in self._reqs.values())
-        cached = sum(a.itemsize * len(a) for a in self._cached)
+        cached = sum(a.itemsize * len(a) for _, a in self._cached)
         return trees + states + cached
 
     # ---------------------------------------------------------------------------------------- propose
