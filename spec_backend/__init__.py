@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spec_backend.config import RejectionSamplerConfig
+if TYPE_CHECKING:
+    from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
+    from spec_backend.engine import LLM, SamplingParams
 
 __version__ = "0.1.0"
 
@@ -12,11 +14,11 @@ __all__ = ["LLM", "RejectionSamplerConfig", "SamplingParams", "SpeculativeConfig
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the engine pulls in transformers; the config models are cheap but live in their own module.
-    if name == "SpeculativeConfig":
-        from spec_backend.config import SpeculativeConfig
+    # Lazy: the engine pulls in transformers and the config torch; `spec-backend --help` needs neither.
+    if name in ("RejectionSamplerConfig", "SpeculativeConfig"):
+        import spec_backend.config as config
 
-        return SpeculativeConfig
+        return getattr(config, name)
     if name in ("LLM", "SamplingParams"):
         import spec_backend.engine as engine
 

@@ -7,9 +7,6 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from spec_backend.backends import list_backends
-from spec_backend.backends.base import Availability
-
 
 def _limit(value: int | None) -> str:
     return "unlimited" if value is None else str(value)
@@ -17,6 +14,9 @@ def _limit(value: int | None) -> str:
 
 def cmd_backends(args: argparse.Namespace) -> int:
     """Print every installed backend: availability and reason, device and token limits."""
+    from spec_backend.backends import list_backends
+    from spec_backend.backends.base import Availability
+
     rows = [("backend", "device", "status", "max query tokens/request", "max spec tokens")]
     for info in list_backends():
         limits = info.backend.token_limits()
@@ -58,15 +58,32 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list installed backends, their availability and token limits")
     backends.set_defaults(func=cmd_backends)
     _add_engine_commands(sub)
+    from spec_backend.server.cli import add_serve_parser
     from spec_backend.training.pipeline import add_parser as add_train_parser
 
+    add_serve_parser(sub)
     add_train_parser(sub)
     return parser
 
 
+#: Modules of the ``engine`` extra (pyproject's ``[project.optional-dependencies] engine``).
+ENGINE_EXTRA_MODULES = frozenset({"transformers", "gguf", "accelerate", "prometheus_client", "tqdm"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in ENGINE_EXTRA_MODULES:
+            raise
+        print(
+            f"spec-backend {args.command}: needs the engine extra (module {missing!r} is not installed). "
+            "Install it from a checkout of spec-backend: pip install '.[engine]'",
+            file=sys.stderr,
+        )
+        return 2
     return code
 
 

@@ -1,12 +1,38 @@
 """The embedded engine: a Hugging Face causal LM, a ragged KV cache and the speculative loop.
 
 ``LLM(model, speculative_config=..., additional_config=...)`` and ``LLM.generate(prompts, params)``
-follow vLLM's offline API; see ``docs/usage.md``.
+follow vLLM's offline API; see ``docs/usage.md``. The names below are imported on first use, so the
+command line can list the engine's subcommands without importing torch or transformers.
 """
 
-from spec_backend.engine.llm import LLM
-from spec_backend.engine.loader import ModelLoadError
-from spec_backend.engine.params import CompletionOutput, RequestOutput, SamplingParams, SpecDecodeRequestStats
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spec_backend.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from spec_backend.engine.llm import LLM
+    from spec_backend.engine.loader import ModelLoadError
+    from spec_backend.engine.params import (
+        CompletionOutput,
+        RequestOutput,
+        SamplingParams,
+        SpecDecodeRequestStats,
+    )
+
+_LAZY = {
+    "LLM": "spec_backend.engine.llm",
+    "ModelLoadError": "spec_backend.engine.loader",
+    "CompletionOutput": "spec_backend.engine.params",
+    "RequestOutput": "spec_backend.engine.params",
+    "SamplingParams": "spec_backend.engine.params",
+    "SpecDecodeRequestStats": "spec_backend.engine.params",
+}
+
+
+__getattr__ = lazy_attributes(__name__, _LAZY)
+
 
 __all__ = [
     "LLM",

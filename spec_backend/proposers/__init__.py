@@ -14,10 +14,10 @@ every loaded module (docs/vllm.md).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from spec_backend.config.ngram import resolve_lookup_window
+from spec_backend.lazy import lazy_attributes
 from spec_backend.proposers.base import Proposer
 from spec_backend.proposers.registry import METHODS
 
@@ -33,11 +33,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The proposer classes, imported on first access (see the module docstring)."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -35,6 +35,38 @@ def test_console_script_is_installed() -> None:
     assert scripts["spec-backend"] == "spec_backend.cli:main"
 
 
+def test_help_imports_neither_torch_nor_transformers() -> None:
+    """``spec-backend --help`` (every subcommand listed) answers without the heavy imports (~2 s)."""
+    code = (
+        "import sys\n"
+        "from spec_backend.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip() == "[]"
+    for command in ("backends", "generate", "bench", "demo", "train-eagle3"):
+        assert command in out.stdout
+
+
+def test_engine_command_without_the_engine_extra_names_it() -> None:
+    """A core-only install (no transformers): the engine commands say which extra to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['transformers'] = None  # as if not installed: importing it raises ModuleNotFoundError\n"
+        "from spec_backend.cli import main\n"
+        "sys.exit(main(['generate', '--model', 'smollm2', '--prompt', 'hi']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr[-2000:]
+    expected = "spec-backend generate: needs the engine extra (module 'transformers' is not installed)"
+    assert expected in out.stderr
+    assert "pip install '.[engine]'" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_vllm_plugin_entry_point_and_idempotent_register() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     assert eps["spec_backend"] == "spec_backend.integrations.vllm:register"
