@@ -19,6 +19,7 @@ renames it into place; the loser of the race discards its copy and uses the winn
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -51,10 +52,23 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """``file_sha256`` once per file version in this process (the engine asks for model and tokenizer)."""
+    return file_sha256(path)
+
+
 def materialized_path(gguf_path: str | os.PathLike[str]) -> Path:
     """The folder ``materialize`` writes for this GGUF file (it may not exist yet)."""
     path = Path(gguf_path)
-    return cache_root() / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}"
+    stat = path.stat()
+    digest = _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return cache_root() / "gguf" / f"{path.stem}-{digest[:16]}"
+
+
+def is_materialized(folder: Path) -> bool:
+    """Whether ``folder`` (a ``materialized_path``) holds a finished conversion."""
+    return (folder / _WEIGHTS).is_file()
 
 
 def _write_folder(directory: str, gguf_file: str, out: Path) -> None:
@@ -83,7 +97,7 @@ def _write_folder(directory: str, gguf_file: str, out: Path) -> None:
 def materialize(directory: str, gguf_file: str) -> str:
     """The safetensors folder for ``directory/gguf_file``, writing it on first use (see module doc)."""
     final = materialized_path(os.path.join(directory, gguf_file))
-    if (final / _WEIGHTS).is_file():
+    if is_materialized(final):
         return str(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     logger.info("spec_backend: de-quantizing %s once into %s", gguf_file, final)
@@ -93,7 +107,7 @@ def materialize(directory: str, gguf_file: str) -> str:
         try:
             os.rename(partial, final)  # atomic; fails when another process got there first
         except OSError:
-            if not (final / _WEIGHTS).is_file():
+            if not is_materialized(final):
                 raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)

@@ -97,3 +97,66 @@ def test_command_line_refuses_a_folder_model(tmp_path: Path, capsys: pytest.Capt
     assert gguf_cache.main([str(tmp_path)]) == 2
     assert "is not a GGUF model" in capsys.readouterr().err
     assert gguf_cache.main([]) == 2
+
+
+def llama_gguf(path: Path) -> Path:
+    """A GGUF header with a supported architecture (its tensors are never read: the writer is faked)."""
+    gguf_lib = pytest.importorskip("gguf")
+    import numpy as np
+
+    writer = gguf_lib.GGUFWriter(str(path), arch="llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LLM(file.gguf)`` converts once; the second engine loads the cached folder, and both generate
+    the same tokens (the folder stands in for the de-quantized GGUF)."""
+    from spec_backend.engine import LLM, SamplingParams
+    from spec_backend.engine.tiny import make_tiny_model
+
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    tiny = Path(make_tiny_model(tmp_path / "tiny", vocab_size=128, with_tokenizer=True))
+    gguf = llama_gguf(tmp_path / "m.gguf")
+    calls: list[str] = []
+
+    def convert(directory: str, gguf_file: str, out: Path) -> None:
+        calls.append(gguf_file)
+        for item in tiny.iterdir():
+            (out / item.name).write_bytes(item.read_bytes())
+
+    monkeypatch.setattr(gguf_cache, "_write_folder", convert)
+    from spec_backend.engine import loader
+
+    parses: list[str] = []
+    check = loader.check_gguf_architecture
+    monkeypatch.setattr(loader, "check_gguf_architecture", lambda s: (parses.append(s.display), check(s)))
+    outs = []
+    for _ in range(2):
+        llm = LLM(str(gguf))
+        assert llm.tokenizer is not None
+        outs.append(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6))[0].outputs[0].token_ids)
+    assert calls == ["m.gguf"] and outs[0] == outs[1] and len(outs[0]) == 6
+    assert parses == [str(gguf)]  # parsed once, before the conversion; never again once cached
+
+
+def test_unwritable_cache_falls_back_to_the_gguf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from spec_backend.engine.loader import ModelSource, loadable
+
+    llama_gguf(tmp_path / "m.gguf")
+
+    def refuse(directory: str, gguf_file: str, out: Path) -> None:
+        raise PermissionError(f"read-only: {out}")
+
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_cache, "_write_folder", refuse)
+    source = ModelSource(str(tmp_path), "m.gguf")
+    assert loadable(source) == source
+    assert "cannot cache" in caplog.text and "loading the GGUF" in caplog.text
