@@ -88,8 +88,13 @@ def summary_table(outputs: list[Any], seconds: float) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2", help="model folder, .gguf file, or 'smollm2' (bundled)")
+def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    """The engine flags shared by ``generate``, ``bench`` and ``serve`` (``serve`` takes MODEL first)."""
+    help_model = "model folder, .gguf file, or 'smollm2' (bundled)"
+    if positional_model:
+        p.add_argument("model", help=help_model)
+    else:
+        p.add_argument("--model", default="smollm2", help=help_model)
     p.add_argument(
         "--speculative-config",
         default=None,
@@ -154,7 +159,7 @@ def _generate(args: argparse.Namespace) -> int:
 def add_generate_parser(sub: Any) -> None:
     """``spec-backend generate``."""
     p = sub.add_parser("generate", help="generate text with the embedded engine (speculative decoding)")
-    _add_engine_args(p)
+    add_engine_args(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--prompts-file", help="a file with one prompt per line")
     p.add_argument("--max-tokens", type=int, default=64)

@@ -175,6 +175,18 @@ class EngineCore:
         except Exception:  # forgetting a request must not fail the step
             logger.exception("drafter failed to forget request %s", request.request_id)
 
+    def abort(self, request: Request, message: str) -> None:
+        """End one request now (e.g. its client went away): out of the queue, or out of its cache slot,
+        so the slot serves the next request at once. A finished or unknown request is left alone."""
+        if request.finished:
+            return
+        if any(r is request for r in self.waiting):
+            self.waiting = deque(r for r in self.waiting if r is not request)
+            request.fail(message)
+        elif any(r is request for r in self.running):
+            request.fail(message)
+            self._release_finished()
+
     def abort_all(self, message: str) -> list[Request]:
         """Fail every waiting and running request (used when the whole engine cannot continue)."""
         pending = [*self.running, *self.waiting]

@@ -287,11 +287,13 @@ class LLM:
                 )
         return params_list
 
-    def _make_requests(
+    def make_requests(
         self,
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[Request]:
+        """Validated requests with fresh ids and seeds (``ValueError`` for bad input); not yet queued.
+        Not thread-safe: ids and seeds come from the engine's generator (the server calls it under a lock)."""
         parsed = parse_prompts(prompts)
         params_list = self._params_list(sampling_params, len(parsed))
         vocab = self.engine.runner.vocab_size
@@ -336,7 +338,7 @@ class LLM:
         use_tqdm: bool,
     ) -> list[RequestOutput]:
         self.engine.ensure_idle()
-        requests = self._make_requests(prompts, sampling_params)
+        requests = self.make_requests(prompts, sampling_params)
         bar = None
         try:
             for request in requests:
