@@ -10,6 +10,7 @@ the registry over HTTP (``serve(port)``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,27 @@ from typing import Any
 logger = logging.getLogger("spec_backend.metrics")
 
 PREFIX = "spec_backend_spec_decode"
+#: ``0`` leaves logging entirely to the application (see ``configure_default_logging``).
+CONFIGURE_LOGGING_ENV = "SPEC_BACKEND_CONFIGURE_LOGGING"
+
+
+def configure_default_logging() -> bool:
+    """As vLLM does for its own logger: unless the application configured logging (the root logger or
+    ``spec_backend``'s has a handler) or ``SPEC_BACKEND_CONFIGURE_LOGGING=0``, spec_backend's INFO lines
+    (the periodic speculation line among them) go to stderr. Returns whether it configured anything."""
+    if os.environ.get(CONFIGURE_LOGGING_ENV, "1") == "0":
+        return False
+    ours = logging.getLogger("spec_backend")
+    if ours.handlers or logging.getLogger().handlers:
+        return False
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S")
+    )
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False  # the root logger has no handler anyway; no duplicates if one is added later
+    return True
 
 
 @dataclass

@@ -32,7 +32,7 @@ from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.request import Request
 from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.verify import Verifier
-from spec_backend.metrics import SpecDecodingMetrics
+from spec_backend.metrics import SpecDecodingMetrics, configure_default_logging
 from spec_backend.proposers.registry import DrafterContext
 
 logger = logging.getLogger("spec_backend.engine")
@@ -165,6 +165,7 @@ class LLM:
         self.max_model_len = self._max_model_len(max_model_len)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
         self.metrics = SpecDecodingMetrics(registry=metrics_registry, log_interval_s=log_stats_interval)
+        configure_default_logging()
         self._rng = random.Random(seed)
         self._next_id = 0
         self._lock = threading.Lock()  # generate() calls run one at a time

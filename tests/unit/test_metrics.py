@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -64,3 +65,31 @@ def test_periodic_log_line(caplog: pytest.LogCaptureFixture) -> None:
     assert line is not None and "acceptance rate: 50.0%" in line
     assert "SpecDecoding metrics" in caplog.text
     assert m.maybe_log(force=True) is None  # window was reset
+
+
+LOG_SCRIPT = """
+import sys
+from spec_backend.engine import LLM, SamplingParams
+llm = LLM(sys.argv[1], speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+          "prompt_lookup_max": 3}, log_stats_interval=1e-9)
+llm.generate(["abcabcabcabc"], SamplingParams(temperature=0, max_tokens=24))
+"""
+
+
+@pytest.mark.parametrize("configure", ["1", "0"])
+def test_speculation_log_line_shows_by_default(tmp_path: Path, configure: str) -> None:
+    """With no logging set up by the application, the periodic line reaches stderr (as vLLM's does);
+    SPEC_BACKEND_CONFIGURE_LOGGING=0 leaves logging alone (the negative control: nothing printed)."""
+    import os
+    import subprocess
+    import sys
+
+    from spec_backend.engine.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m", vocab_size=128, with_tokenizer=True)
+    env = {**os.environ, "SPEC_BACKEND_CONFIGURE_LOGGING": configure}
+    out = subprocess.run([sys.executable, "-c", LOG_SCRIPT, model], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ("[spec_backend.metrics] SpecDecoding metrics: mean acceptance length" in out.stderr) == (
+        configure == "1"
+    )
