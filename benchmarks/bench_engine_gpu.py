@@ -10,9 +10,9 @@ and a ~1.2B random-weight Llama-3.2-1B-shaped model saved to a temporary folder.
   mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance.
 
 Tokens/s = generated tokens / wall time of ``generate`` (after one warm-up call). Ratios: each mode vs
-``plain`` at the same model, batch and graph setting, and graphs vs eager. The engine currently runs its
-forwards eagerly: when ``LLM`` has no ``enforce_eager`` argument, graph rows are reported as
-unsupported instead of being faked.
+``plain`` at the same model, batch and graph setting, and graphs vs eager. A row says "graphs on" only
+when the engine captured graphs (``llm.engine.captured``); a run that asked for graphs and captured none
+is reported as such, never timed as a graph run.
 
     python benchmarks/bench_engine_gpu.py                    # on the GPU machine (no network needed)
     python benchmarks/bench_engine_gpu.py --models random-1b --batches 1,8
@@ -172,6 +172,11 @@ def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> l
                     Row(name, b, label, graphs, note=f"{type(exc).__name__}: {exc}"[:90])
                     for b in args.batches
                 ]
+                continue
+            if graphs and llm.engine.captured is None:  # asked for graphs, none captured: say so
+                note = "graphs requested, none captured"
+                rows += [Row(name, b, label, False, note=note) for b in args.batches]
+                del llm
                 continue
             prompts = prompt_ids(llm, max(args.batches), seed=1)
             for batch in args.batches:
