@@ -13,7 +13,6 @@ drafts, vLLM's own counters); ratios to the plain engine. One engine at a time, 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -22,41 +21,29 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "vllm"))
 
-from engine_runs import ENGINES, PROMPTS, K, engine_env, model_dir
+from engine_runs import ENGINES, PROMPTS, K, engine_env, start, stop
 
-NAMES = ["plain", "vllm-sampler", "plugin-standard", "plugin-block", "plugin-suffix"]
+NAMES = list(ENGINES)
 
 
 def measure(name: str, repeats: int, max_tokens: int) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    speculative, additional = ENGINES[name]
-    start = time.perf_counter()
-    llm = LLM(
-        model=model_dir(),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        seed=0,
-        disable_log_stats=False,
-        speculative_config=speculative,
-        additional_config=additional,
-    )
-    load = time.perf_counter() - start
+    begin = time.perf_counter()
+    llm = start(name)
+    load = time.perf_counter() - begin
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     rates = []
     for _ in range(repeats + 1):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        rates.append(tokens / (time.perf_counter() - start))
+        rates.append(tokens / (time.perf_counter() - t0))
     counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     drafts = counters.get("vllm:spec_decode_num_drafts") or 0
     accepted = counters.get("vllm:spec_decode_num_accepted_tokens") or 0
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
+    stop(llm)
     return {
         "load_s": load,
         "first": rates[0],

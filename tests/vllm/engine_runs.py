@@ -96,35 +96,43 @@ def _workload(llm: Any, run: EngineRun) -> None:
     run.seeded = [_ids(llm.generate([PROMPTS[1]], seeded, use_tqdm=False))[0] for _ in range(2)]
 
 
-@functools.cache
-def run(name: str) -> EngineRun:
-    """Start engine ``name``, run the workload, shut it down (see the module docstring)."""
+def start(name: str) -> Any:
+    """``vllm.LLM`` for engine configuration ``name`` (SmolLM2, float32, eager, stats on)."""
     from vllm import LLM
 
     speculative, additional = ENGINES[name]
+    return LLM(
+        model=model_dir(),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        seed=0,
+        disable_log_stats=False,
+        speculative_config=speculative,
+        additional_config=additional,
+    )
+
+
+def stop(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+
+
+@functools.cache
+def run(name: str) -> EngineRun:
+    """Start engine ``name``, run the workload, shut it down (see the module docstring)."""
     result = EngineRun(name)
     trace = os.path.join(tempfile.mkdtemp(prefix="spec-backend-vllm-"), "trace.jsonl")
     os.environ["SPEC_BACKEND_VLLM_TRACE"] = trace  # read by our verifier in the engine's processes
     try:
-        start = time.perf_counter()
-        llm = LLM(
-            model=model_dir(),
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=1024,
-            seed=0,
-            disable_log_stats=False,
-            speculative_config=speculative,
-            additional_config=additional,
-        )
-        result.load_s = time.perf_counter() - start
+        begin = time.perf_counter()
+        llm = start(name)
+        result.load_s = time.perf_counter() - begin
         try:
             _workload(llm, result)
             result.metrics = _metrics(llm)
         finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
+            stop(llm)
     finally:
         del os.environ["SPEC_BACKEND_VLLM_TRACE"]
     if os.path.exists(trace):
