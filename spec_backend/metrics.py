@@ -19,6 +19,8 @@ from typing import Any
 logger = logging.getLogger("spec_backend.metrics")
 
 PREFIX = "spec_backend_spec_decode"
+#: vLLM's names for the same four counters, so dashboards built for vLLM read ours unchanged.
+VLLM_PREFIX = "vllm:spec_decode"
 #: ``0`` leaves logging entirely to the application (see ``configure_default_logging``).
 CONFIGURE_LOGGING_ENV = "SPEC_BACKEND_CONFIGURE_LOGGING"
 
@@ -132,20 +134,18 @@ class SpecDecodingMetrics:
         self._window = SpecDecodingStats()
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
-        self.num_drafts = Counter(
-            f"{PREFIX}_num_drafts", "Verification steps that carried drafts", registry=self.registry
-        )
-        self.num_draft_tokens = Counter(
-            f"{PREFIX}_num_draft_tokens", "Draft tokens proposed", registry=self.registry
-        )
-        self.num_accepted_tokens = Counter(
-            f"{PREFIX}_num_accepted_tokens", "Draft tokens accepted", registry=self.registry
-        )
-        self.num_accepted_tokens_per_pos = Counter(
-            f"{PREFIX}_num_accepted_tokens_per_pos",
-            "Draft tokens accepted, per draft position",
-            ["position"],
-            registry=self.registry,
+        # each counter twice: under our prefix and under vLLM's (PREFIX, VLLM_PREFIX)
+        self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.num_accepted_tokens_per_pos = (
+            tuple(
+                Counter(f"{prefix}_{stem}", doc, labels, registry=self.registry)
+                for prefix in (PREFIX, VLLM_PREFIX)
+            )
+            for stem, doc, labels in (
+                ("num_drafts", "Verification steps that carried drafts", []),
+                ("num_draft_tokens", "Draft tokens proposed", []),
+                ("num_accepted_tokens", "Draft tokens accepted", []),
+                ("num_accepted_tokens_per_pos", "Draft tokens accepted, per draft position", ["position"]),
+            )
         )
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -154,11 +154,12 @@ class SpecDecodingMetrics:
             return
         self.total.observe(num_draft_tokens, num_accepted_tokens)
         self._window.observe(num_draft_tokens, num_accepted_tokens)
-        self.num_drafts.inc()
-        self.num_draft_tokens.inc(num_draft_tokens)
-        self.num_accepted_tokens.inc(num_accepted_tokens)
-        for pos in range(num_accepted_tokens):
-            self.num_accepted_tokens_per_pos.labels(position=str(pos)).inc()
+        for ours_or_vllms in range(2):
+            self.num_drafts[ours_or_vllms].inc()
+            self.num_draft_tokens[ours_or_vllms].inc(num_draft_tokens)
+            self.num_accepted_tokens[ours_or_vllms].inc(num_accepted_tokens)
+            for pos in range(num_accepted_tokens):
+                self.num_accepted_tokens_per_pos[ours_or_vllms].labels(position=str(pos)).inc()
 
     def observe_many(self, draft_counts: Sequence[int], accepted_counts: Sequence[int]) -> None:
         """``observe`` each (drafted, accepted) pair of one step, then maybe log."""

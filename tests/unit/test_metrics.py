@@ -51,6 +51,11 @@ def test_prometheus_counters_on_own_registry() -> None:
     assert value(per_pos, {"position": "0"}) == 2
     assert value(per_pos, {"position": "2"}) == 1
     assert m.total.num_accepted_tokens == 4
+    for sample in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's names, same values
+        assert value(f"vllm:spec_decode_{sample}_total") == value(f"spec_backend_spec_decode_{sample}_total")
+    for pos in ("0", "1", "2"):
+        vllm_per_pos = value("vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": pos})
+        assert vllm_per_pos == value(per_pos, {"position": pos}) > 0
     # two engines in one process do not collide on the default (private) registries
     SpecDecodingMetrics()
     SpecDecodingMetrics()
