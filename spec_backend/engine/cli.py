@@ -136,17 +136,29 @@ def _generate(args: argparse.Namespace) -> int:
 
     prompts = _read_prompts(args)
     try:
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            stop=args.stop,
+            max_tokens=args.max_tokens,
+        )
     except ValueError as exc:
         raise CliError(exc) from exc
     llm = build_llm(args, seed=args.seed)
     texts = [llm.chat_prompt(p) for p in prompts] if args.chat else prompts
-    start = time.perf_counter()
     try:
-        outputs = llm.generate(texts, params, use_tqdm=not args.no_progress)
+        # warm-up (one-time compilation and allocation stay out of tokens/s); its own seed, so the
+        # engine's seed sequence, and therefore the run's output, is what it would be without it
+        llm.generate(texts[:1], SamplingParams(temperature=0, max_tokens=1, seed=0))
+        start = time.perf_counter()
+        outputs = llm.generate(texts, params, use_tqdm=not args.no_progress and not args.json)
     except ValueError as exc:  # inputs are checked before any work
         raise CliError(exc) from exc
     seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(_json_report(prompts, outputs, seconds)))
+        return 0
     for prompt, out in zip(prompts, outputs, strict=True):
         c = out.outputs[0]
         print(f"=== prompt: {prompt!r}")
@@ -154,6 +166,28 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"--- finish_reason={c.finish_reason} tokens={len(c.token_ids)}")
     print(summary_table(outputs, seconds))
     return 0
+
+
+def _json_report(prompts: list[str], outputs: list[Any], seconds: float) -> dict[str, Any]:
+    """``--json``: every completion and the run's totals (tokens/s after the warm-up)."""
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    rows = []
+    for prompt, out in zip(prompts, outputs, strict=True):
+        c, stats = out.outputs[0], out.spec_stats
+        rows.append(
+            {
+                "prompt": prompt,
+                "text": c.text,
+                "token_ids": list(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "error": c.error,
+                "num_draft_tokens": stats.num_draft_tokens,
+                "num_accepted_tokens": stats.num_accepted_tokens,
+            }
+        )
+    summary: dict[str, Any] = {"requests": len(outputs), "generated_tokens": tokens, "seconds": seconds}
+    summary["tokens_per_s"] = tokens / seconds if seconds > 0 else None
+    return {"outputs": rows, "summary": summary}
 
 
 def add_generate_parser(sub: Any) -> None:
@@ -164,6 +198,10 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--prompts-file", help="a file with one prompt per line")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the completions and totals as one JSON object")
     p.add_argument(
         "--seed",
         type=int,

@@ -15,6 +15,7 @@ import torch
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
+from spec_backend.engine.args import check_args, check_parallel_args, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader
 from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
@@ -51,51 +52,6 @@ def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-def _check_args(
-    enforce_eager: Any,
-    seed: Any,
-    max_num_seqs: Any,
-    max_model_len: Any,
-    kv_cache_memory_bytes: Any,
-    kv_transfer_config: Any,
-) -> None:
-    if not isinstance(enforce_eager, bool):
-        raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an int (any value) or None (fresh seeds each run), got {seed!r}")
-    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be an int >= 1, got {max_num_seqs!r}")
-    if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
-        raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
-    if kv_cache_memory_bytes is not None and (
-        isinstance(kv_cache_memory_bytes, bool)
-        or not isinstance(kv_cache_memory_bytes, int)
-        or kv_cache_memory_bytes < 1
-    ):
-        raise ValueError(
-            f"kv_cache_memory_bytes must be None or an int >= 1 (bytes), got {kv_cache_memory_bytes!r}"
-        )
-    if kv_transfer_config is not None and not isinstance(kv_transfer_config, dict):
-        raise ValueError(f"kv_transfer_config must be a dict, got {type(kv_transfer_config).__name__}")
-
-
-def _check_parallel_args(tensor_parallel_size: Any, executor: Any, async_scheduling: Any) -> None:
-    """vLLM's parallelism arguments, accepted so its offline examples run: one device, one process."""
-    if tensor_parallel_size != 1:
-        raise ValueError(
-            "tensor_parallel_size must be 1 (the embedded engine runs on one device), "
-            f"got {tensor_parallel_size!r}"
-        )
-    if executor not in (None, "mp", "uni"):
-        raise ValueError(
-            f"distributed_executor_backend must be None, 'mp' or 'uni' (one process), got {executor!r}"
-        )
-    if async_scheduling not in (None, False, True):
-        raise ValueError(f"async_scheduling must be a bool or None, got {async_scheduling!r}")
-    if async_scheduling:
-        logger.info("async_scheduling=True: the embedded engine schedules each step synchronously")
 
 
 class LLM:
@@ -138,9 +94,11 @@ class LLM:
         kv_transfer_config: dict[str, Any] | None = None,
         distributed_executor_backend: str | None = None,
         async_scheduling: bool | None = None,
+        **unsupported: Any,
     ) -> None:
-        _check_parallel_args(tensor_parallel_size, distributed_executor_backend, async_scheduling)
-        _check_args(
+        refuse_unsupported("LLM", unsupported)
+        check_parallel_args(tensor_parallel_size, distributed_executor_backend, async_scheduling)
+        check_args(
             enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config
         )
         self.enforce_eager = enforce_eager
@@ -347,11 +305,11 @@ class LLM:
             if use_tqdm:
                 from tqdm import tqdm
 
-                bar = tqdm(total=len(requests), desc="Generating", unit="req")
+                bar = tqdm(total=sum(r.params.max_tokens for r in requests), desc="Generating", unit="tok")
             while self.engine.has_unfinished():
-                done = self.engine.step()
-                if bar is not None and done:
-                    bar.update(len(done))
+                self.engine.step()
+                if bar is not None:  # tokens so far; the total is the most the requests may generate
+                    bar.update(sum(len(r.output_token_ids) for r in requests) - bar.n)
         except BaseException as exc:
             self.engine.abort_all(f"engine failed: {type(exc).__name__}: {exc}")
             if not isinstance(exc, Exception):
@@ -359,6 +317,7 @@ class LLM:
             logger.exception("engine step failed; every unfinished request ends with finish_reason='error'")
         finally:
             if bar is not None:
+                bar.total = bar.n  # requests that stopped early: the bar ends full
                 bar.close()
         self.metrics.maybe_log()
         return [r.to_output(self.tokenizer) for r in requests]

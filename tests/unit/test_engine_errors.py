@@ -128,3 +128,12 @@ def test_public_names_reexported() -> None:
 
     assert spec_backend.LLM is engine.LLM and spec_backend.SamplingParams is engine.SamplingParams
     assert {"LLM", "SamplingParams", "RequestOutput"} <= set(engine.__all__)
+
+
+def test_unimplemented_vllm_arguments_are_named(tmp_path: Path) -> None:
+    """A vLLM user's habitual arguments fail with their names, not with Python's bare TypeError."""
+    with pytest.raises(
+        ValueError,
+        match=r"does not implement the vLLM argument\(s\) gpu_memory_utilization, trust_remote_code",
+    ):
+        LLM(str(tmp_path), gpu_memory_utilization=0.9, trust_remote_code=True)

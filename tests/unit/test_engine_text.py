@@ -94,3 +94,31 @@ def test_demo_compares_methods_with_plain_decoding(
     table = out[out.index("same text as plain") :].splitlines()[1:]
     assert [line.split()[0] for line in table] == ["plain", "ngram", "suffix"]
     assert all(line.split()[-1] == "yes" for line in table)
+
+
+def test_cli_generate_sampling_flags_and_json(model_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--top-p/--top-k/--stop reach SamplingParams, --json prints one parseable object whose texts
+    equal offline generate with the same settings, and bad values fail with the parameter's message."""
+    import json
+
+    from spec_backend.cli import main
+
+    base = ["generate", "--model", model_dir, "--prompt", PROMPT, "--prompt", "x = 1", "--no-chat"]
+    assert main([*base, "--max-tokens", "12", "--json", "--stop", "e", "--top-k", "5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    llm = LLM(model_dir)
+    params = SamplingParams(temperature=0, max_tokens=12, stop="e", top_k=5)
+    expected = llm.generate([PROMPT, "x = 1"], params)
+    assert [o["text"] for o in report["outputs"]] == [o.outputs[0].text for o in expected]
+    assert [o["finish_reason"] for o in report["outputs"]] == [o.outputs[0].finish_reason for o in expected]
+    assert report["summary"]["generated_tokens"] == sum(len(o["token_ids"]) for o in report["outputs"])
+    assert report["summary"]["tokens_per_s"] > 0
+    assert main([*base, "--top-p", "1.5", "--no-progress"]) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
+def test_progress_bar_counts_tokens(model_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    llm = LLM(model_dir)
+    llm.generate(["ab", "cd"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "10/10" in err and "tok" in err and "req" not in err
