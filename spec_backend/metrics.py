@@ -118,6 +118,34 @@ class SpecDecodingStats:
         }
 
 
+@dataclass(frozen=True)
+class CounterMetric:
+    """A counter as vLLM's ``LLM.get_metrics()`` reports it (``vllm.v1.metrics.reader.Counter``)."""
+
+    name: str
+    value: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VectorMetric:
+    """A per-position counter as vLLM reports it (``vllm.v1.metrics.reader.Vector``)."""
+
+    name: str
+    values: list[int]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def vllm_metrics(stats: SpecDecodingStats) -> list[CounterMetric | VectorMetric]:
+    """``stats`` under vLLM's metric names, the shape ``LLM.get_metrics()`` returns in vLLM."""
+    return [
+        CounterMetric(f"{VLLM_PREFIX}_num_drafts", stats.num_drafts),
+        CounterMetric(f"{VLLM_PREFIX}_num_draft_tokens", stats.num_draft_tokens),
+        CounterMetric(f"{VLLM_PREFIX}_num_accepted_tokens", stats.num_accepted_tokens),
+        VectorMetric(f"{VLLM_PREFIX}_num_accepted_tokens_per_pos", list(stats.accepted_per_position)),
+    ]
+
+
 class SpecDecodingMetrics:
     """Lifetime ``SpecDecodingStats`` plus Prometheus counters and a periodic log line.
 

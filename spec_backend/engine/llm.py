@@ -33,7 +33,13 @@ from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.request import Request
 from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.verify import Verifier
-from spec_backend.metrics import SpecDecodingMetrics, configure_default_logging
+from spec_backend.metrics import (
+    CounterMetric,
+    SpecDecodingMetrics,
+    VectorMetric,
+    configure_default_logging,
+    vllm_metrics,
+)
 from spec_backend.proposers.registry import DrafterContext
 
 logger = logging.getLogger("spec_backend.engine")
@@ -328,6 +334,28 @@ class LLM:
             raise ValueError("this LLM was built without a speculative_config: nothing to enable")
         k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
         self.engine.k = int(k or 0) if enabled else 0
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (``[{"role": ..., "content": ...}, ...]``) or a list of
+        them, through the tokenizer's chat template with the generation prompt; then ``generate``."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model {self.source.display} has no chat template; use generate() with text")
+        one = len(messages) > 0 and isinstance(messages[0], dict)
+        conversations = [messages] if one else list(messages)
+        texts = [
+            str(self.tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True))
+            for c in conversations
+        ]
+        return self.generate(texts, sampling_params, use_tqdm)
+
+    def get_metrics(self) -> list[CounterMetric | VectorMetric]:
+        """vLLM's ``LLM.get_metrics()`` for speculative decoding: the lifetime counters under vLLM's names."""
+        return vllm_metrics(self.metrics.total)
 
     def chat_prompt(self, message: str) -> str:
         """``message`` wrapped in the tokenizer's chat template (for instruct models such as SmolLM2)."""

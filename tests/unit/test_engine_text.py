@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +123,34 @@ def test_progress_bar_counts_tokens(model_dir: str, capsys: pytest.CaptureFixtur
     llm.generate(["ab", "cd"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=True)
     err = capsys.readouterr().err
     assert "10/10" in err and "tok" in err and "req" not in err
+
+
+def test_chat_applies_the_template_and_get_metrics_matches_the_outputs(tmp_path: Path) -> None:
+    """vLLM's ``LLM.chat`` (one conversation or several) equals ``generate`` on the templated text;
+    ``get_metrics`` reports the run's speculative counters under vLLM's names, equal to the outputs' sums."""
+    model = make_tiny_model(tmp_path / "chat", vocab_size=128, with_tokenizer=True)
+    (tmp_path / "chat" / "chat_template.jinja").write_text(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    )
+    llm = LLM(
+        model, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    )
+    params = SamplingParams(temperature=0, max_tokens=10)
+    conversation = [{"role": "user", "content": "abcabc"}]
+    one = llm.chat(conversation, params)
+    both = llm.chat(
+        [conversation, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]], params
+    )
+    plain = llm.generate(["<user>abcabc\n<assistant>", "<system>x\n<user>y\n<assistant>"], params)
+    assert one[0].outputs[0].text == both[0].outputs[0].text == plain[0].outputs[0].text
+    assert both[1].outputs[0].text == plain[1].outputs[0].text
+    metrics = {m.name: m for m in llm.get_metrics()}
+    outputs = [*one, *both, *plain]
+    assert metrics["vllm:spec_decode_num_draft_tokens"].value == sum(
+        o.spec_stats.num_draft_tokens for o in outputs
+    )
+    accepted = sum(o.spec_stats.num_accepted_tokens for o in outputs)
+    assert metrics["vllm:spec_decode_num_accepted_tokens"].value == accepted > 0
+    assert sum(metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values) == accepted
+    with pytest.raises(ValueError, match="has no chat template"):
+        LLM(make_tiny_model(tmp_path / "plain", vocab_size=128, with_tokenizer=True)).chat(conversation)
