@@ -8,7 +8,7 @@ import os
 import random
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -342,29 +342,32 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: one conversation (``[{"role": ..., "content": ...}, ...]``) or a list of
-        them, through the tokenizer's chat template with the generation prompt; then ``generate``."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"model {self.source.display} has no chat template; use generate() with text")
+        them, each through ``chat_text``; then ``generate``."""
         one = len(messages) > 0 and isinstance(messages[0], dict)
-        conversations = [messages] if one else list(messages)
-        texts = [
-            str(self.tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True))
-            for c in conversations
-        ]
-        return self.generate(texts, sampling_params, use_tqdm)
+        conversations = cast("list[Sequence[dict[str, str]]]", [messages] if one else list(messages))
+        return self.generate([self.chat_text(c) for c in conversations], sampling_params, use_tqdm)
+
+    def has_chat_template(self) -> bool:
+        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_text(self, conversation: Sequence[dict[str, str]]) -> str:
+        """``conversation`` through the tokenizer's chat template, with the generation prompt added;
+        ``ValueError`` when the model has no chat template."""
+        tokenizer = self.tokenizer
+        if tokenizer is None or not self.has_chat_template():
+            raise ValueError(f"model {self.source.display} has no chat template; use generate() with text")
+        return str(
+            tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+        )
 
     def get_metrics(self) -> list[CounterMetric | VectorMetric]:
         """vLLM's ``LLM.get_metrics()`` for speculative decoding: the lifetime counters under vLLM's names."""
         return vllm_metrics(self.metrics.total)
 
     def chat_prompt(self, message: str) -> str:
-        """``message`` wrapped in the tokenizer's chat template (for instruct models such as SmolLM2)."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            return message
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-        return str(text)
+        """``message`` as one user turn through the chat template (for instruct models such as SmolLM2);
+        unchanged when the model has none."""
+        return self.chat_text([{"role": "user", "content": message}]) if self.has_chat_template() else message
 
     def describe(self) -> dict[str, Any]:
         """Model, backend and speculation settings (for logs and benchmark reports)."""

@@ -263,11 +263,10 @@ def _completions_route(server: Server) -> Callable[..., Any]:
 def _chat_route(server: Server) -> Callable[..., Any]:
     async def chat(body: ChatCompletionRequest, http: Request) -> Any:
         server.check_model(body.model)
-        tokenizer = server.engine.llm.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        llm = server.engine.llm
+        if not llm.has_chat_template():
             raise ApiError(400, f"model {server.model_name!r} has no chat template; use /v1/completions")
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        text = llm.chat_text([m.model_dump(exclude_none=True) for m in body.messages])
         queued = server.submit([text], server.params(body, body.max_completion_tokens or body.max_tokens))
         if body.stream:
             return _streaming(_stream(server, *queued[0], chat=True))
