@@ -66,8 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Modules of the ``engine`` extra (pyproject's ``[project.optional-dependencies] engine``).
-ENGINE_EXTRA_MODULES = frozenset({"transformers", "gguf", "accelerate", "prometheus_client", "tqdm"})
+#: Modules of the optional extras (pyproject's ``[project.optional-dependencies]``) -> the extra.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("transformers", "gguf", "accelerate", "prometheus_client", "tqdm"), "engine"),
+    **dict.fromkeys(("fastapi", "uvicorn", "starlette"), "serve"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,11 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
-        if missing not in ENGINE_EXTRA_MODULES:
+        extra = EXTRA_OF_MODULE.get(missing)
+        if extra is None:
             raise
         print(
-            f"spec-backend {args.command}: needs the engine extra (module {missing!r} is not installed). "
-            "Install it from a checkout of spec-backend: pip install '.[engine]'",
+            f"spec-backend {args.command}: needs the {extra} extra (module {missing!r} is not installed). "
+            f"Install it from a checkout of spec-backend: pip install '.[{extra}]'",
             file=sys.stderr,
         )
         return 2

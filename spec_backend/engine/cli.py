@@ -48,6 +48,7 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
             backend=args.backend,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
+            seed=args.seed,
             **extra,
         )
     except (ValueError, BackendError, OSError) as exc:
@@ -108,6 +109,12 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     p.add_argument("--backend", default=None, help="backend name (default: auto)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="engine seed; each prompt's sampling seed derives from it (default 0, as in vLLM)",
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -145,7 +152,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(exc) from exc
-    llm = build_llm(args, seed=args.seed)
+    llm = build_llm(args)
     texts = [llm.chat_prompt(p) for p in prompts] if args.chat else prompts
     try:
         # warm-up (one-time compilation and allocation stay out of tokens/s); its own seed, so the
@@ -202,12 +209,6 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print the completions and totals as one JSON object")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="engine seed; each prompt's sampling seed derives from it (default 0, as in vLLM)",
-    )
     p.add_argument(
         "--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template"
     )

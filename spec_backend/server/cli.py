@@ -15,30 +15,22 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: MODEL)")
-    p.add_argument("--seed", type=int, default=0, help="engine seed (per-request seeds derive from it)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until SIGINT/SIGTERM (in-flight requests finish or fail explicitly)."""
+    import uvicorn  # a missing serve extra is reported by spec_backend.cli.main
+    from prometheus_client import CollectorRegistry
+
     from spec_backend.engine.cli import CliError, build_llm, fail
+    from spec_backend.server.app import Server, build_app
+    from spec_backend.server.loop import AsyncEngine
 
-    try:
-        import uvicorn
-        from prometheus_client import CollectorRegistry
-
-        from spec_backend.server.app import Server, build_app
-        from spec_backend.server.loop import AsyncEngine
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("fastapi", "uvicorn", "starlette"):
-            raise
-        return fail(
-            f"spec-backend serve needs the serve extra ({exc.name} is not installed): pip install '.[serve]'"
-        )
     registry = CollectorRegistry()
     try:
-        llm = build_llm(args, metrics_registry=registry, seed=args.seed)
+        llm = build_llm(args, metrics_registry=registry)
     except CliError as exc:
         return fail(exc)
     engine = AsyncEngine(llm)

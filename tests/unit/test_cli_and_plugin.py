@@ -52,19 +52,26 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
         assert command in out.stdout
 
 
-def test_engine_command_without_the_engine_extra_names_it() -> None:
-    """A core-only install (no transformers): the engine commands say which extra to install."""
+@pytest.mark.parametrize(
+    ("command", "module", "extra"),
+    [
+        (["generate", "--model", "smollm2", "--prompt", "hi"], "transformers", "engine"),
+        (["serve", "smollm2"], "uvicorn", "serve"),
+    ],
+)
+def test_command_without_its_extra_names_it(command: list[str], module: str, extra: str) -> None:
+    """A core-only install (no transformers), or no serve extra: the command says which extra to install."""
     code = (
         "import sys\n"
-        "sys.modules['transformers'] = None  # as if not installed: importing it raises ModuleNotFoundError\n"
+        f"sys.modules[{module!r}] = None  # as if not installed: importing it raises ModuleNotFoundError\n"
         "from spec_backend.cli import main\n"
-        "sys.exit(main(['generate', '--model', 'smollm2', '--prompt', 'hi']))\n"
+        f"sys.exit(main({command!r}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2, out.stderr[-2000:]
-    expected = "spec-backend generate: needs the engine extra (module 'transformers' is not installed)"
+    expected = f"spec-backend {command[0]}: needs the {extra} extra (module {module!r} is not installed)"
     assert expected in out.stderr
-    assert "pip install '.[engine]'" in out.stderr and "Traceback" not in out.stderr
+    assert f"pip install '.[{extra}]'" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_vllm_plugin_entry_point_and_idempotent_register() -> None:
