@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spec_backend.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
@@ -12,15 +14,13 @@ __version__ = "0.1.0"
 
 __all__ = ["LLM", "RejectionSamplerConfig", "SamplingParams", "SpeculativeConfig", "__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the engine pulls in transformers and the config torch; `spec-backend --help` needs neither.
-    if name in ("RejectionSamplerConfig", "SpeculativeConfig"):
-        import spec_backend.config as config
-
-        return getattr(config, name)
-    if name in ("LLM", "SamplingParams"):
-        import spec_backend.engine as engine
-
-        return getattr(engine, name)
-    raise AttributeError(f"module 'spec_backend' has no attribute {name!r}")
+# Lazy: the engine pulls in transformers and the config torch; `spec-backend --help` needs neither.
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "RejectionSamplerConfig": "spec_backend.config",
+        "SpeculativeConfig": "spec_backend.config",
+        "LLM": "spec_backend.engine",
+        "SamplingParams": "spec_backend.engine",
+    },
+)
