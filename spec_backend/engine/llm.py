@@ -30,7 +30,8 @@ from spec_backend.engine.loader import (
     resolve_model,
 )
 from spec_backend.engine.params import RequestOutput, SamplingParams
-from spec_backend.engine.request import Request
+from spec_backend.engine.params_check import check_vocab
+from spec_backend.engine.request import Request, merge_samples
 from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import (
@@ -250,6 +251,7 @@ class LLM:
                     f"sampling_params[{i}] has stop strings {params.stop!r} but model {self.source.display} "
                     "has no tokenizer to match them; use stop_token_ids"
                 )
+            check_vocab(params, self.engine.runner.vocab_size, i)
         return params_list
 
     def make_requests(
@@ -258,6 +260,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[Request]:
         """Validated requests with fresh ids and seeds (``ValueError`` for bad input); not yet queued.
+        A prompt with ``n`` samples gives ``n`` consecutive requests (``merge_samples`` joins their outputs).
         Not thread-safe: ids and seeds come from the engine's generator (the server calls it under a lock)."""
         parsed = parse_prompts(prompts)
         params_list = self._params_list(sampling_params, len(parsed))
@@ -267,10 +270,11 @@ class LLM:
             tokens = self._tokenize(text, ids, i)
             check_token_ids(tokens, i, vocab, self.max_model_len)
             requests.append(Request("", text, tokens, params, 0, self.eos_token_ids))
+        samples: list[Request] = []
         for request in requests:  # ids and seeds only once every prompt is known to be valid
-            request.request_id, self._next_id = str(self._next_id), self._next_id + 1
-            request.seed = request.params.seed if request.params.seed is not None else seed_for(self._rng)
-        return requests
+            parent, self._next_id = str(self._next_id), self._next_id + 1
+            samples += request.samples(parent, lambda: seed_for(self._rng))
+        return samples
 
     # -- generation ----------------------------------------------------------------------------------
     def generate(
@@ -326,7 +330,7 @@ class LLM:
                 bar.total = bar.n  # requests that stopped early: the bar ends full
                 bar.close()
         self.metrics.maybe_log()
-        return [r.to_output(self.tokenizer) for r in requests]
+        return merge_samples(requests, self.tokenizer)
 
     def set_speculation(self, enabled: bool) -> None:
         """Turn speculation on or off for later ``generate`` calls (benchmarks compare both on one model)."""

@@ -2,36 +2,49 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from spec_backend.engine.params_check import (
+    check_int,
+    check_logit_bias,
+    check_range,
+    check_token_list,
+    refuse_unknown,
+)
 from spec_backend.metrics import SpecDecodingStats
 from spec_backend.sampling.metadata import check_seed
 
 FinishReason = Literal["stop", "length", "error"]
 
 
-@dataclass
-class SamplingParams:
-    """How to sample one request; validated on construction (``ValueError`` naming the field).
+@dataclass(kw_only=True)
+class _SamplingFields:
+    """The fields of ``SamplingParams`` (documented there)."""
 
-    ``temperature`` 0 is greedy; ``top_k`` 0 disables top-k; ``top_p`` 1.0 disables nucleus sampling;
-    ``seed`` (None, or an int in [0, 2**63 - 1]; vLLM's ``-1`` for "unseeded" is refused: pass None) makes
-    the request's samples reproducible whatever else is in the batch; ``max_tokens`` caps
-    generated tokens; ``stop`` strings end generation (excluded from the text); ``stop_token_ids`` end it
-    (included in ``token_ids``); ``ignore_eos`` keeps going past the model's end-of-sequence token.
-    """
-
+    n: int = 1
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 16
+    min_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        check_int("n", self.n, 1)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not 0.0 <= float(self.temperature) < float("inf"):
@@ -39,35 +52,107 @@ class SamplingParams:
         self.temperature = float(self.temperature)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables top-k), got {self.top_k!r}")
-        if (
-            isinstance(self.top_p, bool)
-            or not isinstance(self.top_p, int | float)
-            or not 0.0 < self.top_p <= 1.0
-        ):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        self.top_p = float(self.top_p)
+        self.top_p = check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        self.min_p = check_range("min_p", self.min_p, 0.0, 1.0)
         check_seed(self.seed)  # None or [0, 2**63 - 1]: every accepted seed is reproducible
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        self._check_stops()
+        self.presence_penalty = check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        self.repetition_penalty = check_range(
+            "repetition_penalty", self.repetition_penalty, 0.0, float("inf"), low_open=True
+        )
+        self.logit_bias = check_logit_bias(self.logit_bias)
+        self.allowed_token_ids = check_token_list("allowed_token_ids", self.allowed_token_ids)
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must name at least one token id, got []")
+        check_int("logprobs", self.logprobs, 0, optional=True)
+        check_int("prompt_logprobs", self.prompt_logprobs, 0, optional=True)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    def _check_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:
-            if not all(isinstance(s, str) and s for s in self.stop):
+            if not isinstance(self.stop, list | tuple) or not all(
+                isinstance(s, str) and s for s in self.stop
+            ):
                 raise ValueError(
                     f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}"
                 )
             self.stop = list(self.stop)
-        if self.stop_token_ids is not None:
-            ids = list(self.stop_token_ids)
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise ValueError(f"stop_token_ids must be ints >= 0, got {self.stop_token_ids!r}")
-            self.stop_token_ids = ids
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        self.stop_token_ids = check_token_list("stop_token_ids", self.stop_token_ids)
+
+
+class SamplingParams(_SamplingFields):
+    """How to sample one request, with vLLM's names and meanings; validated on construction (``ValueError``
+    naming the field; an argument that is not a field, vLLM's unimplemented ones included, is named too).
+
+    * ``n`` samples per prompt (``outputs[0..n-1]``); with a ``seed``, sample ``i`` uses ``seed + i``.
+    * ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1.0 disable those filters; ``min_p`` drops
+      tokens below ``min_p`` times the most likely token's probability (after temperature).
+    * ``seed`` (None, or an int in [0, 2**63 - 1]; vLLM's ``-1`` for "unseeded" is refused: pass None)
+      makes the request's samples reproducible whatever else is in the batch.
+    * ``max_tokens`` caps generated tokens; ``min_tokens`` forbids EOS and ``stop_token_ids`` before that
+      many; ``stop`` strings end generation (excluded from the text unless ``include_stop_str_in_output``);
+      ``stop_token_ids`` end it (included in ``token_ids``); ``ignore_eos`` keeps going past EOS.
+    * Penalties (vLLM's): ``repetition_penalty`` (> 0; 1 is off) divides the positive logits and multiplies
+      the negative ones of tokens seen in the prompt or output; ``frequency_penalty`` and
+      ``presence_penalty`` (in [-2, 2]) subtract ``f * count`` and ``p * (count > 0)`` over output tokens.
+    * ``logit_bias`` ``{token_id: bias in [-100, 100]}`` is added to the logits; ``allowed_token_ids``
+      restricts sampling to those tokens.
+    * ``logprobs`` k: each output token's log-probability, its rank and the k most likely tokens;
+      ``prompt_logprobs`` k: the same for prompt tokens (the first is ``None``). Log-probabilities are the
+      target model's raw ones (before penalties and temperature: vLLM's ``raw_logprobs``), so they are the
+      same with and without speculation.
+    * ``skip_special_tokens`` leaves special tokens out of the text.
+
+    Everything above is computed from the target's logits, so speculative decoding stays lossless.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise ValueError(f"SamplingParams takes keyword arguments only, got positional {args!r}")
+        refuse_unknown(kwargs, {f.name for f in fields(_SamplingFields)})
+        super().__init__(**kwargs)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the target's logits are changed before sampling (penalties, biases, masks)."""
+        return bool(
+            self.min_tokens
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.allowed_token_ids is not None
+            or (self.min_p > 0.0 and not self.greedy)
+        )
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability (raw, from the target), its 1-based rank and its text (vLLM's type)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+#: Per position: token id -> ``Logprob`` (the chosen token, then the top ``k``), as vLLM returns them.
+SampleLogprobs = list[dict[int, Logprob]]
+#: ``prompt_logprobs``: ``None`` for the first prompt token, then one dict per token.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 #: One request's speculation counters: the same statistics the engine aggregates for its metrics.
@@ -84,6 +169,9 @@ class CompletionOutput:
     finish_reason: FinishReason | None
     error: str | None = None
     stop_reason: str | int | None = None
+    #: Sum of the chosen tokens' raw log-probabilities (``None`` unless ``logprobs`` was asked for).
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
 
 
 @dataclass
@@ -95,6 +183,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    prompt_logprobs: PromptLogprobs | None = None
+    #: Prompt tokens served from a prefix cache (the embedded engine has none: always 0).
+    num_cached_tokens: int = 0
     spec_stats: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
     #: Steps (target forwards after prefill) this request took part in.
     num_steps: int = 0

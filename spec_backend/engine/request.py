@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from spec_backend.engine.params import (
     CompletionOutput,
     FinishReason,
+    Logprob,
+    PromptLogprobs,
     RequestOutput,
+    SampleLogprobs,
     SamplingParams,
     SpecDecodeRequestStats,
 )
@@ -32,6 +36,37 @@ class Request:
     stats: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
     num_steps: int = 0
     kv_transfer_params: dict[str, Any] | None = None
+    #: Which of its prompt's ``n`` samples this is (``CompletionOutput.index``), and the id of the
+    #: prompt's output (its own id when ``n`` is 1).
+    index: int = 0
+    parent_id: str = ""
+    logprobs: SampleLogprobs | None = None  # one entry per output token when ``params.logprobs`` is set
+    prompt_logprobs: PromptLogprobs | None = None
+
+    def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
+        """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample
+        ``i`` uses ``seed + i`` (vLLM's rule, wrapped into [0, 2**63)); otherwise each draws a fresh one."""
+        seed = self.params.seed
+        out = []
+        for i in range(self.params.n):
+            sample = (
+                self
+                if i == 0
+                else Request("", self.prompt, list(self.prompt_token_ids), self.params, 0, self.eos_token_ids)
+            )
+            sample.request_id = parent_id if self.params.n == 1 else f"{parent_id}-{i}"
+            sample.parent_id, sample.index = parent_id, i
+            sample.seed = (seed + i) % 2**63 if seed is not None else fresh_seed()
+            out.append(sample)
+        return out
+
+    @property
+    def min_tokens_stop_ids(self) -> list[int]:
+        """What ``min_tokens`` forbids: EOS (unless ``ignore_eos``) and the ``stop_token_ids``."""
+        ids = set(self.params.stop_token_ids or ())
+        if not self.params.ignore_eos:
+            ids |= self.eos_token_ids
+        return sorted(ids)
 
     @property
     def temperature(self) -> float:
@@ -89,7 +124,7 @@ class Request:
 
     def _hit_stop_string(self, tokenizer: Any) -> bool:
         assert self.params.stop is not None
-        text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
+        text = tokenizer.decode(self.output_token_ids, skip_special_tokens=self.params.skip_special_tokens)
         longest = max(len(s) for s in self.params.stop)
         # only the tail can hold a new match: the last token adds at most a few characters
         tail_start = max(0, len(text) - longest - 32)
@@ -100,23 +135,29 @@ class Request:
                 best = (idx, s)
         if best is None:
             return False
-        self.text, self.stop_reason = text[: best[0]], best[1]
+        end = best[0] + (len(best[1]) if self.params.include_stop_str_in_output else 0)
+        self.text, self.stop_reason = text[:end], best[1]
         return True
 
     def to_output(self, tokenizer: Any | None) -> RequestOutput:
         """The user-facing result (text decoded unless a stop string already fixed it)."""
         if tokenizer is not None and not (self.finish_reason == "stop" and isinstance(self.stop_reason, str)):
             try:
-                self.text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
+                self.text = tokenizer.decode(
+                    self.output_token_ids, skip_special_tokens=self.params.skip_special_tokens
+                )
             except Exception as exc:  # a broken detokenizer must not lose the tokens
                 self.fail(f"detokenization failed: {type(exc).__name__}: {exc}")
+        logprobs = _decoded(self.logprobs, tokenizer)
         completion = CompletionOutput(
-            index=0,
+            index=self.index,
             text=self.text,
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,
             error=self.error,
             stop_reason=self.stop_reason,
+            cumulative_logprob=None if logprobs is None else _cumulative(logprobs, self.output_token_ids),
+            logprobs=logprobs,
         )
         return RequestOutput(
             request_id=self.request_id,
@@ -124,7 +165,45 @@ class Request:
             prompt_token_ids=list(self.prompt_token_ids),
             outputs=[completion],
             finished=self.finished,
+            prompt_logprobs=_decoded(self.prompt_logprobs, tokenizer),
             spec_stats=self.stats,
             num_steps=self.num_steps,
             kv_transfer_params=self.kv_transfer_params,
         )
+
+
+def _decoded(entries: list[Any] | None, tokenizer: Any | None) -> Any:
+    """``entries`` (logprobs dicts, ``None`` allowed) with each token's text filled in (vLLM's
+    ``decoded_token``) when there is a tokenizer."""
+    if entries is None or tokenizer is None:
+        return entries
+    ids = sorted({t for entry in entries if entry is not None for t in entry})
+    texts = dict(zip(ids, tokenizer.batch_decode([[t] for t in ids]), strict=True))
+    return [
+        None if entry is None else {t: Logprob(lp.logprob, lp.rank, texts[t]) for t, lp in entry.items()}
+        for entry in entries
+    ]
+
+
+def _cumulative(logprobs: SampleLogprobs, tokens: list[int]) -> float:
+    return float(sum(entry[t].logprob for entry, t in zip(logprobs, tokens, strict=False)))
+
+
+def merge_samples(requests: Sequence[Request], tokenizer: Any | None) -> list[RequestOutput]:
+    """One ``RequestOutput`` per prompt: the outputs of its ``n`` samples (consecutive in ``requests``)
+    as ``outputs[0..n-1]``; finished when all are; speculation counters summed."""
+    merged: list[RequestOutput] = []
+    for request in requests:
+        output = request.to_output(tokenizer)
+        if request.index == 0:
+            output.request_id = request.parent_id or request.request_id
+            output.spec_stats = SpecDecodeRequestStats()  # a sum of its own, not the request's counters
+            output.spec_stats.merge(request.stats)
+            merged.append(output)
+            continue
+        first = merged[-1]
+        first.outputs.append(output.outputs[0])
+        first.finished = first.finished and output.finished
+        first.num_steps = max(first.num_steps, output.num_steps)
+        first.spec_stats.merge(output.spec_stats)
+    return merged

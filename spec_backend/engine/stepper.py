@@ -7,11 +7,12 @@ one ends with ``finish_reason="error"``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, TargetOutput
@@ -96,7 +97,14 @@ class Stepper:
             query_lens, drafts = [1 + c for c in inputs.counts], list(inputs.counts)
         cached = engine.runner.cache.lengths[start : start + len(requests)]
         batch = build_step_batch(start, inputs.tokens, query_lens, cached, drafts)
-        target = captured.forward(batch) if captured is not None else engine.runner.forward(batch, last_only)
+        if captured is not None:
+            target = captured.forward(batch)
+        elif last_only and any(r.params.prompt_logprobs is not None for r in requests):
+            target = engine.runner.forward(batch, False)  # every prompt row: [N, V]
+            record_prompt_logprobs(requests, target.logits, query_lens)
+            target = replace(target, logits=target.logits[batch.last_token_index])  # [B, V]
+        else:
+            target = engine.runner.forward(batch, last_only)
         flat_probs = None
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
@@ -126,6 +134,8 @@ class Stepper:
                 except Exception as exc:
                     request.fail(_error_text(exc))
             kept_all.append(kept)
+        if any(r.params.logprobs is not None for r in requests):
+            record_logprobs(requests, kept_all, result.target.logits, result.batch.query_lens_host, last_only)
         if drafted:
             engine.metrics.observe_many(drafted, accepted)
         self._draft_next(requests, result, last_only, kept_all)

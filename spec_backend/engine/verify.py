@@ -15,8 +15,22 @@ import torch
 from spec_backend.backends.base import Backend
 from spec_backend.config import RejectionSamplerConfig
 from spec_backend.config.fly import FlyConfig
+from spec_backend.engine.logits import RowHistory, process_logits
 from spec_backend.engine.request import Request
 from spec_backend.step import StepBatch
+
+
+def batch_drafts(batch: StepBatch) -> list[list[int]]:
+    """Each request's real drafts in ``batch`` (host lists; placeholders of a captured step dropped)."""
+    from spec_backend.sampling import PLACEHOLDER_TOKEN_ID
+
+    flat: list[int] = batch.draft_token_ids.tolist()  # [T]
+    out, at = [], 0
+    for count in batch.num_draft_tokens:
+        mine = flat[at : at + count]
+        out.append(mine[: mine.index(PLACEHOLDER_TOKEN_ID)] if PLACEHOLDER_TOKEN_ID in mine else mine)
+        at += count
+    return out
 
 
 class Verifier:
@@ -60,6 +74,15 @@ class Verifier:
         from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, SamplingMetadata
 
         metadata = batch.spec_decode_metadata(last_only)
+        if any(r.params.processes_logits for r in requests):
+            logits = process_logits(
+                logits,
+                [r.params for r in requests],
+                [r.prompt_token_ids for r in requests],
+                [r.output_token_ids for r in requests],
+                [r.min_tokens_stop_ids for r in requests],
+                RowHistory.of(batch.query_lens_host, batch_drafts(batch), last_only),
+            )
         sampling = SamplingMetadata.from_lists(
             temperature=[r.params.temperature for r in requests],
             top_k=[r.params.top_k for r in requests],
