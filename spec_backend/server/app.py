@@ -50,14 +50,9 @@ class Server:
 
     def params(self, body: _Sampling, max_tokens: int | None) -> SamplingParams:
         try:
-            return SamplingParams(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                seed=body.seed,
-                max_tokens=max_tokens if max_tokens is not None else self.engine.llm.max_model_len,
-                stop=body.stop,
-            )
+            fields = body.model_dump(include=_SAMPLING_FIELDS)
+            limit = max_tokens if max_tokens is not None else self.engine.llm.max_model_len
+            return SamplingParams(**fields, max_tokens=limit)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
 
@@ -91,6 +86,26 @@ class Server:
                 return event.output
 
 
+#: Request fields passed to ``SamplingParams`` under the same names.
+_SAMPLING_FIELDS = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+}
+
+
 def _finish(output: RequestOutput) -> str:
     completion = output.outputs[0]
     if completion.finish_reason == "error":
@@ -109,7 +124,7 @@ def _sse(payload: dict[str, Any] | str) -> str:
 
 
 async def _deltas(
-    server: Server, request_id: str, events: asyncio.Queue[Event]
+    server: Server, request_id: str, events: asyncio.Queue[Event], skip_special: bool
 ) -> AsyncIterator[tuple[str, RequestOutput | None]]:
     """Text deltas of one request as it generates; the last one comes with the final output. The
     request is aborted if the consumer stops early (the client went away)."""
@@ -121,7 +136,9 @@ async def _deltas(
             if event.output is not None:
                 text = event.output.outputs[0].text
             else:
-                text = tokenizer.decode(event.token_ids, skip_special_tokens=True) if tokenizer else ""
+                text = (
+                    tokenizer.decode(event.token_ids, skip_special_tokens=skip_special) if tokenizer else ""
+                )
                 if text.endswith("\ufffd"):  # a multi-byte character still incomplete
                     continue
             delta = text[len(sent) :] if text.startswith(sent) else ""
@@ -143,13 +160,14 @@ def _chunk(server: Server, kind: str, rid: str, choice: dict[str, Any]) -> dict[
 
 
 async def _stream(
-    server: Server, request_id: str, events: asyncio.Queue[Event], chat: bool
+    server: Server, queued: tuple[str, asyncio.Queue[Event]], params: SamplingParams, chat: bool
 ) -> AsyncIterator[str]:
+    request_id, events = queued
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     kind = "chat.completion.chunk" if chat else "text_completion"
     if chat:
         yield _sse(_chunk(server, kind, rid, {"index": 0, "delta": {"role": "assistant", "content": ""}}))
-    async for delta, output in _deltas(server, request_id, events):
+    async for delta, output in _deltas(server, request_id, events, params.skip_special_tokens):
         finish = None
         if output is not None:
             try:
@@ -246,9 +264,10 @@ def _completions_route(server: Server) -> Callable[..., Any]:
         prompts = _prompt_list(body.prompt)
         if body.stream and len(prompts) != 1:
             raise ApiError(400, f"stream=true takes one prompt, got {len(prompts)}", param="stream")
-        queued = server.submit(prompts, server.params(body, body.max_tokens or 16))
+        params = server.params(body, body.max_tokens or 16)
+        queued = server.submit(prompts, params)
         if body.stream:
-            return _streaming(_stream(server, *queued[0], chat=False))
+            return _streaming(_stream(server, queued[0], params, chat=False))
         outputs = list(await asyncio.gather(*(server.final(rid, q, http) for rid, q in queued)))
         choices = [
             {"index": i, "text": o.outputs[0].text, "finish_reason": _finish(o), "logprobs": None}
@@ -267,9 +286,10 @@ def _chat_route(server: Server) -> Callable[..., Any]:
         if not llm.has_chat_template():
             raise ApiError(400, f"model {server.model_name!r} has no chat template; use /v1/completions")
         text = llm.chat_text([m.model_dump(exclude_none=True) for m in body.messages])
-        queued = server.submit([text], server.params(body, body.max_completion_tokens or body.max_tokens))
+        params = server.params(body, body.max_completion_tokens or body.max_tokens)
+        queued = server.submit([text], params)
         if body.stream:
-            return _streaming(_stream(server, *queued[0], chat=True))
+            return _streaming(_stream(server, queued[0], params, chat=True))
         output = await server.final(*queued[0], http)
         message = {"role": "assistant", "content": output.outputs[0].text}
         choice = {"index": 0, "message": message, "finish_reason": _finish(output), "logprobs": None}

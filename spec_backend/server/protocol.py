@@ -21,6 +21,17 @@ class _Sampling(BaseModel):
     top_k: int = Field(default=0, ge=0)  # vLLM's extension (0: off)
     seed: int | None = None
     stop: str | list[str] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions (checked by SamplingParams: a bad value is a 400 naming it)
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     stream: bool = False
     n: Literal[1] = 1
     user: str | None = None

@@ -149,6 +149,33 @@ def test_chat_streaming_and_not(server: str, offline: LLM) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
 
 
+def test_penalties_and_vllm_extensions_reach_the_engine(server: str, offline: LLM) -> None:
+    """OpenAI's penalties and vLLM's extra fields give what offline generate gives with the same
+    SamplingParams, and change the text (negative control: they are not dropped)."""
+    extra = {"repetition_penalty": 1.4, "min_tokens": 10, "stop_token_ids": [5], "min_p": 0.1}
+    got = client(server).completions.create(
+        model="tiny",
+        prompt="abcabcabc",
+        max_tokens=20,
+        temperature=0,
+        presence_penalty=0.8,
+        frequency_penalty=0.5,
+        logit_bias={"7": 3.0},
+        extra_body=extra,
+    )
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=20,
+        presence_penalty=0.8,
+        frequency_penalty=0.5,
+        logit_bias={7: 3.0},
+        **extra,  # type: ignore[arg-type]
+    )
+    expected = offline.generate(["abcabcabc"], params)[0].outputs[0].text
+    assert got.choices[0].text == expected
+    assert expected != greedy(offline, ["abcabcabc"], 20)[0]
+
+
 def test_seeded_sampling_reproduces_and_differs_across_seeds(server: str) -> None:
     api = client(server)
 
@@ -186,6 +213,12 @@ def test_64_concurrent_streams_all_complete(server: str, offline: LLM) -> None:
         ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n: Input should be 1"),
         ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs: Extra inputs are not permitted"),
         ({"model": "tiny", "prompt": "x", "top_p": 0}, 400, "top_p: Input should be greater than 0"),
+        (
+            {"model": "tiny", "prompt": "x", "presence_penalty": 5},
+            400,
+            "presence_penalty must be in [-2.0, 2.0], got 5",
+        ),
+        ({"model": "tiny", "prompt": "x", "logit_bias": {"99999": 1}}, 400, "outside the vocabulary"),
         ({"model": "tiny", "prompt": ["a", "b"], "stream": True}, 400, "stream=true takes one prompt, got 2"),
     ],
 )
