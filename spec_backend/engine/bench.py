@@ -8,9 +8,10 @@ counts mismatching outputs. Tokens/s = generated tokens / wall time of the whole
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,24 +21,43 @@ from spec_backend.engine.loader import load_model
 from spec_backend.engine.params import SamplingParams
 from spec_backend.engine.prompts import code_edit_prompts
 
+Runner = Callable[[list[list[int]]], tuple[list[list[int]], float | None]]
+
 
 @dataclass
-class RunResult:
-    """One system's run: what it generated and how long it took."""
+class System:
+    """One measured configuration: a name, its batch size and how to run a list of prompts."""
 
     name: str
     batch_size: int
-    outputs: list[list[int]]
-    seconds: float
-    acceptance_length: float | None = None
+    run: Runner
+
+
+@dataclass
+class RunResult:
+    """One system over the whole workload, one entry per sample (a sample runs every prompt once)."""
+
+    name: str
+    batch_size: int
+    outputs: list[list[list[int]]] = field(default_factory=list)  # [sample][prompt] tokens
+    seconds: list[float] = field(default_factory=list)  # [sample]
+    acceptance: list[float] = field(default_factory=list)  # per speculative run
 
     @property
     def tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
+        return sum(len(o) for o in self.outputs[0]) if self.outputs else 0
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+    def tokens_per_s(self) -> list[float]:
+        """[sample] generated tokens / wall time."""
+        return [
+            sum(len(o) for o in out) / t if t > 0 else 0.0
+            for out, t in zip(self.outputs, self.seconds, strict=True)
+        ]
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return sum(self.acceptance) / len(self.acceptance) if self.acceptance else None
 
 
 def _hf_generate(
@@ -77,6 +97,61 @@ def _engine_run(
     return outs, (1.0 + accepted / drafts if drafts else 1.0)
 
 
+def _systems(
+    llm: LLM, baseline: Any, max_tokens: int, k: int, batch_size: int
+) -> tuple[list[System], list[System]]:
+    """The batch-1 systems (run prompt by prompt, interleaved) and the batched ones."""
+
+    def hf(lookup: int | None) -> Runner:
+        return lambda ids: (_hf_generate(baseline, llm.eos_token_ids, ids, max_tokens, lookup), None)
+
+    def engine(speculate: bool, batch: int) -> Runner:
+        def run(ids: list[list[int]]) -> tuple[list[list[int]], float | None]:
+            llm.set_speculation(speculate)
+            out, acc = _engine_run(llm, ids, max_tokens, batch)
+            return out, acc if speculate else None
+
+        return run
+
+    spec_name = f"engine, ngram K={k}"
+    single = [
+        System("transformers generate", 1, hf(None)),
+        System("transformers prompt-lookup", 1, hf(k)),
+        System("engine, no speculation", 1, engine(False, 1)),
+        System(spec_name, 1, engine(True, 1)),
+    ]
+    batched = [
+        System(n, batch_size, engine(s, batch_size))
+        for n, s in (("engine, no speculation", False), (spec_name, True))
+    ]
+    return single, batched
+
+
+def _sample(
+    single: list[System], batched: list[System], ids: list[list[int]], results: list[RunResult], bar: Any
+) -> None:
+    """One sample of every system. Batch-1 systems take turns prompt by prompt, so load changes on a
+    shared machine hit all alike; then each batched system runs the whole list."""
+    for result in results:
+        result.outputs.append([])
+        result.seconds.append(0.0)
+    for prompt in ids:
+        for result, system in zip(results, single, strict=False):
+            start = time.perf_counter()
+            out, acc = system.run([prompt])
+            result.seconds[-1] += time.perf_counter() - start
+            result.outputs[-1] += out
+            result.acceptance += [acc] if acc is not None else []
+            bar.update(1)
+    for result, system in zip(results[len(single) :], batched, strict=True):
+        start = time.perf_counter()
+        out, acc = system.run(ids)
+        result.seconds[-1] = time.perf_counter() - start
+        result.outputs[-1] = out
+        result.acceptance += [acc] if acc is not None else []
+        bar.update(len(ids))
+
+
 def run_e2e_bench(
     model: str = "smollm2",
     num_speculative_tokens: int = 4,
@@ -85,9 +160,16 @@ def run_e2e_bench(
     max_tokens: int = 128,
     num_prompts: int = 8,
     batch_size: int = 8,
+    samples: int = 3,
     log: Callable[[str], None] = print,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Run every system on the same greedy workload; return the rows and the target ratios."""
+    """Run every system ``samples`` times on the same greedy workload; return rows (medians and ranges)
+    and ratios of the medians."""
+    from tqdm import tqdm
+
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     spec = {
         "method": "ngram",
         "num_speculative_tokens": num_speculative_tokens,
@@ -95,103 +177,100 @@ def run_e2e_bench(
         "prompt_lookup_max": prompt_lookup_max,
     }
     llm = LLM(model, speculative_config=spec, max_num_seqs=batch_size, log_stats_interval=None)
-    prompts = [llm.chat_prompt(m) for m in code_edit_prompts(num_prompts)]
-    tok = llm.tokenizer
-    if tok is None:
+    if llm.tokenizer is None:
         raise ValueError(f"the e2e benchmark needs a model with a tokenizer; {model!r} has none")
-    ids = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+    ids = [
+        list(llm.tokenizer(llm.chat_prompt(m), add_special_tokens=True)["input_ids"])
+        for m in code_edit_prompts(num_prompts)
+    ]
     # transformers' own baseline runs a separately loaded, unmodified model with its stock SDPA
     # attention: exactly what a user of ``generate`` gets (the engine's copy carries backend choices).
     baseline = load_model(llm.source, "sdpa", llm.model.dtype, llm.model.device)
-
-    def hf(lookup: int | None) -> Callable[[list[list[int]]], tuple[list[list[int]], float | None]]:
-        def run(batch_ids: list[list[int]]) -> tuple[list[list[int]], float | None]:
-            return _hf_generate(baseline, llm.eos_token_ids, batch_ids, max_tokens, lookup), None
-
-        return run
-
-    def engine(
-        speculate: bool, batch: int
-    ) -> Callable[[list[list[int]]], tuple[list[list[int]], float | None]]:
-        def run(batch_ids: list[list[int]]) -> tuple[list[list[int]], float | None]:
-            llm.set_speculation(speculate)
-            out, acc = _engine_run(llm, batch_ids, max_tokens, batch)
-            return out, acc if speculate else None
-
-        return run
-
+    single, batched = _systems(llm, baseline, max_tokens, num_speculative_tokens, batch_size)
     log("warming up ...")
     _hf_generate(baseline, llm.eos_token_ids, ids[:1], 8, None)
     llm.set_speculation(True)
     _engine_run(llm, ids[:2], 8, 2)
-
-    spec_name = f"engine, ngram K={num_speculative_tokens}"
-    b1: list[tuple[str, Callable[[list[list[int]]], tuple[list[list[int]], float | None]]]] = [
-        ("transformers generate", hf(None)),
-        ("transformers prompt-lookup", hf(num_speculative_tokens)),
-        ("engine, no speculation", engine(False, 1)),
-        (spec_name, engine(True, 1)),
-    ]
-    # batch 1: the systems take turns prompt by prompt, so load changes on a shared machine hit all alike
-    results = [RunResult(name, 1, [], 0.0) for name, _ in b1]
-    accepted: list[float] = []
-    log(f"batch 1: {len(b1)} systems x {len(ids)} prompts, interleaved ...")
-    for prompt in ids:
-        for result, (_, fn) in zip(results, b1, strict=True):
-            start = time.perf_counter()
-            out, acc = fn([prompt])
-            result.seconds += time.perf_counter() - start
-            result.outputs += out
-            if result.name == spec_name and acc is not None:
-                accepted.append(acc)
-    results[-1].acceptance_length = sum(accepted) / len(accepted) if accepted else None
-    for name, speculate in (("engine, no speculation", False), (spec_name, True)):
-        log(f"running {name} (batch {batch_size}) ...")
-        start = time.perf_counter()
-        out, acc = engine(speculate, batch_size)(ids)
-        results.append(RunResult(name, batch_size, out, time.perf_counter() - start, acc))
+    results = [RunResult(s.name, s.batch_size) for s in (*single, *batched)]
+    total = samples * len(ids) * len(results)
+    with tqdm(total=total, desc="bench e2e", unit="run", disable=not progress) as bar:
+        for i in range(samples):
+            bar.set_postfix_str(f"sample {i + 1}/{samples}")
+            _sample(single, batched, ids, results, bar)
     llm.set_speculation(True)
-    reference = results[0].outputs
-    rows = [
+    setup = {
+        **llm.describe(),
+        "max_tokens": max_tokens,
+        "num_prompts": len(ids),
+        "samples": samples,
+        "torch_threads": torch.get_num_threads(),
+    }
+    return {
+        "setup": setup,
+        "rows": _rows(results),
+        "ratios": _ratios(results, num_speculative_tokens, batch_size),
+    }
+
+
+def _rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    reference = results[0].outputs[0]  # transformers generate, first sample
+    return [
         {
             "system": r.name,
             "batch": r.batch_size,
             "tokens": r.tokens,
-            "seconds": round(r.seconds, 3),
-            "tokens_per_s": round(r.tokens_per_s, 2),
+            "tokens_per_s": round(statistics.median(r.tokens_per_s), 2),
+            "tokens_per_s_min": round(min(r.tokens_per_s), 2),
+            "tokens_per_s_max": round(max(r.tokens_per_s), 2),
             "acceptance_length": None if r.acceptance_length is None else round(r.acceptance_length, 3),
             "outputs_differing_from_transformers": sum(
-                a != b for a, b in zip(r.outputs, reference, strict=True)
+                a != b for out in r.outputs for a, b in zip(out, reference, strict=True)
             ),
         }
         for r in results
     ]
-    tps = {(r.name, r.batch_size): r.tokens_per_s for r in results}
-    hf_plain = tps[("transformers generate", 1)]
-    ratios = {
-        "engine ngram b1 / transformers prompt-lookup b1": tps[(spec_name, 1)]
-        / tps[("transformers prompt-lookup", 1)],
-        "engine plain b1 / transformers plain b1": tps[("engine, no speculation", 1)] / hf_plain,
-        f"engine ngram b{batch_size} / transformers plain b1": tps[(spec_name, batch_size)] / hf_plain,
-        f"engine plain b{batch_size} / transformers plain b1": tps[("engine, no speculation", batch_size)]
-        / hf_plain,
+
+
+def _ratios(results: list[RunResult], k: int, batch_size: int) -> dict[str, dict[str, float]]:
+    """Each ratio is the ratio of the two medians in the table (so the ratios agree with the table and
+    with each other), with the range of the same ratio over the samples as its noise."""
+    by = {(r.name, r.batch_size): r.tokens_per_s for r in results}
+    spec, plain = f"engine, ngram K={k}", "engine, no speculation"
+    pairs = {
+        "engine ngram b1 / transformers prompt-lookup b1": ((spec, 1), ("transformers prompt-lookup", 1)),
+        "engine plain b1 / transformers plain b1": ((plain, 1), ("transformers generate", 1)),
+        f"engine ngram b{batch_size} / transformers plain b1": (
+            (spec, batch_size),
+            ("transformers generate", 1),
+        ),
+        f"engine plain b{batch_size} / transformers plain b1": (
+            (plain, batch_size),
+            ("transformers generate", 1),
+        ),
     }
-    return {
-        "setup": {
-            **llm.describe(),
-            "max_tokens": max_tokens,
-            "num_prompts": len(ids),
-            "torch_threads": torch.get_num_threads(),
-        },
-        "rows": rows,
-        "ratios": {k: round(v, 3) for k, v in ratios.items()},
-    }
+    out = {}
+    for name, (a, b) in pairs.items():
+        per_sample = [x / y for x, y in zip(by[a], by[b], strict=True)]
+        out[name] = {
+            "ratio": round(statistics.median(by[a]) / statistics.median(by[b]), 3),
+            "min": round(min(per_sample), 3),
+            "max": round(max(per_sample), 3),
+        }
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as an aligned text table plus the ratios."""
-    header = ("system", "batch", "tokens", "seconds", "tokens/s", "accept len", "diff vs HF")
-    keys = ("system", "batch", "tokens", "seconds", "tokens_per_s", "acceptance_length")
+    header = ("system", "batch", "tokens", "tokens/s (median)", "min", "max", "accept len", "diff vs HF")
+    keys = (
+        "system",
+        "batch",
+        "tokens",
+        "tokens_per_s",
+        "tokens_per_s_min",
+        "tokens_per_s_max",
+        "acceptance_length",
+    )
     table = [header] + [
         (
             *(("-" if row[k] is None else str(row[k])) for k in keys),
@@ -201,6 +280,9 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    lines.append("")
-    lines += [f"{name}: {value:.2f}x" for name, value in report["ratios"].items()]
+    samples = report["setup"]["samples"]
+    lines += ["", f"ratios of the medians over {samples} sample(s) (per-sample range in brackets):"]
+    lines += [
+        f"{name}: {v['ratio']:.2f}x [{v['min']:.2f}-{v['max']:.2f}]" for name, v in report["ratios"].items()
+    ]
     return "\n".join(lines)

@@ -232,7 +232,9 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         num_prompts=args.num_prompts,
         batch_size=args.batch_size,
+        samples=args.samples,
         log=lambda m: print(m, file=sys.stderr),
+        progress=not args.no_progress,
     )
     print(format_report(report))
     if args.json:
@@ -250,6 +252,10 @@ def add_e2e_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--samples", type=int, default=3, help="times each system runs the workload (median reported)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", help="also write the report as JSON to this file")
 
