@@ -282,6 +282,7 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        **unsupported: Any,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
@@ -291,6 +292,7 @@ class LLM:
         alone). An exception escaping a step (``KeyboardInterrupt`` included) ends that call's requests
         and leaves the engine empty and ready for the next call.
         """
+        refuse_unsupported("LLM.generate", unsupported)  # lora_request, priority, ...: named, not a TypeError
         if self._owner == threading.get_ident():
             raise RuntimeError("LLM.generate was called again from inside a running generate() on one thread")
         with self._lock:
@@ -344,9 +346,11 @@ class LLM:
         messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        **unsupported: Any,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat``: one conversation (``[{"role": ..., "content": ...}, ...]``) or a list of
         them, each through ``chat_text``; then ``generate``."""
+        refuse_unsupported("LLM.chat", unsupported)  # chat_template, tools, ...: named, not a TypeError
         one = len(messages) > 0 and isinstance(messages[0], dict)
         conversations = cast("list[Sequence[dict[str, str]]]", [messages] if one else list(messages))
         return self.generate([self.chat_text(c) for c in conversations], sampling_params, use_tqdm)

@@ -137,3 +137,14 @@ def test_unimplemented_vllm_arguments_are_named(tmp_path: Path) -> None:
         match=r"does not implement the vLLM argument\(s\) gpu_memory_utilization, trust_remote_code",
     ):
         LLM(str(tmp_path), gpu_memory_utilization=0.9, trust_remote_code=True)
+
+
+def test_unimplemented_generate_and_chat_arguments_are_named(llm: LLM) -> None:
+    with pytest.raises(
+        ValueError, match=r"LLM.generate\(\) does not implement the vLLM argument\(s\) lora_request"
+    ):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=1), lora_request=None)
+    with pytest.raises(
+        ValueError, match=r"LLM.chat\(\) does not implement the vLLM argument\(s\) chat_template, tools"
+    ):
+        llm.chat([{"role": "user", "content": "hi"}], tools=[], chat_template="x")
