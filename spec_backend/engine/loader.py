@@ -15,6 +15,7 @@ model). If the cache cannot be written, the GGUF loads directly, with a warning.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -185,6 +186,29 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | None:
     return _DTYPES[dtype]
 
 
+#: Checkpoints whose ``model_type`` needs remote code although their decoder is an architecture
+#: transformers has (vLLM loads them the same way): ``model_type`` -> the in-library ``model_type``.
+#: Their extra tensors (MiMo's ``model.mtp_layers.*``) are read by ``method="mtp"``, not by the target.
+IN_LIBRARY_TWINS = {"mimo": "qwen2"}
+
+
+def twin_config(directory: str) -> Any | None:
+    """The in-library config for a checkpoint listed in ``IN_LIBRARY_TWINS``, else ``None``."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    twin = IN_LIBRARY_TWINS.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
+    if twin is None:
+        return None
+    from transformers import AutoConfig
+
+    settings = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "auto_map")}
+    logger.info("spec_backend: loading %s model %s as %s", raw["model_type"], directory, twin)
+    return AutoConfig.for_model(twin, **settings)
+
+
 def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, device: torch.device) -> Any:
     """Load the causal LM on ``device`` with the ragged attention; ``dtype=None`` keeps float32 on CPU."""
     shown, source = source.display, loadable(source)
@@ -196,6 +220,9 @@ def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, d
         kwargs["gguf_file"] = source.gguf_file
     else:
         kwargs["use_safetensors"] = True  # never fall back to a pickle
+        config = twin_config(source.directory)
+        if config is not None:
+            kwargs["config"] = config
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs)
     except Exception as exc:  # corrupt weights raise library-specific errors (SafetensorError, ...)

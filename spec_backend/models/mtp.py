@@ -1,34 +1,34 @@
 """Multi-token-prediction layers shipped inside the target checkpoint (``method="mtp"``).
 
-Format (DeepSeek-V3, GLM-4.5/4.6 and every ``*_mtp`` that follows them): the target's ``config.json``
-says ``num_nextn_predict_layers`` = n; MTP layer ``i`` is stored after the target's ``L`` decoder layers
-as ``model.layers.{L+i}.*``:
+The target's ``config.json`` says ``num_nextn_predict_layers`` = n. Where the layers are stored and how
+one combines its inputs depends on the family (``mtp_layouts``: DeepSeek-V3/GLM ``model.layers.{L+i}.*``,
+MiMo ``model.mtp_layers.{i}.*``, Qwen3-Next ``mtp.*``). Every layout holds, per layer:
 
-* ``enorm.weight [H]``, ``hnorm.weight [H]``, ``eh_proj.weight [H, 2H]`` (embedding first, then hidden);
-* ``shared_head.norm.weight [H]``, optional ``shared_head.head.weight [V, H]`` and
-  ``embed_tokens.weight [V, H]`` (as vLLM does, the target's LM head and embedding are used; the
-  shipped copies are only shape-checked);
+* an embedding norm, a hidden norm and a projection ``[H, 2H]`` over their concatenation;
 * a full decoder layer of the target's own kind (attention, MLP or MoE, two norms), loaded into the
   target's decoder-layer class; MoE experts stored one by one (``mlp.experts.{e}.{gate,up,down}_proj``)
-  are stacked into transformers' fused ``gate_up_proj``/``down_proj``.
+  are stacked into transformers' fused ``gate_up_proj``/``down_proj``;
+* an output norm. The embedding and LM head are the target's (as vLLM does; DeepSeek's shipped
+  ``embed_tokens`` / ``shared_head.head`` copies are only shape-checked).
 
-One row: ``x = eh_proj(cat(enorm(embed(token_{t+1})), hnorm(h_t)))`` (the embedding is zeroed at
-position 0, as DeepSeek and vLLM do), the decoder layer at position ``t`` on the head's own cache; the
-output is the next row's ``h``; logits are ``lm_head(shared_head.norm(out))``. Draft ``s`` uses layer
-``s % n`` (vLLM's reuse when K > n); the committed rows always go through layer 0.
+One row: ``x = proj(cat(enorm(embed(token_{t+1})), hnorm(h_t)))`` (order and position-0 masking per
+layout), the decoder layer at position ``t`` on the head's own cache; the output (normalised inside the
+layer for MiMo and Qwen3-Next) is the next row's ``h``; logits are the LM head over the normalised
+output. Draft ``s`` uses layer ``s % n`` (vLLM's reuse when K > n); the committed rows always go through
+layer 0.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead
-from spec_backend.models.checkpoint import check_tensors, module_shapes, read_tensors
+from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.mtp_layouts import DEEPSEEK, MtpLayout, layout_for, share_io
 
 
 class MtpLayer(torch.nn.Module):
@@ -45,19 +45,25 @@ class MtpLayer(torch.nn.Module):
 class MtpHead(ChainHead):
     """The MTP layers of a target (see the module docstring)."""
 
-    def __init__(self, target: Any, num_layers: int) -> None:
+    def __init__(self, target: Any, num_layers: int, layout: MtpLayout = DEEPSEEK) -> None:
         from spec_backend.engine.hidden import decoder_layers, decoder_of
 
         super().__init__()
+        self.layout = layout
         text = target.config.get_text_config()
         n_target = int(text.num_hidden_layers)
         decoder = decoder_of(target)
         layer_cls = type(decoder_layers(target, n_target)[0])
         norm_cls = type(decoder.norm)
         hidden, eps = int(text.hidden_size), float(text.rms_norm_eps)
+        block_config = copy.copy(text)
+        if getattr(text, "layer_types", None) is not None:  # MTP blocks are full-attention layers
+            block_config.layer_types = [*text.layer_types, *["full_attention"] * num_layers]
         layers = []
         for i in range(num_layers):
-            block: Any = layer_cls(text, n_target + i)  # the index picks dense vs MoE as in the target
+            block: Any = layer_cls(
+                block_config, n_target + i
+            )  # the index picks dense vs MoE as in the target
             block.self_attn.layer_idx = i  # its slot in the head's own cache
             layers.append(MtpLayer(block, norm_cls, hidden, eps))
         self.mtp = torch.nn.ModuleList(layers)
@@ -78,9 +84,11 @@ class MtpHead(ChainHead):
         step: int = 0,
     ) -> torch.Tensor:  # [B, Q, H]
         layer: Any = self.mtp[step % len(self.mtp)]
-        e = self.embed[0](input_ids).to(hidden.dtype)  # [B, Q, H]
-        e = torch.where((position_ids == 0)[..., None], torch.zeros_like(e), layer.enorm(e))
-        x = layer.eh_proj(torch.cat([e, layer.hnorm(hidden)], dim=-1))  # [B, Q, 2H] -> [B, Q, H]
+        e = layer.enorm(self.embed[0](input_ids).to(hidden.dtype))  # [B, Q, H]
+        if self.layout.mask_first_position:
+            e = torch.where((position_ids == 0)[..., None], torch.zeros_like(e), e)
+        h = layer.hnorm(hidden)  # [B, Q, H]
+        x = layer.eh_proj(torch.cat([h, e] if self.layout.hidden_first else [e, h], dim=-1))  # [B, Q, H]
         out: torch.Tensor = layer.block(
             x,
             attention_mask=None,
@@ -90,34 +98,15 @@ class MtpHead(ChainHead):
             position_embeddings=self.rotary[0](x, position_ids),
             spec_attn_metadata=meta,
         )
-        return out
+        return layer.norm(out) if self.layout.norm_out else out
 
     def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         layer: Any = self.mtp[step % len(self.mtp)]
-        logits: torch.Tensor = self.lm_head[0](layer.norm(out))
+        logits: torch.Tensor = self.lm_head[0](out if self.layout.norm_out else layer.norm(out))
         return logits
 
 
 _SHARED = ("embed_tokens.weight", "shared_head.head.weight")
-
-
-def _rename(n_target: int, num_layers: int) -> Any:
-    pattern = re.compile(r"model\.layers\.(\d+)\.(.+)")
-
-    def rename(name: str) -> str | None:
-        m = pattern.fullmatch(name)
-        if m is None or not n_target <= int(m[1]) < n_target + num_layers:
-            return None  # the target's own weights
-        i, rest = int(m[1]) - n_target, m[2]
-        if rest in _SHARED:
-            return f"shared.{i}.{rest}"
-        if rest in ("enorm.weight", "hnorm.weight", "eh_proj.weight"):
-            return f"mtp.{i}.{rest}"
-        if rest == "shared_head.norm.weight":
-            return f"mtp.{i}.norm.weight"
-        return f"mtp.{i}.block.{rest}"
-
-    return rename
 
 
 def _fuse_experts(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
@@ -143,19 +132,22 @@ def load_mtp_head(path: str, target: Any, num_layers: int, dtype: torch.dtype) -
     text = target.config.get_text_config()
     n_target, hidden = int(text.num_hidden_layers), int(text.hidden_size)
     shipped = getattr(text, "num_nextn_predict_layers", None)
+    layout = layout_for(read_config("MTP", path).get("model_type"))
+    first = layout.first_tensor.replace("{L}", str(n_target))
     if not isinstance(shipped, int) or shipped < num_layers:
         raise ValueError(
             f"the target checkpoint {path!r} declares num_nextn_predict_layers={shipped!r}; method='mtp' "
-            f"needs {num_layers} MTP layer(s) stored as model.layers.{n_target}.* onward"
+            f"needs {num_layers} MTP layer(s) ({layout.family} layout, starting with {first})"
         )
-    tensors = read_tensors("MTP", path, _rename(n_target, num_layers))
+    tensors: dict[str, Any] = read_tensors("MTP", path, layout.rename(n_target, num_layers))
     if not tensors:
         raise ValueError(
-            f"the target checkpoint {path!r} has no MTP weights: expected "
-            f"model.layers.{n_target}.enorm.weight, eh_proj, hnorm, shared_head.norm and a decoder layer "
-            f"(num_nextn_predict_layers={shipped})"
+            f"the target checkpoint {path!r} has no MTP weights: expected the {layout.family} layout "
+            f"({first}, its norms and a decoder layer; num_nextn_predict_layers={shipped})"
         )
-    head = MtpHead(target, num_layers)
+    if layout.shared_io:
+        share_io(tensors, num_layers)
+    head = MtpHead(target, num_layers, layout)
     expected = module_shapes(head)
     _fuse_experts(tensors, expected)
     vocab = int(target.get_input_embeddings().weight.shape[0])
