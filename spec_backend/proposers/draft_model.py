@@ -8,6 +8,12 @@ Per request, after the target accepted ``a`` drafts of the previous step:
    prompt after prefill) in one ragged forward, whose last row gives draft 1;
 3. feed each draft back for drafts 2..K (one token per request per forward).
 
+**Parallel drafting (PARD)**, ``parallel_drafting=True`` with a draft model trained for it (its
+``config.json`` names the mask token as ``pard_token`` or ``ptd_token_id``): step 2 appends K-1 mask
+tokens to each request's catch-up tokens in the same causal forward; the last catch-up row gives draft 1
+and mask row d gives draft d+1, so K drafts cost one forward. The mask rows leave the draft cache at the
+next step's roll-back (they are never committed).
+
 The draft cache lives in the engine's slot table (moves and frees follow the target's), with K positions
 of headroom: a request may draft past the last position it can emit. Drafts are the argmax, or sampled
 with their probabilities under probabilistic verification (``draft_sampling``).
@@ -18,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from spec_backend.proposers.contract import (
     Drafter,
@@ -57,6 +65,7 @@ class DraftModelDrafter(Drafter):
         probabilistic: bool,
         backend: Backend | None = None,
         enforce_eager: bool = True,
+        mask_token_id: int | None = None,
     ) -> None:
         from spec_backend.engine.kv_cache import kv_layout
 
@@ -69,6 +78,7 @@ class DraftModelDrafter(Drafter):
         self.backend, self.enforce_eager = backend, enforce_eager
         self.decode_graph: CapturedDecode | None = None  # drafts 2..K: one token per request
         self._fed: dict[str, _Fed] = {}
+        self.mask_token_id = mask_token_id  # PARD parallel drafting when set
 
     def cache_bytes_per_slot(self) -> int:
         return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
@@ -107,8 +117,10 @@ class DraftModelDrafter(Drafter):
         feeds = self._roll_back(inputs, start)
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, device)
-        tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
         chain = DraftChain(requests, self.probabilistic, device)
+        if self.mask_token_id is not None:
+            return self._propose_parallel(inputs, feeds, k_max, chain)
+        tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
         query_lens = [len(f) for f in feeds]
         for step in range(k_max):
             cached = runner.cache.lengths[start : start + batch]
@@ -120,6 +132,26 @@ class DraftModelDrafter(Drafter):
             tokens, query_lens = ids[:, None], [1] * batch  # [B, 1] the next forward feeds this draft
         for request in requests:
             self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=k_max - 1)
+        return chain.output(inputs.budgets)
+
+    def _propose_parallel(
+        self, inputs: DraftInputs, feeds: list[list[int]], k_max: int, chain: DraftChain
+    ) -> DraftOutput:
+        """PARD: catch-up tokens then ``k_max - 1`` mask tokens per request, one forward, ``k_max`` drafts."""
+        assert self.mask_token_id is not None
+        runner, start, batch = self._runner(), inputs.batch.start, len(inputs.requests)
+        rows = [f + [self.mask_token_id] * (k_max - 1) for f in feeds]
+        tokens = pack_drafts(rows, max(len(r) for r in rows), self.layout.device)  # [B, F + K - 1]
+        cached = runner.cache.lengths[start : start + batch]
+        step_batch = build_step_batch(start, tokens, [len(r) for r in rows], cached)
+        logits = runner.forward(step_batch, False).logits  # [N, V] every row, request-major
+        first = step_batch.query_start_loc[:-1] + torch.tensor(
+            [len(f) - 1 for f in feeds], device=logits.device
+        )
+        for d in range(k_max):  # draft d+1: the last catch-up row (d = 0), then mask row d
+            chain.draw(logits[first + d])  # [B, V]
+        for request in inputs.requests:  # the mask rows are never committed: roll them back next step
+            self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=0)
         return chain.output(inputs.budgets)
 
     def _roll_back(self, inputs: DraftInputs, start: int) -> list[list[int]]:
@@ -161,7 +193,25 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         config.uses_draft_probs,
         ctx.backend,
         ctx.enforce_eager,
+        _pard_token(model, path) if config.parallel_drafting else None,
     )
+
+
+def _pard_token(draft: Any, path: str) -> int:
+    """The mask token of a PARD draft model (``pard_token`` or ``ptd_token_id`` in its config)."""
+    config = draft.config
+    token = next((getattr(config, k) for k in ("pard_token", "ptd_token_id") if hasattr(config, k)), None)
+    vocab = int(draft.get_input_embeddings().weight.shape[0])
+    if token is None:
+        raise ValueError(
+            "parallel_drafting=True with method='draft_model' needs a PARD draft model: its config.json "
+            f"must name the mask token as pard_token or ptd_token_id, and {path!r} has neither"
+        )
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+        raise ValueError(
+            f"draft model {path!r}: pard_token must be a token id in [0, {vocab}), got {token!r}"
+        )
+    return token
 
 
 def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
