@@ -19,7 +19,9 @@ K+1 tokens and drafts K — the full per-step cost. Run: ``python benchmarks/ben
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -41,7 +43,6 @@ SMOLLM2 = {
 
 def glm_target(path: Path) -> str:
     """SmolLM2-sized GLM-4.5-style checkpoint (dense MLPs) with one MTP layer at model.layers.30."""
-    import json
 
     import torch
     from safetensors.torch import load_file, save_file
@@ -66,6 +67,15 @@ def glm_target(path: Path) -> str:
     return str(path)
 
 
+def pard_draft(draft: str) -> str:
+    """The same 2-layer draft declared as a PARD model (``pard_token`` in its config)."""
+    path = Path(draft).with_name("pard")
+    shutil.copytree(draft, path)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "pard_token": 0}))
+    return str(path)
+
+
 def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """method -> (target folder, speculative_config without K)."""
     from spec_backend.engine.tiny import make_tiny_model
@@ -77,6 +87,10 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     return {
         "ngram": (target, {"method": "ngram", "prompt_lookup_max": 3}),
         "draft_model (2 layers)": (target, {"method": "draft_model", "model": draft}),
+        "draft_model PARD": (
+            target,
+            {"method": "draft_model", "model": pard_draft(draft), "parallel_drafting": True},
+        ),
         "eagle": (target, {"method": "eagle", "model": w.write_eagle1(root / "eagle", target, bias=False)}),
         "eagle3 (Vd 8192)": (
             target,
@@ -149,6 +163,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", nargs="*", help="only the rows whose name starts with one of these")
     args = parser.parse_args()
     import torch
 
@@ -165,6 +180,8 @@ def main() -> None:
             f"{'draft/verify':>13} {'drafts/step':>12}"
         )
         for name, (target, spec) in cases.items():
+            if args.methods and not any(name.startswith(m) for m in args.methods):
+                continue
             draft, verify, drafted = measure(target, spec, args.k, args.tokens)
             print(f"{name:<24} {draft:>14.2f} {verify:>15.2f} {draft / verify:>13.3f} {drafted:>12.2f}")
 
