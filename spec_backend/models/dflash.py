@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.dflash2 import DFlash2Spec, add_dflash2_modules, parse_dflash2
 from spec_backend.models.draft_vocab import target_ids, to_target_logits
 
 
@@ -38,6 +39,10 @@ class DFlashSpec:
     mask_token_id: int
     aux_layer_ids: tuple[int, ...]  # residual streams entering these target layers (z-lab's ids + 1)
     draft_vocab_size: int | None = None  # speculators: a reduced vocabulary (d2t)
+    v2: DFlash2Spec | None = None  # z-lab's DFlash2 additions (convolutions, candidate selector)
+    output_multiplier: float = 1.0  # logits scale (z-lab's compute_logits)
+    softcap: float | None = None  # final_logit_softcapping: tanh(l / c) * c
+    embedding_scale: float = 1.0  # input_embedding_scale of the block's token embeddings
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -77,6 +82,9 @@ class DFlashHead(torch.nn.Module):
         self.target: tuple[Any, Any] = (embed, lm_head)  # the target's or the checkpoint's; not parameters
         self.vocab: tuple[int, torch.Tensor | None] = (int(config.vocab_size), None)  # V, draft -> target ids
         self.head_dim = int(config.head_dim)
+        self.rules = [_attention_rule(config, i) for i in range(len(self.layers))]
+        self.spec: DFlashSpec | None = None  # set by the loader (logit scale, softcap, embedding scale)
+        self.candidate_selector: Any = None  # DFlash2
 
     def _kv(
         self, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -94,34 +102,90 @@ class DFlashHead(torch.nn.Module):
         block_positions: torch.Tensor,  # [B, Q]
         cache: Any,
         context_lens: torch.Tensor,  # [B] cached context rows after this step's rows are written
-    ) -> torch.Tensor:  # [B, Q, V] float logits of every block row
+    ) -> torch.Tensor:  # [B, Q, H] the block rows' normalised outputs (``logits`` turns them into logits)
         ctx = self.hidden_norm(self.fc(features))  # [B, C, H]
-        x = self.target[0](block_ids).to(ctx.dtype)  # [B, Q, H]
-        cos_c, sin_c = self.rotary_emb(ctx, context_positions)  # [B, C, d]
-        cos_q, sin_q = self.rotary_emb(x, block_positions)  # [B, Q, d]
-        b, q_len = block_ids.shape
-        layers: list[Any] = list(self.layers)
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            k_ctx, v_ctx = cache.update(*self._kv(attn, ctx, cos_c, sin_c), i)  # [B, kv, L, d]
-            h = layer.input_layernorm(x)  # [B, Q, H]
-            q = _rope(
-                attn.q_norm(attn.q_proj(h).view(b, q_len, -1, self.head_dim)).transpose(1, 2), cos_q, sin_q
-            )
-            k_blk, v_blk = self._kv(attn, h, cos_q, sin_q)
-            keys, values = (
-                torch.cat([k_ctx, k_blk], dim=2),
-                torch.cat([v_ctx, v_blk], dim=2),
-            )  # [B, kv, L+Q, d]
-            cached = torch.arange(k_ctx.shape[2], device=x.device)[None] < context_lens[:, None]  # [B, L]
-            mask = torch.cat([cached, cached.new_ones(b, q_len)], dim=1)[:, None, None]  # [B, 1, 1, L+Q]
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5, enable_gqa=True
-            )  # [B, heads, Q, d]
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        draft: torch.Tensor = self.target[1](self.norm(x)).float()  # [B, Q, Vd]
-        return to_target_logits(draft, self.vocab[1], self.vocab[0])  # [B, Q, V]
+        scale = self.spec.embedding_scale if self.spec is not None else 1.0
+        x = self.target[0](block_ids).to(ctx.dtype) * scale  # [B, Q, H]
+        rope_c = self.rotary_emb(ctx, context_positions)  # cos, sin [B, C, d]
+        rope_q = self.rotary_emb(x, block_positions)  # cos, sin [B, Q, d]
+        for i, layer in enumerate(self.layers):
+            k_ctx, v_ctx = cache.update(*self._kv(layer.self_attn, ctx, *rope_c), i)  # [B, kv, L, d]
+            mask = _mask(self.rules[i], context_lens, k_ctx.shape[2], block_positions)  # [B, 1, Q, L+Q]
+            x = self._layer(layer, x, k_ctx, v_ctx, rope_q, mask)
+        out: torch.Tensor = self.norm(x)
+        return out
+
+    def _layer(
+        self,
+        layer: Any,
+        x: torch.Tensor,  # [B, Q, H]
+        k_ctx: torch.Tensor,  # [B, kv, L, d]
+        v_ctx: torch.Tensor,
+        rope_q: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,  # [B, 1, Q, L+Q] bool
+    ) -> torch.Tensor:  # [B, Q, H]
+        attn, (b, q_len) = layer.self_attn, x.shape[:2]
+        conv_a, conv_m = getattr(layer, "attention_conv", None), getattr(layer, "mlp_conv", None)
+        h = layer.input_layernorm(x)  # [B, Q, H]
+        h, kernel = conv_a.prepare(h) if conv_a is not None else (h, None)
+        q = _rope(attn.q_norm(attn.q_proj(h).view(b, q_len, -1, self.head_dim)).transpose(1, 2), *rope_q)
+        k_blk, v_blk = self._kv(attn, h, *rope_q)
+        keys, values = torch.cat([k_ctx, k_blk], dim=2), torch.cat([v_ctx, v_blk], dim=2)  # [B, kv, L+Q, d]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=self.head_dim**-0.5, enable_gqa=True
+        )  # [B, heads, Q, d]
+        out = attn.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))  # [B, Q, H]
+        x = x + (conv_a.finish(out, kernel) if conv_a is not None else out)
+        h = layer.post_attention_layernorm(x)
+        h, kernel = conv_m.prepare(h) if conv_m is not None else (h, None)
+        out = layer.mlp(h)
+        result: torch.Tensor = x + (conv_m.finish(out, kernel) if conv_m is not None else out)
+        return result
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] float
+        """The target's (or the checkpoint's) LM head, z-lab's scale and softcap, the draft vocabulary."""
+        draft: torch.Tensor = self.target[1](hidden).float()  # [..., Vd]
+        if self.spec is not None and self.spec.output_multiplier != 1.0:
+            draft = draft * self.spec.output_multiplier
+        if self.spec is not None and self.spec.softcap:
+            draft = torch.tanh(draft / self.spec.softcap) * self.spec.softcap
+        return to_target_logits(draft, self.vocab[1], self.vocab[0])
+
+
+def _attention_rule(config: Any, index: int) -> tuple[bool, int | None]:
+    """(causal inside the block, sliding window) of draft layer ``index``, as z-lab decides them: a
+    ``sliding_attention`` layer has the config's window and is causal unless ``is_causal`` says."""
+    types = getattr(config, "layer_types", None)
+    kind = types[index] if types else "full_attention"
+    declared = getattr(config, "is_causal", None)
+    causal = kind == "sliding_attention" if declared is None else bool(declared)
+    window = getattr(config, "sliding_window", None) if kind == "sliding_attention" else None
+    return causal, int(window) if window else None
+
+
+def _mask(
+    rule: tuple[bool, int | None],
+    context_lens: torch.Tensor,  # [B] valid cached context rows (row j holds position j)
+    cached: int,  # L, the width of the cache view
+    block_positions: torch.Tensor,  # [B, Q]
+) -> torch.Tensor:  # [B, 1, Q, L+Q] bool, True = visible
+    causal, window = rule
+    b = block_positions.shape[0]
+    key_pos = torch.cat(
+        [torch.arange(cached, device=block_positions.device)[None].expand(b, -1), block_positions], dim=1
+    )  # [B, L+Q]
+    valid = torch.cat(
+        [key_pos[:, :cached] < context_lens[:, None], torch.ones_like(block_positions, dtype=torch.bool)], 1
+    )  # [B, L+Q]
+    query_pos = block_positions[:, :, None]  # [B, Q, 1]
+    visible = valid[:, None, :].expand(-1, block_positions.shape[1], -1)  # [B, Q, L+Q]
+    if causal:
+        visible = visible & (key_pos[:, None, :] <= query_pos)
+    if window is not None:
+        visible = visible & (query_pos - key_pos[:, None, :] < window)
+        if not causal:
+            visible = visible & (key_pos[:, None, :] - query_pos < window)
+    return visible[:, None]
 
 
 def _zlab_fields(path: str, raw: dict[str, Any], num_target_layers: int) -> tuple[dict[str, Any], DFlashSpec]:
@@ -140,7 +204,22 @@ def _zlab_fields(path: str, raw: dict[str, Any], num_target_layers: int) -> tupl
             f"0..{num_target_layers - 1} (the target has {num_target_layers} layers)"
         )
     block_raw: Any = raw.get("block_size") or dflash.get("block_size") or 16
-    spec = DFlashSpec(int(block_raw), int(dflash["mask_token_id"]), tuple(int(i) + 1 for i in ids))
+
+    def value(name: str, default: Any) -> Any:  # z-lab reads dflash_config first, then the config
+        found = dflash.get(name, raw.get(name, default))
+        if found is not None and (isinstance(found, bool) or not isinstance(found, int | float)):
+            raise ValueError(f"DFlash checkpoint {path!r}: {name} must be a number, got {found!r}")
+        return default if found is None else found
+
+    spec = DFlashSpec(
+        int(block_raw),
+        int(dflash["mask_token_id"]),
+        tuple(int(i) + 1 for i in ids),
+        v2=parse_dflash2(path, dflash, int(raw.get("hidden_size", 0)), int(raw.get("vocab_size", 0))),
+        output_multiplier=float(value("output_multiplier", 1.0)),
+        softcap=float(value("final_logit_softcapping", 0.0)) or None,
+        embedding_scale=float(value("input_embedding_scale", 1.0)),
+    )
     return raw, spec
 
 
@@ -232,6 +311,9 @@ def load_dflash_head(
         embed if embed is not None else target_embed,
         lm_head if lm_head is not None else target.get_output_embeddings(),
     )
+    head.spec = spec
+    if spec.v2 is not None:
+        add_dflash2_modules(head, spec.v2, vocab)
     check_tensors("DFlash", path, module_shapes(head), tensors)
     head.load_state_dict(tensors)
     device = next(target.parameters()).device

@@ -68,14 +68,14 @@ class DFlashDrafter(HeadCacheDrafter):
         block_ids, block_positions = self._block(inputs, rows.device)
         cache.begin_step(batch)
         try:
-            logits = self.head(
+            hidden = self.head(
                 rows[:, : batch.max_query_len],
                 batch.padded_positions(),
                 block_ids,
                 block_positions,
                 cache,
                 batch.seq_lens,
-            )  # [B, K+1, V]
+            )[:, 1:]  # [B, K, H] the draft rows
         finally:
             cache.end_step()
         self.mark_committed(inputs, lens)
@@ -83,8 +83,17 @@ class DFlashDrafter(HeadCacheDrafter):
         if k_max == 0:
             return empty_drafts(len(inputs.requests), self.num_speculative_tokens, rows.device)
         chain = DraftChain(inputs.requests, self.probabilistic, rows.device)
-        for i in range(k_max):
-            chain.draw(logits[:, i + 1])
+        logits = self.head.logits(hidden[:, :k_max])  # [B, k_max, V]
+        selector = self.head.candidate_selector
+        if selector is None:
+            for i in range(k_max):
+                chain.draw(logits[:, i])
+            return chain.output(inputs.budgets)
+        unary, ids, projected = selector.candidates(hidden[:, :k_max], logits)  # DFlash2
+        previous = block_ids[:, 0]  # [B] the anchor
+        for i in range(k_max):  # left to right: each choice is the next position's predecessor
+            scores = selector.scores(unary[:, i], ids[:, i], projected[:, i], previous, logits.shape[-1])
+            previous = chain.draw(scores)  # [B]
         return chain.output(inputs.budgets)
 
 

@@ -9,7 +9,8 @@ random weights. They prove that loaders read the real formats; they say nothing 
 * ``write_eagle3``: EAGLE-3 in the original format (``midlayer.*``, ``draft_vocab_size``) or the
   ``speculators`` format (``transformer_layer_config``, ``layers.0.*``), with ``d2t``/``t2d`` when the
   draft vocabulary is smaller than the target's.
-* ``write_dflash``: z-lab DFlash (Qwen3Config + ``block_size``, ``dflash_config``).
+* ``write_dflash``: z-lab DFlash (Qwen3Config + ``block_size``, ``dflash_config``); ``write_dflash2``:
+  z-lab's DFlash2 (convolutions, candidate selector, sliding non-causal layers).
 * ``write_medusa``: Medusa heads in vLLM's or FasterDecoding's safetensors layout.
 * ``write_mlp_speculator``: IBM's MLPSpeculator, tied or untied, with or without ``speculator.``.
 """
@@ -201,6 +202,50 @@ def write_dflash(
     return _save(path, tensors, config)
 
 
+def write_dflash2(
+    path: Path,
+    target_dir: str,
+    layers: int = 2,
+    seed: int = 0,
+    window: int | None = 6,
+    group_size: int = 8,
+    rank: int = 8,
+    top_k: int = 5,
+) -> str:
+    """A random z-lab DFlash2 head: ``write_dflash``'s tensors plus each layer's two grouped dynamic
+    convolutions and the candidate selector, and ``dflash_config``'s DFlash2 fields, with
+    ``DFlash2DraftModel``'s non-causal sliding-window layers (``window``) and its logit scale and softcap."""
+    from safetensors.torch import load_file
+
+    write_dflash(path, target_dir, layers=layers, seed=seed)
+    tensors = load_file(str(path / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    h, v, rnd = config["hidden_size"], config["vocab_size"], _Random(seed + 100)
+    for i in range(layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            p = f"layers.{i}.{conv}."
+            tensors[p + "base_kernel"] = rnd(2, 2, h, scale=0.5)
+            tensors[p + "kernel_projection.weight"] = rnd(2 * 2 * (h // group_size), h, scale=h**-0.5)
+    tensors |= {  # the codebooks are stored without ".weight", as z-lab's checkpoints are
+        "candidate_selector.predecessor_codebook": rnd(v, rank, scale=0.4),
+        "candidate_selector.successor_codebook": rnd(v, rank, scale=0.4),
+        "candidate_selector.hidden_projection.weight": rnd(rank, h, scale=h**-0.5),
+    }
+    config["dflash_config"] |= {
+        "conv_kernel_size": 2,
+        "conv_group_size": group_size,
+        "selector_rank": rank,
+        "selector_top_k": top_k,
+        "output_multiplier": 0.5,
+        "final_logit_softcapping": 1.0,
+    }
+    config |= {"architectures": ["DFlash2DraftModel"], "is_causal": False}
+    if window is not None:
+        config |= {"layer_types": ["sliding_attention"] * layers, "sliding_window": window}
+        config |= {"use_sliding_window": True, "max_window_layers": layers}
+    return _save(path, tensors, config)
+
+
 def _qwen3_layers(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
     """A Qwen3Config dict of ``layers`` draft layers with the target's sizes."""
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
@@ -314,4 +359,11 @@ def write_mlp_speculator(
     return _save(path, {prefix + k: v for k, v in t.items()}, config)
 
 
-__all__ = ["write_dflash", "write_eagle1", "write_eagle3", "write_medusa", "write_mlp_speculator"]
+__all__ = [
+    "write_dflash",
+    "write_dflash2",
+    "write_eagle1",
+    "write_eagle3",
+    "write_medusa",
+    "write_mlp_speculator",
+]
