@@ -195,6 +195,7 @@ _DRAFT_ARCHITECTURES: Final[dict[str, SpeculativeMethod]] = {
     "LlamaForCausalLMEagle3": "eagle3",
     "Eagle3LlamaForCausalLM": "eagle3",
     "DFlashDraftModel": "dflash",
+    "DFlash2DraftModel": "dflash",
 }
 
 

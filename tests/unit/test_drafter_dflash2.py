@@ -128,6 +128,13 @@ def test_every_steps_drafts_match_zlabs_pseudo_code(deep_target: str, tmp_path: 
             )
 
 
+def test_the_checkpoint_alone_selects_dflash(deep_target: str, tmp_path: Path) -> None:
+    head = write_dflash2(tmp_path / "dflash2", deep_target)
+    llm = LLM(deep_target, speculative_config={"model": head, "num_speculative_tokens": 2})
+    assert llm.speculative_config is not None and llm.speculative_config.method == "dflash"
+    assert isinstance(llm.engine.drafter, DFlashDrafter)
+
+
 def test_the_selector_changes_the_drafts(deep_target: str, tmp_path: Path) -> None:
     """Negative control: without the selector's pair scores, drafts are the plain argmax; they differ."""
     head = write_dflash2(tmp_path / "dflash2", deep_target, seed=3)
