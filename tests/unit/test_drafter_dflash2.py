@@ -129,7 +129,7 @@ def test_every_steps_drafts_match_zlabs_pseudo_code(deep_target: str, tmp_path: 
 
 
 def test_the_checkpoint_alone_selects_dflash(deep_target: str, tmp_path: Path) -> None:
-    head = write_dflash2(tmp_path / "dflash2", deep_target)
+    head = write_dflash2(tmp_path / "head", deep_target)  # a name that matches no method pattern
     llm = LLM(deep_target, speculative_config={"model": head, "num_speculative_tokens": 2})
     assert llm.speculative_config is not None and llm.speculative_config.method == "dflash"
     assert isinstance(llm.engine.drafter, DFlashDrafter)
