@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from spec_backend.engine.params import RequestOutput, SamplingParams
+from spec_backend.server.detokenize import IncrementalDetokenizer
 from spec_backend.server.loop import AsyncEngine, Event
 from spec_backend.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling, error_body
 
@@ -129,20 +130,19 @@ async def _deltas(
     """Text deltas of one request as it generates; the last one comes with the final output. The
     request is aborted if the consumer stops early (the client went away)."""
     tokenizer, sent, done = server.engine.llm.tokenizer, "", False
+    stream = IncrementalDetokenizer(tokenizer, skip_special) if tokenizer is not None else None
     try:
         while not done:
             event = await events.get()
             done = event.output is not None
-            if event.output is not None:
+            if event.output is not None:  # the final text (stop strings cut) settles what is left
                 text = event.output.outputs[0].text
+                delta = text[len(sent) :] if text.startswith(sent) else ""
             else:
-                text = (
-                    tokenizer.decode(event.token_ids, skip_special_tokens=skip_special) if tokenizer else ""
-                )
-                if text.endswith("\ufffd"):  # a multi-byte character still incomplete
+                delta = stream.step(event.token_ids) if stream is not None else ""
+                if not delta:
                     continue
-            delta = text[len(sent) :] if text.startswith(sent) else ""
-            sent = text if text.startswith(sent) else sent
+            sent += delta
             yield delta, event.output
     finally:
         if not done:
