@@ -18,8 +18,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
+from test_drafter_mtp import outputs
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.eagle import EagleDrafter
@@ -87,10 +88,6 @@ def write_mimo(path: Path, nextn: int = 1, seed: int = 0, layers: int = L, eps: 
 @pytest.fixture(scope="module")
 def mimo(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_mimo(tmp_path_factory.mktemp("mimo"), nextn=1)
-
-
-def outputs(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
 
 
 def test_target_loads_as_qwen2_with_the_transformers_reading(mimo: str) -> None:
