@@ -90,9 +90,10 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
             )
             x = x + sub_layer(i, "mlp_conv", _rms(x, w[f"layers.{i}.post_attention_layernorm.weight"]), mlp)
         out = _rms(x, w["norm.weight"])[1:]  # [K, H]
-        scale, cap = cfg["dflash_config"]["output_multiplier"], cfg["dflash_config"]["final_logit_softcapping"]
+        zlab = cfg["dflash_config"]
+        scale, cap = zlab["output_multiplier"], zlab["final_logit_softcapping"]
         logits = torch.tanh(target.lm_head(out) * scale / cap) * cap
-        unary, cand = logits.topk(cfg["dflash_config"]["selector_top_k"], -1)  # [K, k]
+        unary, cand = logits.topk(zlab["selector_top_k"], -1)  # [K, k]
         projected = out @ w["candidate_selector.hidden_projection.weight"].T  # [K, r]
         previous, drafts = committed[-1], []
         for i in range(k):
