@@ -90,12 +90,17 @@ def _oracle(target_dir: str, head_dir: str, committed: list[int], k: int) -> lis
             )
             x = x + sub_layer(i, "mlp_conv", _rms(x, w[f"layers.{i}.post_attention_layernorm.weight"]), mlp)
         out = _rms(x, w["norm.weight"])[1:]  # [K, H]
-        zlab = cfg["dflash_config"]
+    return _select(target, w, cfg["dflash_config"], out, committed[-1], k)
+
+
+def _select(target: object, w: dict, zlab: dict, out: torch.Tensor, anchor: int, k: int) -> list[int]:
+    """Scaled, soft-capped logits, then the candidate selector's greedy path from the anchor."""
+    with torch.no_grad():
         scale, cap = zlab["output_multiplier"], zlab["final_logit_softcapping"]
-        logits = torch.tanh(target.lm_head(out) * scale / cap) * cap
+        logits = torch.tanh(target.lm_head(out) * scale / cap) * cap  # type: ignore[attr-defined]
         unary, cand = logits.topk(zlab["selector_top_k"], -1)  # [K, k]
         projected = out @ w["candidate_selector.hidden_projection.weight"].T  # [K, r]
-        previous, drafts = committed[-1], []
+        previous, drafts = anchor, []
         for i in range(k):
             pair = (w["candidate_selector.predecessor_codebook"][previous] * projected[i]) @ w[
                 "candidate_selector.successor_codebook"
