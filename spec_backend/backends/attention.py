@@ -99,8 +99,51 @@ def sdpa_ragged_attention(
     elif n_rep > 1:  # older torch: share each kv head across n_rep query heads by copying
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
+    if getattr(getattr(module, "config", None), "spec_batch_invariant", False):
+        return _batch_invariant(query, key, value, meta, scaling, gqa), None
     mask = ragged_causal_mask(meta, query.shape[2], key.shape[2])  # [B, 1, Q, L]
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, **gqa
     )  # [B, Hq, Q, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+#: Up to this many query rows a request's rows are computed one by one (decode and verify steps).
+ROW_BY_ROW = 16
+
+
+def _batch_invariant(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    scaling: float | None,
+    gqa: dict[str, Any],
+) -> torch.Tensor:  # [B, Q, Hq, D]
+    """Attention whose every row is computed the same way whatever else the step holds: each request on
+    exactly its own keys (no padding), and in a decode or verify step each query row alone over the keys
+    it sees. A token verified among K+1 drafts then gets bit for bit the hidden state it gets when
+    decoded alone, which models with rounding steps inside (bfloat16 activations of packed int4 layers)
+    need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row."""
+    out = query.new_zeros(query.shape)  # [B, Hq, Q, D]; padding rows stay 0 (ignored)
+    q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        k, v, first = key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len], kv_len - q_len
+        if q_len > ROW_BY_ROW:  # a prefill: the same rows on the same keys in every run
+            mask = (
+                torch.arange(kv_len, device=query.device)[None]
+                <= (first + torch.arange(q_len, device=query.device))[:, None]
+            )
+            out[b, :, :q_len] = F.scaled_dot_product_attention(
+                query[b : b + 1, :, :q_len], k, v, attn_mask=mask, scale=scaling, **gqa
+            )[0]
+            continue
+        for i in range(q_len):  # row i sees positions 0 .. first + i
+            out[b, :, i] = F.scaled_dot_product_attention(
+                query[b : b + 1, :, i : i + 1],
+                k[:, :, : first + i + 1],
+                v[:, :, : first + i + 1],
+                scale=scaling,
+                **gqa,
+            )[0, :, 0]
+    return out.transpose(1, 2).contiguous()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -18,11 +21,14 @@ from spec_backend.backends.base import (
     SamplerTuning,
     TokenLimits,
 )
+from spec_backend.backends.int4_linear import install_int4_linears
 from spec_backend.backends.vocab_projection import (
     install_small_batch_linears,
     install_tall_skinny_projection,
 )
 from spec_backend.sampling.ops import SamplerOps
+
+logger = logging.getLogger("spec_backend.backends")
 
 
 class EagerGraphRunner(GraphRunner):
@@ -67,7 +73,19 @@ class ReferenceBackend(Backend):
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True, group_elements=1 << 21)
 
     def prepare_model(self, model: torch.nn.Module) -> None:
-        """CPU BLAS runs few-row products (the vocabulary projection, and the decoder's linear layers
-        while a step verifies K+1 positions) far faster as tall-skinny products (``vocab_projection``)."""
+        """Linear layers that are GGUF Q4_1 blocks run packed with torch's int4 kernel (``int4_linear``:
+        a quarter-byte per weight instead of four; logged, and lossy as that module says). The other
+        few-row products (the vocabulary projection, float linear layers while a step verifies K+1
+        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``).
+        ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics)."""
+        packed = install_int4_linears(model) if os.environ.get("SPEC_BACKEND_INT4", "1") != "0" else 0
+        if packed:  # bfloat16 rounding amplifies tiny batch-dependent differences: make rows invariant
+            config: Any = model.config
+            config.spec_batch_invariant = True
+            logger.info(
+                "spec_backend: %d GGUF Q4_1 linear layers run packed (int4 weights, bfloat16 activations; "
+                "logits differ slightly from the de-quantized float32 model)",
+                packed,
+            )
         install_small_batch_linears(model)
         install_tall_skinny_projection(model)

@@ -1,0 +1,97 @@
+"""GGUF Q4_1 linear layers kept as 4-bit codes on CPU, run with torch's int4 weight-only kernel.
+
+Glossary:
+
+* **Q4_1 block** — 32 consecutive input weights of one output row stored as 4-bit codes ``q`` with an
+  fp16 scale ``d`` and minimum ``m``: ``w = d·q + m``. llama.cpp's quantizer sets ``m`` to the block's
+  minimum and ``d = (max − min) / 15``, so the smallest weight has code 0 and the largest code 15.
+* **recovery** — transformers loads a GGUF model de-quantized to float32. From those floats each block's
+  ``m`` (its minimum), ``d`` (its range / 15, rounded to fp16 as stored) and codes are recovered, then
+  checked: every weight must be re-created to within float32 rounding. A layer that is not made of Q4_1
+  blocks (any float model, any other GGUF type) fails the check and is left untouched — so only
+  weights that really are Q4_1 are packed, and never approximated.
+* **int4 pack** — torch's CPU kernel ``_weight_int4pack_mm_for_cpu`` computes, per group of 32 inputs,
+  ``w = (q − 8)·scale + zero``; with ``scale = d`` and ``zero = m + 8d`` that is the Q4_1 weight. A step
+  then reads 4.5 bits per weight instead of 32. The kernel is fast only with bfloat16 activations (its
+  float32 path is ~15× slower than float32 BLAS on the reference machine), so activations, ``scale``
+  and ``zero`` are rounded to bfloat16 (relative 2⁻⁹) and the output is returned as float32: this is
+  **lossy** against the de-quantized float32 model, as llama.cpp's own int8 activation rounding is.
+
+Numerics: ``tests/unit/test_int4_linear.py`` bounds one layer's error against the de-quantized float32
+layer; the logit difference and greedy agreement on the bundled model are in ``docs/benchmarks.md``.
+Speculative decoding stays lossless with respect to the prepared model: every forward of the target,
+plain or speculative, runs the same kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+GROUP = 32  # Q4_1 block size, and the kernel's group size
+
+
+def recover_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(codes [N, K] int32, scale [N, K/32], minimum [N, K/32])`` when every block of ``weight
+    [N, K]`` is an exact Q4_1 block (module glossary), else ``None``."""
+    if weight.dim() != 2 or weight.shape[1] % GROUP or weight.dtype != torch.float32 or weight.numel() == 0:
+        return None
+    n, k = weight.shape
+    blocks = weight.detach().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # [N, G]
+    if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+        return None
+    scale = ((high - low) / 15).to(torch.float16).to(torch.float32)  # [N, G], as stored (fp16)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.round((blocks - low[..., None]) / safe[..., None])  # [N, G, 32]
+    if codes.min() < 0 or codes.max() > 15:
+        return None
+    rebuilt = codes * scale[..., None] + low[..., None]  # [N, G, 32]
+    tolerance = 4 * torch.finfo(torch.float32).eps * blocks.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    if ((rebuilt - blocks).abs() > tolerance).any():
+        return None
+    return codes.reshape(n, k).to(torch.int32), scale, low
+
+
+class Int4Linear(nn.Module):
+    """A Q4_1 ``nn.Linear`` replaced by its packed codes (module glossary); float32 in and out."""
+
+    def __init__(
+        self, linear: nn.Linear, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
+        self.register_buffer("packed", packed)
+        zero = low + 8 * scale  # [N, G]
+        pairs = torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
+        self.register_buffer("scales_and_zeros", pairs)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+        out: torch.Tensor = kernel(rows, self.packed, GROUP, self.scales_and_zeros).to(x.dtype)  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def install_int4_linears(model: Any) -> int:
+    """Replace every CPU float32 ``nn.Linear`` of ``model`` (the output embedding included) whose weight is
+    made of exact Q4_1 blocks by an ``Int4Linear``; returns how many were replaced."""
+    swaps = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear or module.weight.device.type != "cpu":
+            continue
+        found = recover_q4_1(module.weight)
+        if found is not None:
+            swaps.append((name, Int4Linear(module, *found)))
+    for name, replacement in swaps:
+        model.set_submodule(name, replacement)
+    return len(swaps)
+
+
+__all__ = ["GROUP", "Int4Linear", "install_int4_linears", "recover_q4_1"]
