@@ -140,6 +140,9 @@ class Backend(ABC):
 
     name: ClassVar[str]
     device_type: ClassVar[DeviceType]
+    #: Weight-only quantization modes ``prepare_model`` applies when the model's config asks for one
+    #: (``config.spec_quantization``, set from ``LLM(quantization=...)``); none by default.
+    supported_quantizations: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def probe(self) -> Availability:
@@ -174,7 +177,8 @@ class Backend(ABC):
         """Tile sizes and grid caps for the shared triton sampler kernels."""
 
     def prepare_model(self, model: torch.nn.Module) -> None:
-        """Device-specific kernel choices on a loaded target model (default: none)."""
+        """Device-specific kernel choices on a loaded target model (default: none), including the weight-only
+        quantization its config asks for (one of ``supported_quantizations``)."""
         del model
 
     def device(self) -> torch.device:

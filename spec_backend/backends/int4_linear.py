@@ -33,6 +33,12 @@ from torch import nn
 GROUP = 32  # Q4_1 block size, and the kernel's group size
 
 
+def output_embedding(model: Any) -> Any:
+    """``model.get_output_embeddings()``, or ``None`` for a model without that method."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    return get_out() if callable(get_out) else None
+
+
 def recover_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(codes [N, K] int32, scale [N, K/32], minimum [N, K/32])`` when every block of ``weight
     [N, K]`` is an exact Q4_1 block (module glossary), else ``None``."""
@@ -79,14 +85,33 @@ class Int4Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def install_int4_linears(model: Any) -> int:
-    """Replace every CPU float32 ``nn.Linear`` of ``model`` (the output embedding included) whose weight is
-    made of exact Q4_1 blocks by an ``Int4Linear``; returns how many were replaced."""
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Any float weight ``[N, K]`` (K a multiple of 32) as Q4_1-style blocks (lossy: each block's 16
+    levels span its minimum to maximum), in ``recover_q4_1``'s layout; ``None`` when K does not fit."""
+    if weight.dim() != 2 or weight.shape[1] % GROUP or weight.numel() == 0:
+        return None
+    n, k = weight.shape
+    blocks = weight.detach().float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # [N, G]
+    scale = (high - low) / 15
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.clamp(torch.round((blocks - low[..., None]) / safe[..., None]), 0, 15)
+    return codes.reshape(n, k).to(torch.int32), scale, low
+
+
+def install_int4_linears(model: Any, quantize: bool = False) -> int:
+    """Replace every CPU ``nn.Linear`` of ``model`` but the output embedding (drafters and the engine read
+    its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks by an ``Int4Linear``
+    (and, with ``quantize``, every other one whose input size is a multiple of 32, lossily); returns how
+    many were replaced."""
+    head = output_embedding(model)
     swaps = []
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear or module.weight.device.type != "cpu":
+        if type(module) is not nn.Linear or module is head or module.weight.device.type != "cpu":
             continue
         found = recover_q4_1(module.weight)
+        if found is None and quantize:
+            found = quantize_int4(module.weight)
         if found is not None:
             swaps.append((name, Int4Linear(module, *found)))
     for name, replacement in swaps:
@@ -94,4 +119,4 @@ def install_int4_linears(model: Any) -> int:
     return len(swaps)
 
 
-__all__ = ["GROUP", "Int4Linear", "install_int4_linears", "recover_q4_1"]
+__all__ = ["GROUP", "Int4Linear", "install_int4_linears", "quantize_int4", "recover_q4_1"]

@@ -22,6 +22,7 @@ from spec_backend.backends.base import (
     TokenLimits,
 )
 from spec_backend.backends.int4_linear import install_int4_linears
+from spec_backend.backends.int8_linear import install_int8_linears
 from spec_backend.backends.vocab_projection import (
     install_small_batch_linears,
     install_tall_skinny_projection,
@@ -45,6 +46,7 @@ class ReferenceBackend(Backend):
     """Pure-torch backend: eager graph runner, SDPA attention, torch sampler ops."""
 
     name = "reference"
+    supported_quantizations = ("int4", "int8")
     device_type = "cpu"
 
     def probe(self) -> Availability:
@@ -74,18 +76,27 @@ class ReferenceBackend(Backend):
 
     def prepare_model(self, model: torch.nn.Module) -> None:
         """Linear layers that are GGUF Q4_1 blocks run packed with torch's int4 kernel (``int4_linear``:
-        a quarter-byte per weight instead of four; logged, and lossy as that module says). The other
+        a quarter-byte per weight instead of four; logged, and lossy as that module says);
+        ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics). With
+        ``LLM(quantization="int4" | "int8")`` every linear layer is quantized (lossy, opt-in). The other
         few-row products (the vocabulary projection, float linear layers while a step verifies K+1
-        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``).
-        ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics)."""
-        packed = install_int4_linears(model) if os.environ.get("SPEC_BACKEND_INT4", "1") != "0" else 0
+        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``)."""
+        config: Any = model.config
+        mode = getattr(config, "spec_quantization", None)
+        if mode == "int8":
+            packed, what = install_int8_linears(model), "int8 (opt-in, lossy)"
+        elif mode == "int4" or os.environ.get("SPEC_BACKEND_INT4", "1") != "0":
+            packed = install_int4_linears(model, quantize=mode == "int4")
+            what = "int4 (opt-in, lossy)" if mode == "int4" else "GGUF Q4_1 packed as int4"
+        else:
+            packed, what = 0, ""
         if packed:  # bfloat16 rounding amplifies tiny batch-dependent differences: make rows invariant
-            config: Any = model.config
             config.spec_batch_invariant = True
             logger.info(
-                "spec_backend: %d GGUF Q4_1 linear layers run packed (int4 weights, bfloat16 activations; "
-                "logits differ slightly from the de-quantized float32 model)",
+                "spec_backend: %d linear layers run %s with bfloat16 activations; logits differ slightly "
+                "from the float32 model",
                 packed,
+                what,
             )
         install_small_batch_linears(model)
         install_tall_skinny_projection(model)

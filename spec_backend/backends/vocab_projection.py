@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spec_backend.backends.int4_linear import output_embedding
+
 
 class TallSkinnyProjection(nn.Module):
     """Drop-in replacement for the model's ``nn.Linear`` output embedding; shares its parameters."""
@@ -52,17 +54,11 @@ class TallSkinnyProjection(nn.Module):
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
 
-def _output_embedding(model: Any) -> Any:
-    """``model.get_output_embeddings()``, or ``None`` for a model without that method."""
-    get_out = getattr(model, "get_output_embeddings", None)
-    return get_out() if callable(get_out) else None
-
-
 def install_small_batch_linears(model: nn.Module, max_rows: int = 4) -> int:
     """Swap every ``nn.Linear`` inside ``model``'s decoder (not the output embedding, which
     ``install_tall_skinny_projection`` handles) for ``TallSkinnyProjection`` with ``max_rows`` rows;
     returns how many were swapped. Parameters are shared, so weights and ties are unchanged."""
-    head = _output_embedding(model)
+    head = output_embedding(model)
     swapped = [
         (name, module)
         for name, module in model.named_modules()
@@ -75,7 +71,7 @@ def install_small_batch_linears(model: nn.Module, max_rows: int = 4) -> int:
 
 def install_tall_skinny_projection(model: Any, max_rows: int = 64) -> bool:
     """Swap ``model``'s ``nn.Linear`` output embedding for ``TallSkinnyProjection``; False if it has none."""
-    head = _output_embedding(model)
+    head = output_embedding(model)
     if not isinstance(head, nn.Linear):
         return False
     model.set_output_embeddings(TallSkinnyProjection(head, max_rows))

@@ -49,6 +49,7 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             seed=args.seed,
+            quantization=getattr(args, "quantization", None),
             **extra,
         )
     except (ValueError, BackendError, OSError) as exc:
@@ -109,6 +110,12 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     p.add_argument("--backend", default=None, help="backend name (default: auto)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int4", "int8"],
+        help="weight-only quantization on the reference backend (opt-in, lossy)",
+    )
     p.add_argument(
         "--seed",
         type=int,

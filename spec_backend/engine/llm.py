@@ -15,7 +15,7 @@ import torch
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
-from spec_backend.engine.args import check_args, check_parallel_args, refuse_unsupported
+from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader
 from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
@@ -101,6 +101,7 @@ class LLM:
         kv_transfer_config: dict[str, Any] | None = None,
         distributed_executor_backend: str | None = None,
         async_scheduling: bool | None = None,
+        quantization: str | None = None,
         **unsupported: Any,
     ) -> None:
         refuse_unsupported("LLM", unsupported)
@@ -110,6 +111,7 @@ class LLM:
         )
         self.enforce_eager = enforce_eager
         self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
+        check_quantization(quantization, self.backend.name, self.backend.supported_quantizations)
         status = self.backend.probe()  # before any weights load: a missing device is not a model error
         if not status.available:
             raise BackendError(
@@ -125,6 +127,8 @@ class LLM:
         self.source = source if source is not None else resolve_model(model)
         attn_name = register_attention(self.backend)
         self.model = load_model(self.source, attn_name, resolve_dtype(dtype), self.backend.device())
+        if quantization is not None:  # read by the backend's prepare_model
+            self.model.config.spec_quantization = quantization
         self.backend.prepare_model(self.model)
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
