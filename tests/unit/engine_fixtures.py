@@ -64,6 +64,18 @@ def draft_history(
     return prompt + out.token_ids, seen
 
 
+def check_rebuilds(
+    llm: LLM, oracle: Any, prompts: tuple[list[int], ...] = ([40], PROMPTS[0]), max_tokens: int = 10
+) -> None:
+    """Every step's drafts equal ``oracle(committed tokens)`` (a rebuild from scratch), for a one-token
+    prompt (the first drafts then come from the position-0 row) and a longer one."""
+    for prompt in prompts:
+        tokens, seen = draft_history(llm, prompt, max_tokens)
+        assert len(seen) >= 3
+        for n, drafts in seen:
+            assert drafts == oracle(tokens[:n])[: len(drafts)], f"drafts after {n} tokens"
+
+
 def check_greedy_identity(
     target_dir: str, expected: list[list[int]], spec: dict[str, Any], drafter_type: type
 ) -> LLM:

@@ -14,7 +14,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, draft_history, one_thread  # noqa: F401 - autouse
+from engine_fixtures import (  # noqa: F401 - one_thread is autouse
+    GREEDY,
+    PROMPTS,
+    check_greedy_identity,
+    check_rebuilds,
+    draft_history,
+    one_thread,
+)
 from safetensors.torch import load_file, save_file
 from test_drafter_dflash import _rms, _rope
 
@@ -125,13 +132,7 @@ def test_every_steps_drafts_match_zlabs_pseudo_code(deep_target: str, tmp_path: 
     head = write_dflash2(tmp_path / "dflash2", deep_target, seed=3, window=window)
     spec = {"method": "dflash", "model": head, "num_speculative_tokens": 3}
     llm = LLM(deep_target, dtype="float64", speculative_config=spec)
-    for prompt in ([40], PROMPTS[2]):
-        tokens, seen = draft_history(llm, prompt, 12)
-        assert len(seen) >= 3
-        for n, drafts in seen:
-            assert drafts == _oracle(deep_target, head, tokens[:n], 3)[: len(drafts)], (
-                f"drafts after {n} tokens"
-            )
+    check_rebuilds(llm, lambda committed: _oracle(deep_target, head, committed, 3), ([40], PROMPTS[2]), 12)
 
 
 def test_the_checkpoint_alone_selects_dflash(deep_target: str, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, check_rebuilds, one_thread  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM, SamplingParams
@@ -145,11 +145,7 @@ def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[i
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: Path) -> None:
     target = write_glm_with_mtp(tmp_path / "one", nextn=1, seed=4)
     llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    for prompt in ([40], PROMPTS[0]):  # one token: the first drafts come from the position-0 row
-        tokens, seen = draft_history(llm, prompt, 10)
-        assert len(seen) >= 3
-        for n, drafts in seen:
-            assert drafts == _oracle(target, tokens[:n], 2, 1)[: len(drafts)], f"drafts after {n} tokens"
+    check_rebuilds(llm, lambda committed: _oracle(target, committed, 2, 1))
 
 
 def test_configuration_from_the_checkpoint(glm: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -18,7 +18,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, check_rebuilds, one_thread  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
 from test_drafter_mtp import outputs
 
@@ -161,11 +161,7 @@ def _oracle(target_dir: str, committed: list[int], k: int) -> list[int]:
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: Path) -> None:
     target = write_mimo(tmp_path / "one", nextn=1, seed=4)
     llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-    for prompt in ([40], PROMPTS[0]):  # one token: the first drafts come from the position-0 row
-        tokens, seen = draft_history(llm, prompt, 10)
-        assert len(seen) >= 3
-        for n, drafts in seen:
-            assert drafts == _oracle(target, tokens[:n], 2)[: len(drafts)], f"drafts after {n} tokens"
+    check_rebuilds(llm, lambda committed: _oracle(target, committed, 2))
 
 
 def write_agreeing(path: Path, hidden_first: bool = True) -> str:
@@ -341,10 +337,4 @@ def test_qwen3_next_layout(tmp_path: Path) -> None:
     llm = LLM(target, dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     assert llm.engine.drafter.head.layout.family == "qwen3_next"  # type: ignore[union-attr]
     assert outputs(llm) == expected and llm.metrics.total.num_draft_tokens > 0
-    for prompt in ([40], PROMPTS[0]):  # one token: the first drafts come from the position-0 row
-        tokens, seen = draft_history(llm, prompt, 10)
-        assert len(seen) >= 3
-        for n, drafts in seen:
-            assert drafts == _qwen3_next_oracle(target, tokens[:n], 2)[: len(drafts)], (
-                f"drafts after {n} tokens"
-            )
+    check_rebuilds(llm, lambda committed: _qwen3_next_oracle(target, committed, 2))
