@@ -30,13 +30,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from spec_backend.backends.vocab_projection import output_embedding
+
 GROUP = 32  # Q4_1 block size, and the kernel's group size
 
 
-def output_embedding(model: Any) -> Any:
-    """``model.get_output_embeddings()``, or ``None`` for a model without that method."""
-    get_out = getattr(model, "get_output_embeddings", None)
-    return get_out() if callable(get_out) else None
+def _levels(
+    weight: torch.Tensor, stored_scale: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``weight [N, K]`` in blocks of 32 with 16 levels from each block's minimum to maximum: the blocks
+    ``[N, G, 32]``, minima and scales ``[N, G]`` (rounded to fp16 as Q4_1 stores them with
+    ``stored_scale``), and each weight's nearest level ``[N, G, 32]`` (unclamped)."""
+    n, k = weight.shape
+    blocks = weight.detach().float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # [N, G]
+    scale = (high - low) / 15
+    if stored_scale:
+        scale = scale.to(torch.float16).to(torch.float32)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return blocks, low, scale, torch.round((blocks - low[..., None]) / safe[..., None])
 
 
 def recover_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -44,45 +56,56 @@ def recover_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     [N, K]`` is an exact Q4_1 block (module glossary), else ``None``."""
     if weight.dim() != 2 or weight.shape[1] % GROUP or weight.dtype != torch.float32 or weight.numel() == 0:
         return None
-    n, k = weight.shape
-    blocks = weight.detach().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
-    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # [N, G]
-    if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+    if not torch.isfinite(weight).all():
         return None
-    scale = ((high - low) / 15).to(torch.float16).to(torch.float32)  # [N, G], as stored (fp16)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = torch.round((blocks - low[..., None]) / safe[..., None])  # [N, G, 32]
+    blocks, low, scale, codes = _levels(weight, stored_scale=True)
     if codes.min() < 0 or codes.max() > 15:
         return None
     rebuilt = codes * scale[..., None] + low[..., None]  # [N, G, 32]
     tolerance = 4 * torch.finfo(torch.float32).eps * blocks.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
     if ((rebuilt - blocks).abs() > tolerance).any():
         return None
-    return codes.reshape(n, k).to(torch.int32), scale, low
+    return codes.reshape(weight.shape).to(torch.int32), scale, low
 
 
-class Int4Linear(nn.Module):
+class PackedLinear(nn.Module):
+    """A linear layer whose weight-only kernel takes bfloat16 rows: ``forward`` turns ``[..., K]`` into
+    rows, calls ``matmul`` and returns the input's dtype with the layer's bias."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:  # [M, K] bfloat16 -> [M, N]
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
+        out = self.matmul(rows).to(x.dtype)  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(PackedLinear):
     """A Q4_1 ``nn.Linear`` replaced by its packed codes (module glossary); float32 in and out."""
 
     def __init__(
         self, linear: nn.Linear, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
     ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
         self.register_buffer("packed", packed)
         zero = low + 8 * scale  # [N, G]
         pairs = torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
         self.register_buffer("scales_and_zeros", pairs)
-        self.bias = linear.bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
-        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
-        out: torch.Tensor = kernel(rows, self.packed, GROUP, self.scales_and_zeros).to(x.dtype)  # [M, N]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, GROUP, self.scales_and_zeros
+        )
+        return out
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -90,13 +113,8 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     levels span its minimum to maximum), in ``recover_q4_1``'s layout; ``None`` when K does not fit."""
     if weight.dim() != 2 or weight.shape[1] % GROUP or weight.numel() == 0:
         return None
-    n, k = weight.shape
-    blocks = weight.detach().float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
-    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # [N, G]
-    scale = (high - low) / 15
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = torch.clamp(torch.round((blocks - low[..., None]) / safe[..., None]), 0, 15)
-    return codes.reshape(n, k).to(torch.int32), scale, low
+    _, low, scale, codes = _levels(weight, stored_scale=False)
+    return torch.clamp(codes, 0, 15).reshape(weight.shape).to(torch.int32), scale, low
 
 
 def install_int4_linears(model: Any, quantize: bool = False) -> int:
@@ -119,4 +137,4 @@ def install_int4_linears(model: Any, quantize: bool = False) -> int:
     return len(swaps)
 
 
-__all__ = ["GROUP", "Int4Linear", "install_int4_linears", "quantize_int4", "recover_q4_1"]
+__all__ = ["GROUP", "Int4Linear", "PackedLinear", "install_int4_linears", "quantize_int4", "recover_q4_1"]

@@ -14,27 +14,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.backends.int4_linear import output_embedding
+from spec_backend.backends.int4_linear import PackedLinear
+from spec_backend.backends.vocab_projection import output_embedding
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(PackedLinear):
     """An ``nn.Linear`` as int8 codes with a per-row scale (module docstring)."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         weight = linear.weight.detach().float()  # [N, K]
         scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127  # [N]
         self.register_buffer("codes", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale.to(torch.bfloat16))
-        self.bias = linear.bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
-        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        return out
 
 
 def install_int8_linears(model: Any) -> int:

@@ -27,7 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spec_backend.backends.int4_linear import output_embedding
+
+def output_embedding(model: Any) -> Any:
+    """``model.get_output_embeddings()``, or ``None`` for a model without that method."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    return get_out() if callable(get_out) else None
 
 
 class TallSkinnyProjection(nn.Module):

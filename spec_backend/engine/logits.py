@@ -217,7 +217,9 @@ def record_logprobs(
             owners.append(b)
     for b, entry in zip(owners, token_logprobs(logits, rows, tokens, top), strict=True):
         request = requests[b]
-        request.logprobs = [*(request.logprobs or []), entry]
+        if request.logprobs is None:
+            request.logprobs = []
+        request.logprobs.append(entry)  # in place: copying the list every step would be quadratic
 
 
 def record_prompt_logprobs(
