@@ -125,14 +125,14 @@ def copy_bandwidth() -> float:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes a decode step reads: every parameter and buffer but the input embedding table."""
-    skip = {id(model.get_input_embeddings().weight)}
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if id(t) not in skip]
-    head = model.get_output_embeddings()
-    tied = head is not None and getattr(head, "weight", None) is not None and id(head.weight) in skip
-    return sum(t.numel() * t.element_size() for t in tensors) + (
-        head.weight.numel() * head.weight.element_size() if tied else 0
-    )
+    """Bytes a decode step reads: every parameter and buffer but the input embedding table (which a tied
+    LM head still reads whole)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    tensors.pop(id(model.get_input_embeddings().weight))
+    head = getattr(model.get_output_embeddings(), "weight", None)
+    if head is not None:
+        tensors[id(head)] = head
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def gguf_bytes(gguf: str) -> int:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import fields
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -87,24 +88,9 @@ class Server:
                 return event.output
 
 
-#: Request fields passed to ``SamplingParams`` under the same names.
-_SAMPLING_FIELDS = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "repetition_penalty",
-    "min_p",
-    "min_tokens",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "include_stop_str_in_output",
-}
+#: Request fields passed to ``SamplingParams`` under the same names (every one both know; the token
+#: limit comes from ``max_tokens`` or ``max_completion_tokens`` and is passed on its own).
+_SAMPLING_FIELDS = ({f.name for f in fields(SamplingParams)} & set(_Sampling.model_fields)) - {"max_tokens"}
 
 
 def _finish(output: RequestOutput) -> str:
