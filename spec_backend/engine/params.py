@@ -55,8 +55,7 @@ class _SamplingFields:
         self.top_p = check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         self.min_p = check_range("min_p", self.min_p, 0.0, 1.0)
         check_seed(self.seed)  # None or [0, 2**63 - 1]: every accepted seed is reproducible
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        check_int("max_tokens", self.max_tokens, 1)
         check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
