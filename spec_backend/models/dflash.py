@@ -108,10 +108,13 @@ class DFlashHead(torch.nn.Module):
         x = self.target[0](block_ids).to(ctx.dtype) * scale  # [B, Q, H]
         rope_c = self.rotary_emb(ctx, context_positions)  # cos, sin [B, C, d]
         rope_q = self.rotary_emb(x, block_positions)  # cos, sin [B, Q, d]
+        masks: dict[tuple[bool, int | None], torch.Tensor] = {}  # one per distinct layer rule
         for i, layer in enumerate(self.layers):
             k_ctx, v_ctx = cache.update(*self._kv(layer.self_attn, ctx, *rope_c), i)  # [B, kv, L, d]
-            mask = _mask(self.rules[i], context_lens, k_ctx.shape[2], block_positions)  # [B, 1, Q, L+Q]
-            x = self._layer(layer, x, k_ctx, v_ctx, rope_q, mask)
+            rule = self.rules[i]
+            if rule not in masks:
+                masks[rule] = _mask(rule, context_lens, k_ctx.shape[2], block_positions)  # [B, 1, Q, L+Q]
+            x = self._layer(layer, x, k_ctx, v_ctx, rope_q, masks[rule])
         out: torch.Tensor = self.norm(x)
         return out
 
