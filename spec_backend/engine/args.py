@@ -37,12 +37,15 @@ def check_args(
         raise ValueError(f"kv_transfer_config must be a dict, got {type(kv_transfer_config).__name__}")
 
 
-def check_quantization(quantization: Any, backend: str, supported: tuple[str, ...]) -> None:
-    """``LLM(quantization=...)``: None, or a weight-only mode the backend implements."""
+def check_quantization(
+    quantization: Any, backend: str, supported: tuple[str, ...], name: str = "quantization"
+) -> None:
+    """``LLM(quantization=...)`` (or the setting ``name``): None, or a weight-only mode the backend
+    implements."""
     if quantization is not None and (not isinstance(quantization, str) or quantization not in supported):
         allowed = f"None or one of {list(supported)}" if supported else "None (it implements none)"
         raise ValueError(
-            f"quantization={quantization!r} is not available on backend {backend!r}: allowed are {allowed} "
+            f"{name}={quantization!r} is not available on backend {backend!r}: allowed are {allowed} "
             "(weight-only, opt-in; GGUF Q4_1 checkpoints are packed without asking on the reference backend)"
         )
 

@@ -14,13 +14,17 @@ from typing import Any
 
 import torch
 
+from spec_backend.backends.base import Backend
 from spec_backend.config import SpeculativeConfig
+from spec_backend.engine.args import check_quantization
 from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
 from spec_backend.engine.loader import load_model, resolve_model
 from spec_backend.engine.runner import ModelRunner
 from spec_backend.engine.slots import SlotTable
 from spec_backend.proposers.contract import Drafter, HiddenStateRequest
 from spec_backend.proposers.registry import DrafterContext, build_drafter, method_spec
+
+QUANTIZABLE_FAMILIES = ("draft_model", "eagle")  # whose draft weights go through ``draft_preparation``
 
 
 def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[str, Any] | None) -> None:
@@ -33,11 +37,34 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
             f"speculative method {config.method!r} is not supported by the embedded engine yet; "
             f"use one of {list(implemented_methods())}"
         )
+    if config.quantization is not None and spec.family not in QUANTIZABLE_FAMILIES:
+        raise ValueError(
+            f"speculative_config['quantization']={config.quantization!r} applies to the draft weights of "
+            "draft_model, eagle, eagle3, mtp and dflash on the embedded engine; "
+            f"method={config.method!r} runs its draft weights unquantized (leave quantization unset)"
+        )
     if kv_transfer_config is not None and spec.family != "record":
         raise ValueError(
             "kv_transfer_config is used only with method='extract_hidden_states', "
             f"got method={config.method!r}"
         )
+
+
+def draft_preparation(backend: Backend, quantization: str | None) -> Callable[[torch.nn.Module], None]:
+    """The backend's preparation of loaded draft weights (``Backend.prepare_model``: kernel choices), with
+    the weight-only mode ``speculative_config['quantization']`` names. Draft weights only propose tokens
+    that the target verifies: quantizing them can change acceptance, never the output."""
+    check_quantization(
+        quantization, backend.name, backend.supported_quantizations, "speculative_config['quantization']"
+    )
+
+    def prepare(module: torch.nn.Module) -> None:
+        if quantization is not None:  # read by prepare_model, as LLM(quantization=...) is for the target
+            config: Any = module.config
+            config.spec_quantization = quantization
+        backend.prepare_model(module)
+
+    return prepare
 
 
 def draft_loader(
@@ -77,4 +104,4 @@ def assemble(
     return runner, slots, drafter
 
 
-__all__ = ["assemble", "check_embedded_method", "draft_loader"]
+__all__ = ["QUANTIZABLE_FAMILIES", "assemble", "check_embedded_method", "draft_loader", "draft_preparation"]

@@ -16,7 +16,7 @@ from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
 from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
-from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader
+from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
 from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, parse_prompts
@@ -177,18 +177,20 @@ class LLM:
         spec, device = self.speculative_config, self.backend.device()
         ctx, k, disable = None, 0, None
         if spec is not None:
+            prepare = draft_preparation(self.backend, spec.quantization)
             ctx = DrafterContext(
                 spec,
                 device,
                 self.model,
                 max_num_seqs,
                 self.max_model_len,
-                draft_loader(attn_name, self.model.dtype, device, self.backend.prepare_model),
+                draft_loader(attn_name, self.model.dtype, device, prepare),
                 kv_transfer_config,
                 dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
                 self.backend,
                 enforce_eager or bool(spec.enforce_eager),
                 self.source.directory if self.source.gguf_file is None else None,
+                prepare,
             )
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
         runner, slots, drafter = assemble(

@@ -104,6 +104,8 @@ def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:
     config, model = ctx.config, ctx.model_path("a DFlash checkpoint folder")
     target: Any = ctx.target
     head, spec = load_dflash_head(model, target, str(target.config._attn_implementation), target.dtype)
+    if ctx.prepare is not None:
+        ctx.prepare(head)
     assert config.num_speculative_tokens is not None
     if config.num_speculative_tokens > spec.block_size - 1:
         raise ValueError(

@@ -159,6 +159,8 @@ class EagleDrafter(HeadCacheDrafter):
 def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateRequest) -> EagleDrafter:
     config = ctx.config
     assert config.num_speculative_tokens is not None
+    if ctx.prepare is not None:
+        ctx.prepare(head)
     mask_token = None
     if config.parallel_drafting:
         mask_token = getattr(getattr(head, "spec", None), "mask_token_id", None)

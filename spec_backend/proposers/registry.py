@@ -34,7 +34,8 @@ class DrafterContext:
     ``num_slots`` is an upper bound (``max_num_seqs``): caches are sized later by ``allocate_caches``.
 
     ``load_model(path, dtype)`` loads a causal LM (folder or GGUF) with the engine's attention and
-    backend preparation; ``dtype=None`` means the target's dtype.
+    backend preparation; ``dtype=None`` means the target's dtype. ``prepare(head)`` applies the same
+    preparation (kernel choices, ``speculative_config['quantization']``) to a loaded head module.
     """
 
     config: SpeculativeConfig
@@ -48,6 +49,7 @@ class DrafterContext:
     backend: Backend | None = None  # for drafters that capture graphs (None: they run eagerly)
     enforce_eager: bool = True
     target_path: str | None = None  # the target checkpoint's folder (MTP layers live there)
+    prepare: Callable[[torch.nn.Module], None] | None = None  # the backend's preparation of draft heads
 
     def model_path(self, what: str) -> str:
         """``speculative_config.model``; ``ValueError`` saying the method needs ``what`` when unset."""
