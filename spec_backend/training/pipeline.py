@@ -34,12 +34,12 @@ class PipelineConfig:
     max_len: int = 512
     draft_vocab_size: int = 8192
     ttt_steps: int = 3
-    epochs: int = 6
+    epochs: int = 4
     lr: float = 1.5e-3
     seed: int = 0
     packages: tuple[str, ...] = ()
-    chats: int = 600
-    chat_tokens: int = 256
+    chats: int = 2000
+    chat_tokens: int = 160
     bf16: bool = True
     init_from_target: bool = True
 
@@ -171,15 +171,19 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     return trainer.save(config.out_dir, dtype=torch.bfloat16)
 
 
-DATA_FIELDS = ("target", "num_sequences", "max_len", "seed", "packages", "chats", "chat_tokens")
+DATA_FIELDS = ("target", "num_sequences", "max_len", "seed", "packages", "chats", "chat_tokens", "prompts")
 TRAINING_FIELDS = ("draft_vocab_size", "ttt_steps", "epochs", "lr", "seed", "bf16", "init_from_target")
 
 
 def _prepare_work(config: PipelineConfig) -> None:
     """Create the work folder, or check that the data it holds was made with this run's data settings
     (a resumed run reuses extracted sequences by their order, so other settings would mislabel them)."""
+    from spec_backend.training.prompts import instruction_prompts
+
     os.makedirs(config.work_dir, exist_ok=True)
     path, now = os.path.join(config.work_dir, "config.json"), json.loads(json.dumps(asdict(config)))
+    asked = "\n".join(instruction_prompts())  # another prompt set (a new release) asks other prompts
+    now["prompts"] = hashlib.sha256(asked.encode()).hexdigest()[:16]
     if os.path.exists(os.path.join(config.work_dir, "extracted.json")) and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
@@ -217,10 +221,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size")
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (drafts trained ahead)")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine decay to a tenth)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chats", type=int, default=600, help="instruction prompts the target answers")
+    p.add_argument("--chats", type=int, default=2000, help="instruction prompts the target answers")
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
@@ -233,7 +237,7 @@ def add_parser(sub: Any) -> None:
         default=True,
         help="start the head as the target layer that reads the last auxiliary feature",
     )
-    p.add_argument("--chat-tokens", type=int, default=256, help="longest answer to one instruction prompt")
+    p.add_argument("--chat-tokens", type=int, default=160, help="longest answer to one instruction prompt")
     p.set_defaults(func=_cmd)
 
 

@@ -46,7 +46,7 @@ def test_chats_use_the_tokenizers_chat_template(tmp_path: Path) -> None:
     assert tokenizer.decode(ids) == "<u>ab<a>cd" and corpus.encode(tokenizer, chat, 4) == ids[:4]
 
 
-def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
+def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = make_tiny_model(tmp_path / "target", "llama", num_hidden_layers=6, with_tokenizer=True)
     config = PipelineConfig(
         target,
@@ -71,10 +71,14 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
     assert not any(word in line for line in again for word in ("answered", "extracted", "epoch"))
     assert hashlib.sha256(Path(out, "model.safetensors").read_bytes()).hexdigest() == digest
     available = len(prompts.instruction_prompts())
-    with pytest.raises(ValueError, match=rf"--chats must be in \[0, {available}\] .*got 5000"):
-        run(dataclasses.replace(config, work_dir=str(tmp_path / "other"), chats=5000))
+    with pytest.raises(ValueError, match=rf"--chats must be in \[0, {available}\] .*got 50000"):
+        run(dataclasses.replace(config, work_dir=str(tmp_path / "other"), chats=50000))
     with pytest.raises(ValueError, match=r"chats=6 \(now 7\); pass the same settings"):
         run(dataclasses.replace(config, chats=7))  # the extracted data would be mislabelled
+    with monkeypatch.context() as patch:  # as would answers to another prompt set
+        patch.setitem(prompts.FAMILIES, "pair", (("Contrast {s}.",), ["tea and coffee"]))
+        with pytest.raises(ValueError, match=r"holds data made with prompts='[0-9a-f]{16}' \(now '"):
+            run(config)
     changed: list[str] = []  # new training settings: a new checkpoint, trained from the start
     run(dataclasses.replace(config, lr=1e-3, epochs=1), changed.append)
     assert any("epoch 1/1" in line for line in changed) and not any("extracted" in x for x in changed)
@@ -88,16 +92,33 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path) -> None:
     assert llm.metrics.total.num_draft_tokens > 0
 
 
-def topics_of(asked: list[str]) -> set[str]:
-    return {t for t in prompts.TOPICS if any(p.endswith((f" {t}.", f" {t}?")) for p in asked)}
+# The subjects of the benchmark's handwritten chat prompts (benchmarks/bench_eagle3_smollm2.py CHAT): no
+# training or held-out subject may mention them, or the "not trained on" chat set would be trained on.
+CHAT_SUBJECTS = (
+    "autumn",
+    "sleep",
+    "the sky",
+    "vegetarian",
+    "dinner",
+    "tuple",
+    "water cycle",
+    "robot",
+    "language",
+)
 
 
-def test_instruction_prompts_split_by_topic_and_answers_follow_the_prompt(tmp_path: Path) -> None:
-    train, held = prompts.instruction_prompts(), prompts.instruction_prompts(held_out=True)
-    assert len(train) + len(held) == len(prompts.TOPICS) * len(prompts.TEMPLATES)
-    assert train == prompts.instruction_prompts() and len(set(train)) == len(train)  # stable, no repeats
-    assert topics_of(train) and topics_of(held) and not topics_of(train) & topics_of(held)
-    assert len({p.split()[0] for p in train[:24]}) > 4  # the first prompts already mix templates
+def test_instruction_prompts_split_by_subject_and_answers_follow_the_prompt(tmp_path: Path) -> None:
+    train, held = prompts.prompt_items(), prompts.prompt_items(held_out=True)
+    families = prompts.FAMILIES.values()
+    assert len(train) + len(held) == sum(len(templates) * len(subjects) for templates, subjects in families)
+    assert prompts.instruction_prompts() == [p for _, p in train] and len(set(train)) == len(train)  # stable
+    assert {s for s, _ in train} and {s for s, _ in held} and not {s for s, _ in train} & {s for s, _ in held}
+    assert all(subject in prompt for subject, prompt in train + held)
+    first = [p for _, p in train[:48]]
+    assert len({p.split()[0] for p in first}) > 8  # the first prompts already mix phrasings
+    assert sum(p.endswith(c) for p in first for c in prompts.CLOSINGS if c) > 8  # and closings
+    subjects = [s.lower() for _, (_, listed) in prompts.FAMILIES.items() for s in listed]
+    assert not [(s, c) for s in subjects for c in CHAT_SUBJECTS if c in s]
 
     target = make_tiny_model(tmp_path / "target", "llama", with_tokenizer=True)
     llm = LLM(target)
