@@ -13,8 +13,9 @@ Tables (one engine per system, a warm-up request first, wall time over new token
    verification step), per-position acceptance rates, and the requests whose tokens differ from plain
    decoding (must be 0: greedy speculation is lossless) — EAGLE-3 at every ``--ks``, ngram and suffix;
 2. greedy, batch 8 (all prompts of a set in one ``generate``): tokens/s against plain;
-3. temperature 0.8 (seeded), batch 1, sampled drafts: standard against lossless block verification
-   (``rejection_sample_method`` ``standard`` / ``block``), where block verification can gain.
+3. temperature 0.8 (``--seeds`` seeded runs), batch 1, sampled drafts: standard against lossless block
+   verification (``rejection_sample_method`` ``standard`` / ``block``), where block verification can
+   gain, with the per-seed spread as the noise floor.
 
 Run after ``spec-backend train-eagle3`` (``make eagle3-smollm2``):
 ``python benchmarks/bench_eagle3_smollm2.py --head ~/.cache/spec_backend/smollm2-eagle3``.
@@ -85,18 +86,20 @@ def measure(llm: Any, prompts: list[str], params: Any, batch: int) -> Result:
     return Result(outputs, sum(map(len, outputs)) / elapsed, length, per_position)
 
 
-def engines(head: str, ks: list[int]) -> dict[str, Any]:
+def engines(head: str, ks: list[int], quantization: str | None) -> dict[str, Any]:
     from spec_backend import LLM
 
+    eagle3 = {"method": "eagle3", "model": head, "quantization": quantization}
     systems: dict[str, dict[str, Any] | None] = {"plain": None}
     for k in ks:
-        systems[f"eagle3 K={k}"] = {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+        systems[f"eagle3 K={k}"] = {**eagle3, "num_speculative_tokens": k}
+    if quantization is not None:  # the same head unquantized, for comparison
+        systems["eagle3 K=3 float head"] = {**eagle3, "num_speculative_tokens": 3, "quantization": None}
     systems["ngram K=3"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     systems["suffix K=3"] = {"method": "suffix", "num_speculative_tokens": 3}
     for mode in ("standard", "block"):
         systems[f"eagle3 K=3 {mode}"] = {
-            "method": "eagle3",
-            "model": head,
+            **eagle3,
             "num_speculative_tokens": 3,
             "rejection_sample_method": mode,
         }
@@ -132,18 +135,40 @@ def greedy_tables(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: 
                 print(row(set_name, name, result, base, differ), flush=True)
 
 
-def sampled_table(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: int) -> None:
+def sampled_table(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: int, seeds: int) -> None:
+    """Standard against block verification at temperature 0.8, each over ``seeds`` seeded runs of every
+    prompt: acceptance length pooled over all runs, with the spread (standard deviation) of the
+    per-seed values as the noise floor a difference must clear."""
+    from statistics import mean, stdev
+
     from spec_backend import SamplingParams
 
-    print("\ntemperature 0.8 (seed 7), batch 1, sampled drafts\n")
-    print("| set | system | tok/s | vs plain | acceptance length | per position | differ |")
-    print("|---|---|---:|---:|---:|---|---:|")
-    params = SamplingParams(temperature=0.8, seed=7, max_tokens=max_tokens)
+    print(f"\ntemperature 0.8 (seeds 7..{6 + seeds}), batch 1, sampled drafts\n")
+    print("| set | system | tok/s | vs plain | acceptance length | per-seed sd | per position |")
+    print("|---|---|---:|---:|---:|---:|---|")
     for set_name in ("chat", "instruct"):
-        base = measure(llms["plain"], sets[set_name], params, 1)
-        print(row(set_name, "plain", base, base, "-"))
-        for name in ("eagle3 K=3 standard", "eagle3 K=3 block"):
-            print(row(set_name, name, measure(llms[name], sets[set_name], params, 1), base, "-"), flush=True)
+        runs: dict[str, list[Result]] = {}
+        for name in ("plain", "eagle3 K=3 standard", "eagle3 K=3 block"):
+            runs[name] = [
+                measure(
+                    llms[name],
+                    sets[set_name],
+                    SamplingParams(temperature=0.8, seed=7 + i, max_tokens=max_tokens),
+                    1,
+                )
+                for i in range(seeds)
+            ]
+        base = mean(r.tokens_per_s for r in runs["plain"])
+        for name, results in runs.items():
+            lengths = [r.acceptance_length for r in results]
+            rates = " ".join(f"{mean(x):.2f}" for x in zip(*(r.per_position for r in results), strict=True))
+            spread = f"{stdev(lengths):.2f}" if len(lengths) > 1 else "-"
+            speed = mean(r.tokens_per_s for r in results)
+            print(
+                f"| {set_name} | {name} | {speed:.2f} | {speed / base:.2f}x | {mean(lengths):.2f} | {spread} "
+                f"| {rates or '-'} |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -153,6 +178,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--n", type=int, default=8, help="prompts per set")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=3, help="seeded runs per prompt at temperature 0.8")
+    parser.add_argument(
+        "--head-quantization",
+        default="int8",
+        choices=["int8", "int4", "none"],
+        help="speculative_config['quantization'] for the head's weights (drafts only: output unchanged)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -162,7 +194,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     ks = sorted({int(k) for k in args.ks.split(",")} | {3})
-    llms = engines(args.head, ks)
+    quantization = None if args.head_quantization == "none" else args.head_quantization
+    llms = engines(args.head, ks, quantization)
     sets = {
         "code-edit": code_edit_prompts(args.n),
         "chat": CHAT[: args.n],
@@ -170,11 +203,12 @@ def main() -> None:
         "source": source_prompts(args.n),
     }
     print(
-        f"SmolLM2-135M-Instruct (bundled GGUF, float32), head {args.head}, {args.max_tokens} new tokens, "
+        f"SmolLM2-135M-Instruct (bundled GGUF; Q4_1 layers packed as int4 unless SPEC_BACKEND_INT4=0), "
+        f"head {args.head} ({args.head_quantization} weights), {args.max_tokens} new tokens, "
         f"{args.n} prompts per set, {args.threads} threads, torch {torch.__version__}"
     )
     greedy_tables(llms, sets, args.max_tokens)
-    sampled_table(llms, sets, args.max_tokens)
+    sampled_table(llms, sets, args.max_tokens, args.seeds)
 
 
 if __name__ == "__main__":

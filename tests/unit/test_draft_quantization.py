@@ -51,20 +51,22 @@ def test_quantized_draft_model(target_dir: str, expected: list[list[int]]) -> No
     assert not packed(llm.model)
 
 
-def test_unknown_mode_and_unsupported_methods_are_refused(target_dir: str, tmp_path: Path) -> None:
-    head = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2])
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "quantization": "awq"}
-    with pytest.raises(
-        ValueError,
-        match=r"speculative_config\['quantization'\]='awq' is not available on backend 'reference': "
-        r"allowed are None or one of \['int4', 'int8'\]",
-    ):
-        LLM(target_dir, speculative_config=spec)
-    heads = draft_checkpoints.write_medusa(tmp_path / "medusa", 32, 128, 2, "vllm")
-    spec = {"method": "medusa", "model": heads, "num_speculative_tokens": 2, "quantization": "int8"}
-    with pytest.raises(
-        ValueError,
-        match=r"\['quantization'\]='int8' applies to the draft weights of draft_model, eagle, .*"
-        r"method='medusa' runs its draft weights unquantized",
-    ):
+REFUSALS = {
+    "eagle3": r"speculative_config\['quantization'\]='awq' is not available on backend 'reference': "
+    r"allowed are None or one of \['int4', 'int8'\]",
+    "medusa": r"\['quantization'\]='int8' applies to the draft weights of draft_model, eagle, .*"
+    r"method='medusa' runs its draft weights unquantized",
+}
+
+
+@pytest.mark.parametrize("method", list(REFUSALS))
+def test_unknown_mode_and_unsupported_methods_are_refused(
+    target_dir: str, tmp_path: Path, method: str
+) -> None:
+    if method == "eagle3":
+        model, mode = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2]), "awq"
+    else:
+        model, mode = draft_checkpoints.write_medusa(tmp_path / "medusa", 32, 128, 2, "vllm"), "int8"
+    spec = {"method": method, "model": model, "num_speculative_tokens": 2, "quantization": mode}
+    with pytest.raises(ValueError, match=REFUSALS[method]):
         LLM(target_dir, speculative_config=spec)
