@@ -1,10 +1,13 @@
-"""Few-row linear layers on CPU: ``F.linear`` against the tall-skinny product the reference backend uses.
+"""Few-row linear layers on CPU: ``F.linear`` against the tall-skinny product the reference backend uses,
+and the packed weight-only kernels (int4 as GGUF Q4_1 layers run, int8) beside them.
 
 A decode step multiplies M rows (batch × (K+1) positions) by every weight of the model. The weights here
 have the shapes of SmolLM2-135M's decoder (30 layers × q, k, v, o, gate, up, down; ~480 MB float32, so
 they are read from memory, not cache, as in a real step). For each M the script times one pass over all
-of them with ``F.linear(x, W)`` and with ``TallSkinnyProjection`` (``(W @ x.T).T``, odd M padded to
-even) and prints medians and the ratio. Usage: ``python benchmarks/bench_small_batch_linear.py``.
+of them with ``F.linear(x, W)``, with ``TallSkinnyProjection`` (``(W @ x.T).T``, odd M padded to
+even), with ``Int4Linear`` and with ``Int8Linear``, and prints medians, the float ratio, and each packed
+kernel's time over its own one-row time (what verifying K+1 = M positions costs against decoding one).
+Usage: ``python benchmarks/bench_small_batch_linear.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
+from spec_backend.backends.int8_linear import Int8Linear
 from spec_backend.backends.vocab_projection import TallSkinnyProjection
 
 HIDDEN, KV, MLP, LAYERS = 576, 192, 1536, 30
@@ -48,9 +53,18 @@ def run_linear(linears: list[nn.Linear], x: dict[int, torch.Tensor]) -> None:
         F.linear(x[lin.in_features], lin.weight)  # [M, out]
 
 
-def run_tall(tall: list[TallSkinnyProjection], x: dict[int, torch.Tensor]) -> None:
-    for t in tall:
-        t(x[t.in_features])  # [M, out]
+def run_modules(modules: list[nn.Module], x: dict[int, torch.Tensor]) -> None:
+    for module in modules:
+        module(x[int(module.in_features)])  # [M, out]
+
+
+def packed(linears: list[nn.Linear]) -> tuple[list[nn.Module], list[nn.Module]]:
+    int4: list[nn.Module] = []
+    for linear in linears:
+        found = quantize_int4(linear.weight)
+        assert found is not None
+        int4.append(Int4Linear(linear, *found))
+    return int4, [Int8Linear(linear) for linear in linears]
 
 
 def main() -> None:
@@ -67,15 +81,27 @@ def main() -> None:
             linear = nn.Linear(in_features, out_features, bias=False)
             linear.weight.data = 0.02 * torch.randn(out_features, in_features, generator=gen)
             linears.append(linear)
-    tall = [TallSkinnyProjection(linear, max_rows=1 << 30) for linear in linears]
+    tall: list[nn.Module] = [TallSkinnyProjection(linear, max_rows=1 << 30) for linear in linears]
+    int4, int8 = packed(linears)
     print(f"{len(linears)} weights shaped like SmolLM2-135M's decoder, float32, {args.threads} threads")
-    print("| rows M | F.linear ms | tall-skinny ms | ratio |\n|---:|---:|---:|---:|")
+    print(
+        "| rows M | F.linear ms | tall-skinny ms | ratio | int4 ms | int4 / its M=1 | int8 ms "
+        "| int8 / its M=1 |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    one: dict[str, float] = {}
     with torch.no_grad():
         for m in (int(r) for r in args.rows.split(",")):
             x = {f: torch.randn(m, f, generator=gen) for f in (HIDDEN, MLP)}  # [M, in]
             plain = median_ms(partial(run_linear, linears, x), args.repeats)
-            skinny = median_ms(partial(run_tall, tall, x), args.repeats)
-            print(f"| {m} | {plain:.1f} | {skinny:.1f} | {plain / skinny:.2f}x |", flush=True)
+            skinny = median_ms(partial(run_modules, tall, x), args.repeats)
+            q4 = median_ms(partial(run_modules, int4, x), args.repeats)
+            q8 = median_ms(partial(run_modules, int8, x), args.repeats)
+            one = one or {"int4": q4, "int8": q8}
+            print(
+                f"| {m} | {plain:.1f} | {skinny:.1f} | {plain / skinny:.2f}x | {q4:.1f} "
+                f"| {q4 / one['int4']:.2f}x | {q8:.1f} | {q8 / one['int8']:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
