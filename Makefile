@@ -33,8 +33,8 @@ demo: $(STAMP)
 	$(VENV)/bin/spec-backend demo
 
 # Trains an EAGLE-3 head for the bundled SmolLM2 from scratch with train-eagle3's defaults (the target's
-# answers to 2000 instruction prompts -> hidden states -> 4 epochs of TTT), into $(EAGLE3_OUT). About 2 hours
-# on 2 cores; resumable (docs/drafters.md, docs/benchmarks.md).
+# answers to 2000 instruction prompts -> hidden states -> 4 epochs of TTT), into $(EAGLE3_OUT). About 70 min
+# on 2 cores (66 min measured); resumable (docs/drafters.md, docs/benchmarks.md).
 EAGLE3_WORK ?= $(HOME)/.cache/spec_backend/eagle3-smollm2-work
 EAGLE3_OUT ?= $(HOME)/.cache/spec_backend/smollm2-eagle3
 eagle3-smollm2: $(STAMP)

@@ -38,9 +38,12 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
             f"use one of {list(implemented_methods())}"
         )
     if config.quantization is not None and spec.family not in QUANTIZABLE_FAMILIES:
+        from spec_backend.proposers.registry import METHODS
+
+        methods = [name for name, m in METHODS.items() if m.implemented and m.family in QUANTIZABLE_FAMILIES]
         raise ValueError(
             f"speculative_config['quantization']={config.quantization!r} applies to the draft weights of "
-            "draft_model, eagle, eagle3, mtp and dflash on the embedded engine; "
+            f"{', '.join(methods)} on the embedded engine; "
             f"method={config.method!r} runs its draft weights unquantized (leave quantization unset)"
         )
     if kv_transfer_config is not None and spec.family != "record":
