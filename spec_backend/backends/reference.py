@@ -23,6 +23,7 @@ from spec_backend.backends.base import (
 )
 from spec_backend.backends.int4_linear import install_int4_linears
 from spec_backend.backends.int8_linear import install_int8_linears
+from spec_backend.backends.q8_0_projection import install_q8_0_projection
 from spec_backend.backends.vocab_projection import (
     install_small_batch_linears,
     install_tall_skinny_projection,
@@ -80,7 +81,8 @@ class ReferenceBackend(Backend):
         ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics). With
         ``LLM(quantization="int4" | "int8")`` every linear layer is quantized (lossy, opt-in). The other
         few-row products (the vocabulary projection, float linear layers while a step verifies K+1
-        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``)."""
+        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``). An LM head made
+        of GGUF Q8_0 blocks runs from its int8 codes with our kernel (``q8_0_projection``; exact)."""
         config: Any = model.config
         mode = getattr(config, "spec_quantization", None)
         if mode == "int8":
@@ -99,4 +101,6 @@ class ReferenceBackend(Backend):
                 what,
             )
         install_small_batch_linears(model)
+        if install_q8_0_projection(model):
+            logger.info("spec_backend: LM head runs from its GGUF Q8_0 blocks (exact: float32 activations)")
         install_tall_skinny_projection(model)

@@ -1,0 +1,142 @@
+// Few-row products with GGUF Q8_0 weights kept packed (int8 codes, one float32 scale per 32 weights) and
+// float32 activations; the glossary and the layout are in spec_backend/backends/q8_0_projection.py. Each output element is computed by the
+// same instruction sequence whatever the number of rows (every row runs the same unrolled body), so a
+// row's result does not depend on the batch it is computed in.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;    // weights per Q8_0 block
+constexpr int kRowTile = 8;       // activation rows sharing one decode of a block
+constexpr int64_t kColTile = 16;  // output features per task: their codes stay in L1 across row tiles
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int8_t v16s8 __attribute__((vector_size(16)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float sum16(v16f v) {  // a fixed pairwise order
+  float s[16];
+  std::memcpy(s, &v, sizeof(s));
+  for (int w = 8; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) s[i] += s[i + w];
+  return s[0];
+}
+
+#if defined(__AVX512F__)
+inline v16f as_v16f(__m512 v) {
+  v16f out;
+  std::memcpy(&out, &v, sizeof(out));
+  return out;
+}
+#endif
+
+// Q8_0 block codes: 32 signed bytes, code j is byte j.
+struct Q80 {
+  static constexpr int64_t kBytes = 32;
+  static inline void decode(const int8_t* p, v16f& lo, v16f& hi) {
+#if defined(__AVX512F__)
+    const __m128i* q = reinterpret_cast<const __m128i*>(p);
+    lo = as_v16f(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+    hi = as_v16f(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+#else
+    v16s8 a, b;
+    std::memcpy(&a, p, sizeof(a));
+    std::memcpy(&b, p + 16, sizeof(b));
+    lo = __builtin_convertvector(__builtin_convertvector(a, v16i), v16f);
+    hi = __builtin_convertvector(__builtin_convertvector(b, v16i), v16f);
+#endif
+  }
+};
+
+struct Problem {
+  const float* x;         // [M, K]
+  const int8_t* codes;    // [N, K]
+  const float* scale;     // [N, K/32]
+  float* out;             // [M, N]
+  int64_t k, n_out;
+};
+
+// out[m0 + r, n] for r < R: each block is de-quantized once (w = scale * code) and dotted with R rows.
+template <int R>
+void tile(const Problem& p, int64_t n, int64_t m0) {
+  const int64_t groups = p.k / kBlock;
+  const int8_t* codes = p.codes + n * p.k;
+  const float* x = p.x + m0 * p.k;
+  v16f acc_lo[R] = {}, acc_hi[R] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    v16f lo, hi;
+    Q80::decode(codes + g * Q80::kBytes, lo, hi);
+    const float d = p.scale[n * groups + g];
+    const v16f w_lo = lo * d, w_hi = hi * d;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      acc_lo[r] += w_lo * load16(x + r * p.k + g * kBlock);
+      acc_hi[r] += w_hi * load16(x + r * p.k + g * kBlock + 16);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) p.out[(m0 + r) * p.n_out + n] = sum16(acc_lo[r] + acc_hi[r]);
+}
+
+void rows_tile(const Problem& p, int64_t n, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: return tile<1>(p, n, m0);
+    case 2: return tile<2>(p, n, m0);
+    case 3: return tile<3>(p, n, m0);
+    case 4: return tile<4>(p, n, m0);
+    case 5: return tile<5>(p, n, m0);
+    case 6: return tile<6>(p, n, m0);
+    case 7: return tile<7>(p, n, m0);
+    default: return tile<8>(p, n, m0);
+  }
+}
+
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
+  const int64_t m_rows = x.size(0), k = x.size(1), n_out = codes.size(0);
+  TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == k,
+              "codes must be contiguous int8 [N, ", k, "], got ", codes.scalar_type(), " ", codes.sizes());
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.sizes() == at::IntArrayRef({n_out, k / kBlock}),
+              "scale must be contiguous float32 [", n_out, ", ", k / kBlock, "], got ", scale.sizes());
+  auto out = at::empty({m_rows, n_out}, x.options());
+  if (m_rows == 0 || n_out == 0) return out;
+  const Problem p{x.data_ptr<float>(), codes.data_ptr<int8_t>(), scale.data_ptr<float>(), out.data_ptr<float>(),
+                  k, n_out};
+  const int64_t tasks = (n_out + kColTile - 1) / kColTile;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n_end = std::min(n_out, (t + 1) * kColTile);
+      for (int64_t m0 = 0; m0 < m_rows; m0 += kRowTile)
+        for (int64_t n = t * kColTile; n < n_end; ++n) rows_tile(p, n, m0, std::min<int64_t>(kRowTile, m_rows - m0));
+    }
+  });
+  return out;
+}
+
+at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+  return block_mm(x, codes, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(spec_backend_q8_0, m) {
+  m.def("q8_0_mm(Tensor x, Tensor codes, Tensor scale) -> Tensor", &q8_0_mm);
+}
