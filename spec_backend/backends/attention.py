@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from spec_backend.backends.native import native_op
+
 #: ``scaled_dot_product_attention(enable_gqa=...)`` exists from torch 2.5.
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -92,6 +94,10 @@ def sdpa_ragged_attention(
             "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
             f"kwargs, got {type(meta).__name__}"
         )
+    invariant = getattr(getattr(module, "config", None), "spec_batch_invariant", False)
+    rows = native_attention_rows(query, key, value, meta, scaling) if invariant else None
+    if rows is not None:
+        return rows, None
     n_rep = query.shape[1] // key.shape[1]
     gqa: dict[str, Any] = {}
     if n_rep > 1 and _SDPA_GQA:  # grouped-query attention inside SDPA: no copies of the kv heads
@@ -99,13 +105,32 @@ def sdpa_ragged_attention(
     elif n_rep > 1:  # older torch: share each kv head across n_rep query heads by copying
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
-    if getattr(getattr(module, "config", None), "spec_batch_invariant", False):
+    if invariant:
         return _batch_invariant(query, key, value, meta, scaling, gqa), None
     mask = ragged_causal_mask(meta, query.shape[2], key.shape[2])  # [B, 1, Q, L]
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, **gqa
     )  # [B, Hq, Q, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+def native_attention_rows(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    scaling: float | None,
+) -> torch.Tensor | None:  # [B, Q, Hq, D]
+    """Batch-invariant attention by our native kernel (``csrc/attention_rows.cpp``): every row, prefill
+    rows included, over exactly the keys it sees in one fixed order, so a row's output never depends on
+    the other rows of the call (torch's SDPA gives a prompt row different last bits when the prompt is
+    one token longer). ``None`` where the kernel is unavailable or the tensors are not float32 with a
+    head dim that is a multiple of 16; ``_batch_invariant`` runs then."""
+    op = native_op("attention_rows")
+    if op is None or query.dtype != torch.float32 or key.dtype != torch.float32 or query.shape[-1] % 16:
+        return None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
 
 
 #: Up to this many query rows a request's rows are computed one by one (decode and verify steps).
@@ -124,12 +149,13 @@ def _batch_invariant(
     exactly its own keys (no padding), and in a decode or verify step each query row alone over the keys
     it sees. A token verified among K+1 drafts then gets bit for bit the hidden state it gets when
     decoded alone, which models with rounding steps inside (bfloat16 activations of packed int4 layers)
-    need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row."""
+    need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row.
+    The fallback where ``native_attention_rows`` is unavailable."""
     out = query.new_zeros(query.shape)  # [B, Hq, Q, D]; padding rows stay 0 (ignored)
     q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
     for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
         k, v, first = key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len], kv_len - q_len
-        if q_len > ROW_BY_ROW:  # a prefill: the same rows on the same keys in every run
+        if q_len > ROW_BY_ROW:  # a prefill; SDPA's last bits here depend on the prompt's length
             mask = (
                 torch.arange(kv_len, device=query.device)[None]
                 <= (first + torch.arange(q_len, device=query.device))[:, None]

@@ -17,6 +17,16 @@ Glossary:
   and ``zero`` are rounded to bfloat16 (relative 2⁻⁹) and the output is returned as float32: this is
   **lossy** against the de-quantized float32 model, as llama.cpp's own int8 activation rounding is.
 
+* **VNNI kernel** — where the CPU has AVX512-VNNI and the native kernels build (``backends/native.py``),
+  ``csrc/q4_1_vnni.cpp`` replaces torch's: each row's activations are quantized per 32 values to int8
+  codes with a float32 scale (``amax / 127``, as llama.cpp's Q8_1), each block's dot product with the
+  4-bit codes is an exact integer (``vpdpbusd``), then ``d·dot·scale_x + m·scale_x·Σcodes_x`` accumulates
+  in float32. **Lossy** like the bfloat16 path (an activation moves by at most half its block's step,
+  ``amax / 254``), 3–4× faster on the reference machine, and a row's result does not depend on the batch.
+  Its layout: 16 output rows per tile; for each tile and block, 256 bytes where 32-bit lane ``j`` of
+  64-byte part ``c`` holds codes ``4c .. 4c+3`` of row ``j`` (low nibbles) and ``16+4c .. 16+4c+3``
+  (high nibbles); scales and minima ``[N/16, K/32, 16]``.
+
 Numerics: ``tests/unit/test_int4_linear.py`` bounds one layer's error against the de-quantized float32
 layer; the logit difference and greedy agreement on the bundled model are in ``docs/benchmarks.md``.
 Speculative decoding stays lossless with respect to the prepared model: every forward of the target,
@@ -30,9 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from spec_backend.backends.native import native_op
 from spec_backend.backends.vocab_projection import output_embedding
 
 GROUP = 32  # Q4_1 block size, and the kernel's group size
+LANES = 16  # output rows per tile of the VNNI kernel
 
 
 def _levels(
@@ -69,19 +81,21 @@ def recover_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 class PackedLinear(nn.Module):
-    """A linear layer whose weight-only kernel takes bfloat16 rows: ``forward`` turns ``[..., K]`` into
-    rows, calls ``matmul`` and returns the input's dtype with the layer's bias."""
+    """A linear layer whose weight-only kernel takes rows of ``activation_dtype`` (bfloat16 for torch's
+    kernels): ``forward`` turns ``[..., K]`` into rows, calls ``matmul`` and returns the input's dtype
+    with the layer's bias."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = linear.bias
+        self.activation_dtype = torch.bfloat16
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:  # [M, K] bfloat16 -> [M, N]
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
+        rows = x.reshape(-1, self.in_features).to(self.activation_dtype).contiguous()  # [M, K]
         out = self.matmul(rows).to(x.dtype)  # [M, N]
         if self.bias is not None:
             out = out + self.bias
@@ -89,12 +103,33 @@ class PackedLinear(nn.Module):
 
 
 class Int4Linear(PackedLinear):
-    """A Q4_1 ``nn.Linear`` replaced by its packed codes (module glossary); float32 in and out."""
+    """A Q4_1 ``nn.Linear`` replaced by its packed codes (module glossary); float32 in and out. ``kernel``
+    is ``"vnni"`` (ours) where it is available and the layer has a multiple of 16 outputs, else
+    ``"torch"``; ``kernel="torch"`` asks for torch's."""
 
     def __init__(
-        self, linear: nn.Linear, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
+        self,
+        linear: nn.Linear,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        low: torch.Tensor,
+        kernel: str | None = None,
     ) -> None:
         super().__init__(linear)
+        n, k = codes.shape
+        if kernel not in (None, "torch", "vnni"):
+            raise ValueError(f"kernel must be None, 'torch' or 'vnni', got {kernel!r}")
+        vnni = n % LANES == 0 and native_op("q4_1_q8_mm") is not None
+        if kernel == "vnni" and not vnni:
+            raise ValueError(f"kernel='vnni' needs AVX512-VNNI, the native kernels and N % 16 == 0 (N={n})")
+        if vnni and kernel != "torch":
+            self.kernel, self.activation_dtype = "vnni", torch.float32
+            self.register_buffer("tiles", vnni_tiles(codes))  # [N/16, G, 256] uint8
+            by_tile = (n // LANES, LANES, k // GROUP)
+            self.register_buffer("tile_scale", scale.reshape(by_tile).transpose(1, 2).contiguous())
+            self.register_buffer("tile_low", low.reshape(by_tile).transpose(1, 2).contiguous())
+            return
+        self.kernel = "torch"
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
         self.register_buffer("packed", packed)
         zero = low + 8 * scale  # [N, G]
@@ -102,10 +137,21 @@ class Int4Linear(PackedLinear):
         self.register_buffer("scales_and_zeros", pairs)
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, GROUP, self.scales_and_zeros
-        )
+        if self.kernel == "vnni":
+            out: torch.Tensor = torch.ops.spec_backend_native.q4_1_q8_mm(
+                rows, self.tiles, self.tile_scale, self.tile_low
+            )
+            return out
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
         return out
+
+
+def vnni_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[N, K]`` (0..15, N a multiple of 16) in the VNNI kernel's layout ``[N/16, K/32, 256]``
+    (module glossary)."""
+    n, k = codes.shape
+    parts = codes.reshape(n // LANES, LANES, k // GROUP, 8, 4).permute(0, 2, 3, 1, 4)  # [T, G, 8, 16, 4]
+    return (parts[:, :, :4] | (parts[:, :, 4:] << 4)).to(torch.uint8).reshape(n // LANES, k // GROUP, 256)
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -137,4 +183,13 @@ def install_int4_linears(model: Any, quantize: bool = False) -> int:
     return len(swaps)
 
 
-__all__ = ["GROUP", "Int4Linear", "PackedLinear", "install_int4_linears", "quantize_int4", "recover_q4_1"]
+__all__ = [
+    "GROUP",
+    "LANES",
+    "Int4Linear",
+    "PackedLinear",
+    "install_int4_linears",
+    "quantize_int4",
+    "recover_q4_1",
+    "vnni_tiles",
+]

@@ -15,39 +15,31 @@ Glossary:
   and its codes ``w / d``; then checked: every code an integer in [-127, 127], ``d`` an fp16 value, and
   ``d·q`` equal to the weight. Any other head (a float model, another GGUF type) fails the check and
   keeps the float32 projection — nothing is approximated.
-* **kernel** — ``spec_backend_q8_0::q8_0_mm(x [M, K] float32, codes [N, K] int8, scale [N, K/32]
+* **kernel** — ``spec_backend_native::q8_0_mm(x [M, K] float32, codes [N, K] int8, scale [N, K/32]
   float32) -> [M, N]``: each block is de-quantized once in float32 (``d·q`` is exact there) and dotted
   with up to 8 rows, accumulating in float32 in a fixed order. So the logits equal the float32 model's
   up to summation order (**not lossy**), and every row is computed by the same instructions whatever the
   number of rows, so a row's logits do not depend on the batch (speculative verification and plain
   decoding see the same numbers).
-* **build** — compiled once per machine (``g++ -O3 -march=native -fopenmp`` through torch's
-  ``cpp_extension``, which needs ``ninja``; about 10 s) into ``<cache root>/kernels/q8_0-<digest>``, the
-  digest covering the source, torch's version and the CPU's flags. When it cannot be built the head
-  stays float32 and the reason is logged as a warning. ``SPEC_BACKEND_NATIVE=0`` skips it.
+* **build** — ``backends/native.py`` compiles it on first use; when it cannot be built the head stays
+  float32 and the reason is logged as a warning. ``SPEC_BACKEND_NATIVE=0`` skips it.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
-import os
-import platform
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spec_backend.backends.native import native_kernel_error, native_op
 from spec_backend.backends.vocab_projection import output_embedding
 
 logger = logging.getLogger("spec_backend.backends")
 
 GROUP = 32  # weights per Q8_0 block
-NATIVE_ENV = "SPEC_BACKEND_NATIVE"
-_SOURCE = Path(__file__).parent / "csrc" / "q8_0_gemm.cpp"
 
 
 def recover_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -70,46 +62,12 @@ def recover_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
     return codes.reshape(n, k).to(torch.int8), scale.contiguous()
 
 
-def _build_digest() -> str:
-    flags = ""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    key = f"{_SOURCE.read_text()}|{torch.__version__}|{platform.machine()}|{flags}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=1)
-def native_kernel_error() -> str | None:
-    """``None`` once the Q8_0 kernel is loaded (built on first use, module glossary), else why it is not."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
-        return f"{NATIVE_ENV}=0"
-    try:
-        from torch.utils.cpp_extension import load
-
-        from spec_backend.engine.gguf_cache import cache_root
-
-        digest = _build_digest()
-        folder = cache_root() / "kernels" / f"q8_0-{digest}"
-        folder.mkdir(parents=True, exist_ok=True)
-        load(
-            name=f"spec_backend_q8_0_{digest}",
-            sources=[str(_SOURCE)],
-            build_directory=str(folder),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # a missing compiler or ninja: the float32 head still works
-        return f"{type(exc).__name__}: {exc}".strip()
-    return None
-
-
 def q8_0_mm(rows: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``rows [M, K] float32 @ (scale·codes).T -> [M, N]`` with the native kernel (loaded by the caller)."""
-    out: torch.Tensor = torch.ops.spec_backend_q8_0.q8_0_mm(rows, codes, scale)
-    return out
+    op = native_op("q8_0_mm")
+    if op is None:
+        raise RuntimeError(f"the native Q8_0 kernel is not loaded: {native_kernel_error()}")
+    return op(rows, codes, scale)
 
 
 class Q80Projection(nn.Module):
@@ -160,11 +118,9 @@ def linear_reference(rows: torch.Tensor, codes: torch.Tensor, scale: torch.Tenso
 
 __all__ = [
     "GROUP",
-    "NATIVE_ENV",
     "Q80Projection",
     "install_q8_0_projection",
     "linear_reference",
-    "native_kernel_error",
     "q8_0_mm",
     "recover_q8_0",
 ]

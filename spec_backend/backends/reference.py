@@ -76,8 +76,9 @@ class ReferenceBackend(Backend):
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True, group_elements=1 << 21)
 
     def prepare_model(self, model: torch.nn.Module) -> None:
-        """Linear layers that are GGUF Q4_1 blocks run packed with torch's int4 kernel (``int4_linear``:
-        a quarter-byte per weight instead of four; logged, and lossy as that module says);
+        """Linear layers that are GGUF Q4_1 blocks run packed (``int4_linear``: a quarter-byte per weight
+        instead of four, with our AVX512-VNNI kernel or torch's int4 kernel; logged, lossy as that module
+        says);
         ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics). With
         ``LLM(quantization="int4" | "int8")`` every linear layer is quantized (lossy, opt-in). The other
         few-row products (the vocabulary projection, float linear layers while a step verifies K+1
@@ -92,13 +93,15 @@ class ReferenceBackend(Backend):
             what = "int4 (opt-in, lossy)" if mode == "int4" else "GGUF Q4_1 packed as int4"
         else:
             packed, what = 0, ""
-        if packed:  # bfloat16 rounding amplifies tiny batch-dependent differences: make rows invariant
+        if packed:  # rounding amplifies tiny batch-dependent differences: make attention rows invariant
             config.spec_batch_invariant = True
+            vnni = any(getattr(m, "kernel", "") == "vnni" for m in model.modules())
             logger.info(
-                "spec_backend: %d linear layers run %s with bfloat16 activations; logits differ slightly "
-                "from the float32 model",
+                "spec_backend: %d linear layers run %s with %s activations; logits differ slightly from "
+                "the float32 model",
                 packed,
                 what,
+                "int8 (per 32 values, AVX512-VNNI kernel)" if vnni else "bfloat16",
             )
         install_small_batch_linears(model)
         if install_q8_0_projection(model):

@@ -11,6 +11,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from spec_backend.backends.attention import RaggedAttentionMetadata, native_attention_rows
+from spec_backend.backends.native import native_op
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.prompts import code_edit_prompts
 
@@ -37,12 +39,38 @@ def prompt_ids(llm: LLM) -> list[list[int]]:
     return [list(llm.tokenizer(t)["input_ids"]) for t in texts]
 
 
+def _rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, Hq, Q, D]
+    key: torch.Tensor,  # [1, Hkv, L, D]
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """The engine's row attention kernel under transformers' own cache, masks and positions (one
+    unpadded sequence: its Q rows are the last of its L keys)."""
+    lengths = RaggedAttentionMetadata(torch.tensor([query.shape[2]]), torch.tensor([key.shape[2]]))
+    out = native_attention_rows(query, key, value, lengths, scaling)
+    assert out is not None
+    return out, None
+
+
 @pytest.fixture(scope="module")
 def hf_reference(llm: LLM, prompt_ids: list[list[int]]) -> list[list[int]]:
-    """transformers' greedy generate on the same weights (its own SDPA attention), one prompt at a time."""
+    """transformers' greedy generate on the same weights, one prompt at a time: its own generation loop,
+    cache, masks and positions, with the attention arithmetic the engine's model uses (SDPA, or where
+    the engine runs our row attention kernel, that kernel, which ``test_attention_rows.py`` checks
+    against SDPA): the same computation, so the same tokens, bit for bit."""
+    from transformers import AttentionInterface
+
     model, attn = llm.model, llm.model.config._attn_implementation
     eos = sorted(llm.eos_token_ids)
-    model.set_attn_implementation("sdpa")
+    if native_op("attention_rows") is not None and model.config.spec_batch_invariant:
+        AttentionInterface.register("spec_rows_reference", _rows_attention)
+        model.set_attn_implementation("spec_rows_reference")
+    else:
+        model.set_attn_implementation("sdpa")
     try:
         outs = []
         for ids in prompt_ids:

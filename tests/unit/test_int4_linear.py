@@ -10,7 +10,9 @@ import pytest
 import torch
 from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
-from spec_backend.backends.int4_linear import Int4Linear, install_int4_linears, recover_q4_1
+from spec_backend.backends import int4_linear
+from spec_backend.backends.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
+from spec_backend.backends.native import native_op
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.q4_1 import make_q4_1_model, q4_1_round_trip
@@ -40,33 +42,92 @@ def test_anything_else_is_left_alone() -> None:
     assert recover_q4_1(torch.randn(16, 40)) is None  # K not a multiple of 32
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 64])
-def test_kernel_matches_the_float_layer_within_bfloat16_rounding(rows: int) -> None:
-    """Noise floor: activations, scales and zeros are rounded to bfloat16 (relative 2^-9) and the output
-    too, so each output may differ from float32 by ~2^-8 of the sum of |x_i w_i|; the bound is 2^-7."""
-    w = _q4_1(64, 128, seed=1)
-    linear = torch.nn.Linear(128, 64, bias=True)
+VNNI = pytest.mark.skipif(native_op("q4_1_q8_mm") is None, reason="needs AVX512-VNNI and the native kernels")
+KERNELS = ["torch", pytest.param("vnni", marks=VNNI)]
+
+
+def _packed(kernel: str, n: int = 64, k: int = 128) -> tuple[torch.nn.Linear, Int4Linear]:
+    linear = torch.nn.Linear(k, n, bias=True)
     with torch.no_grad():
-        linear.weight.copy_(w)
+        linear.weight.copy_(_q4_1(n, k, seed=1))
     found = recover_q4_1(linear.weight)
     assert found is not None
-    packed = Int4Linear(linear, *found)
+    packed = Int4Linear(linear, *found, kernel=kernel)
+    assert packed.kernel == kernel
+    return linear, packed
+
+
+def _noise_floor(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """torch: activations, scales and zeros are rounded to bfloat16 (relative 2^-9) and the output too, so
+    an output may differ from float32 by ~2^-8 of the sum of |x_i w_i|; the bound is 2^-7. vnni: each
+    activation moves by at most half its block's step (block max / 254), so an output moves by at most
+    sum over blocks of that times the block's sum of |w_i|, plus float32 accumulation (2^-14 of the sum
+    of |x_i w_i|)."""
+    magnitude = (x.abs() @ w.abs().T) + bias.abs()  # [rows, N]
+    if kernel == "torch":
+        return magnitude * 2**-7
+    steps = x.abs().reshape(x.shape[0], -1, 32).amax(dim=-1) / 254  # [rows, G]
+    return steps.repeat_interleave(32, dim=1) @ w.abs().T + magnitude * 2**-14  # [rows, N]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 64])
+def test_kernel_matches_the_float_layer_within_its_rounding(kernel: str, rows: int) -> None:
+    linear, packed = _packed(kernel)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         got, ref = packed(x), linear(x)
-    scale = (x.abs() @ w.abs().T) + linear.bias.abs()  # [rows, 64]
+        bound = _noise_floor(kernel, x, linear.weight, linear.bias)
     assert got.dtype == torch.float32 and got.shape == ref.shape
-    assert ((got - ref).abs() <= scale * 2**-7).all()
-    assert not torch.equal(got, ref)  # lossy, as documented (a kernel that ignored the bf16 path would pass)
+    assert ((got - ref).abs() <= bound).all()
+    assert not torch.equal(got, ref)  # lossy, as documented (a kernel that ignored the rounding would pass)
 
 
-def test_the_engine_packs_q4_1_models_and_stays_lossless(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rows_do_not_depend_on_the_batch(kernel: str) -> None:
+    """Each row bit-identical alone and in batches of 1..9 (the VNNI kernel's tiles of 4 rows and their
+    remainders): what speculative greedy output equal to plain greedy output rests on."""
+    _, packed = _packed(kernel)
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(3))  # [M, K]
+    with torch.no_grad():
+        alone = torch.cat([packed(x[i : i + 1]) for i in range(9)])  # [M, N]
+        for m in range(1, 10):
+            assert torch.equal(packed(x[:m]), alone[:m]), m
+
+
+def test_vnni_layout_follows_the_glossary() -> None:
+    codes = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    tiles = vnni_tiles(codes)  # [N/16, G, 256]
+    assert tiles.shape == (2, 2, 256) and tiles.dtype == torch.uint8
+    for t, g, c, j, b in [(0, 0, 0, 0, 0), (1, 1, 3, 15, 3), (0, 1, 2, 7, 1), (1, 0, 1, 9, 2)]:
+        byte = int(tiles[t, g, 64 * c + 4 * j + b])
+        assert byte & 15 == int(codes[16 * t + j, 32 * g + 4 * c + b])
+        assert byte >> 4 == int(codes[16 * t + j, 32 * g + 16 + 4 * c + b])
+
+
+def test_kernel_choice_is_checked() -> None:
+    linear = torch.nn.Linear(64, 8)
+    found = recover_q4_1(_q4_1(8, 64))
+    assert found is not None
+    with pytest.raises(ValueError, match="kernel must be None, 'torch' or 'vnni', got 'fast'"):
+        Int4Linear(linear, *found, kernel="fast")
+    with pytest.raises(ValueError, match=r"kernel='vnni' needs .* N % 16 == 0 \(N=8\)"):
+        Int4Linear(linear, *found, kernel="vnni")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_engine_packs_q4_1_models_and_stays_lossless(
+    kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kernel == "torch":  # as on a CPU without AVX512-VNNI
+        monkeypatch.setattr(int4_linear, "native_op", lambda name: None)
     model_dir = make_q4_1_model(tmp_path / "q4", seed=3)
     llm = LLM(
         model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     )
     packed = [m for m in llm.model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
+    assert {m.kernel for m in packed} == {kernel}
     params = SamplingParams(temperature=0.0, max_tokens=16)
     speculative = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     assert llm.metrics.total.num_accepted_tokens > 0

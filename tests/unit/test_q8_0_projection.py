@@ -5,12 +5,11 @@ clear errors on bad inputs, and the engine's guarantee on a model prepared with 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, one_thread, require_native_kernels  # noqa: F401 - autouse
 
 from spec_backend.backends import q8_0_projection as q8
 from spec_backend.backends.vocab_projection import TallSkinnyProjection
@@ -20,10 +19,7 @@ from spec_backend.testing.q8_0 import make_q8_0_head_model, q8_0_round_trip
 
 @pytest.fixture(scope="module", autouse=True)
 def native_kernel() -> None:
-    error = q8.native_kernel_error()
-    if error is not None and shutil.which("g++") is None:
-        pytest.skip(f"no C++ compiler to build the Q8_0 kernel: {error}")
-    assert error is None, error  # a compiler is here: the build must work
+    require_native_kernels()
 
 
 def _q8_0(n: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,108 @@
+// Causal attention computed row by row, for the reference backend's batch-invariant attention
+// (spec_backend/backends/attention.py): each query row's output depends only on that row and the keys
+// and values it sees, computed in one fixed order, never on how many other rows the call holds. A
+// token verified among drafts, decoded alone or prefilled with its prompt gets the same output.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float sum16(v16f v) {  // a fixed pairwise order
+  float s[16];
+  std::memcpy(s, &v, sizeof(s));
+  for (int w = 8; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) s[i] += s[i + w];
+  return s[0];
+}
+
+inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple of 16
+  v16f acc = {};
+  for (int64_t i = 0; i < d; i += 16) acc += load16(a + i) * load16(b + i);
+  return sum16(acc);
+}
+
+// One query row of one head over keys [0, n): softmax(scale * q.k) @ v into out[0, d).
+void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t n, int64_t d,
+            float scale, float* scores, float* out) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = scale * dot(q, k + j * k_stride, d);
+    top = std::max(top, scores[j]);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - top);
+    total += scores[j];
+  }
+  std::vector<v16f> acc(d / 16, v16f{});
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < d / 16; ++i) acc[i] += scores[j] * load16(v + j * k_stride + 16 * i);
+  for (int64_t i = 0; i < d / 16; ++i) {
+    const v16f row = acc[i] / total;
+    std::memcpy(out + 16 * i, &row, sizeof(row));
+  }
+}
+
+// query [B, Hq, Q, D], key/value [B, Hkv, L, D] (any strides but a contiguous last dim), float32;
+// request b has q_lens[b] query rows at its last positions of kv_lens[b] keys. Returns [B, Q, Hq, D],
+// zeros in padding rows.
+at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const at::Tensor& q_lens, const at::Tensor& kv_lens, double scale) {
+  for (const at::Tensor* t : {&query, &key, &value})
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->stride(3) == 1,
+                "query, key and value must be float32 [B, H, T, D] with a contiguous last dim, got ",
+                t->scalar_type(), " ", t->sizes());
+  const int64_t b_size = query.size(0), hq = query.size(1), q_max = query.size(2), d = query.size(3);
+  const int64_t hkv = key.size(1);
+  TORCH_CHECK(d % 16 == 0, "head dim must be a multiple of 16, got ", d);
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == b_size && key.size(3) == d && hq % hkv == 0,
+              "key/value ", key.sizes(), " do not match query ", query.sizes());
+  TORCH_CHECK(key.strides() == value.strides(), "key and value must share strides");
+  auto ql = q_lens.to(at::kLong).contiguous(), kl = kv_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(ql.numel() == b_size && kl.numel() == b_size, "q_lens and kv_lens need one entry per request");
+  const int64_t* qlp = ql.data_ptr<int64_t>();
+  const int64_t* klp = kl.data_ptr<int64_t>();
+  for (int64_t b = 0; b < b_size; ++b)
+    TORCH_CHECK(0 <= qlp[b] && qlp[b] <= q_max && qlp[b] <= klp[b] && klp[b] <= key.size(2),
+                "request ", b, ": q_len ", qlp[b], ", kv_len ", klp[b], " do not fit query ", query.sizes(),
+                " and key ", key.sizes());
+  auto out = at::zeros({b_size, q_max, hq, d}, query.options());
+  const float *qp = query.data_ptr<float>(), *kp = key.data_ptr<float>(), *vp = value.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = hq / hkv;
+  at::parallel_for(0, b_size * hq * q_max, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(key.size(2));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task % q_max, h = (task / q_max) % hq, b = task / (q_max * hq);
+      if (i >= qlp[b]) continue;
+      const int64_t n = klp[b] - qlp[b] + i + 1;  // keys this row sees
+      const float* q = qp + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+      const int64_t kv_offset = b * key.stride(0) + (h / group) * key.stride(1);
+      attend(q, kp + kv_offset, vp + kv_offset, key.stride(2), n, d, static_cast<float>(scale), scores.data(),
+             op + ((b * q_max + i) * hq + h) * d);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
+  m.def("attention_rows(Tensor query, Tensor key, Tensor value, Tensor q_lens, Tensor kv_lens, float scale) -> Tensor",
+        &attention_rows);
+}

@@ -1,0 +1,99 @@
+"""The native row attention kernel (``csrc/attention_rows.cpp``) behind the reference backend's
+batch-invariant attention: SDPA's values within float32 rounding, every row independent of the other rows
+of the call (prefill, verify and decode give a position the same bits), and clear errors on bad input."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from engine_fixtures import require_native_kernels
+
+from spec_backend.backends.attention import (
+    RaggedAttentionMetadata,
+    native_attention_rows,
+    sdpa_ragged_attention,
+)
+from spec_backend.backends.native import native_op
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_kernel() -> None:
+    require_native_kernels()
+
+
+HQ, HKV, D = 6, 2, 32
+
+
+def _qkv(q_len: int, kv_len: int, batch: int = 1, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, HQ, q_len, D, generator=g)  # [B, Hq, Q, D]
+    k = torch.randn(batch, HKV, kv_len, D, generator=g)  # [B, Hkv, L, D]
+    return q, k, torch.randn(batch, HKV, kv_len, D, generator=g)
+
+
+def _rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: list[int], kv_lens: list[int]
+) -> torch.Tensor:
+    meta = RaggedAttentionMetadata(torch.tensor(q_lens), torch.tensor(kv_lens))
+    out = native_attention_rows(q, k, v, meta, None)
+    assert out is not None
+    return out  # [B, Q, Hq, D]
+
+
+def test_rows_match_sdpa_within_float32_rounding() -> None:
+    """A ragged batch (request 1 padded) with grouped-query heads; noise floor: float32 dot products and
+    softmax of <= 90 keys, |error| <= 2^-20 of the values' scale; padding rows are zeros."""
+    q, k, v = _qkv(12, 90, batch=2)
+    out = _rows(q, k, v, [12, 5], [90, 40])
+    for b, (q_len, kv_len) in enumerate([(12, 90), (5, 40)]):
+        for i in range(q_len):
+            seen = kv_len - q_len + i + 1
+            ref = F.scaled_dot_product_attention(
+                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :seen], v[b : b + 1, :, :seen], enable_gqa=True
+            )[0, :, 0]  # [Hq, D]
+            assert torch.allclose(out[b, i], ref, rtol=0, atol=2**-20 * float(v.abs().max()))
+    assert not out[1, 5:].any()
+
+
+@pytest.mark.parametrize("prompt", [31, 33, 47, 143, 192])
+def test_a_row_does_not_depend_on_the_other_rows(prompt: int) -> None:
+    """A prompt prefilled alone, prefilled one token longer (a draft model catching up), and decoded
+    row by row: the same bits for every position. (torch's SDPA breaks the first on this machine for
+    these lengths, which is why the kernel exists.)"""
+    q, k, v = _qkv(prompt + 1, prompt + 1, seed=prompt)
+    short = _rows(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], [prompt], [prompt])
+    longer = _rows(q, k, v, [prompt + 1], [prompt + 1])
+    assert torch.equal(short[:, :prompt], longer[:, :prompt])
+    for i in [0, prompt // 2, prompt - 1, prompt]:
+        alone = _rows(q[:, :, i : i + 1].contiguous(), k, v, [1], [i + 1])
+        assert torch.equal(alone[0, 0], longer[0, i])
+
+
+def test_the_backend_attention_uses_it_for_batch_invariant_models() -> None:
+    q, k, v = _qkv(4, 20)
+    meta = RaggedAttentionMetadata(torch.tensor([4]), torch.tensor([20]))
+    module = SimpleNamespace(config=SimpleNamespace(spec_batch_invariant=True))
+    out, _ = sdpa_ragged_attention(module, q, k, v, None, scaling=D**-0.5, spec_attn_metadata=meta)  # type: ignore[arg-type]
+    assert torch.equal(out, _rows(q, k, v, [4], [20]))
+    wide, _ = sdpa_ragged_attention(  # float64 (tests' reference models): torch's row by row path
+        module,  # type: ignore[arg-type]
+        q.double(), k.double(), v.double(), None, scaling=D**-0.5, spec_attn_metadata=meta,
+    )  # fmt: skip
+    assert wide.dtype == torch.float64 and torch.allclose(wide.float(), out, atol=1e-5)
+
+
+def test_bad_inputs_are_refused() -> None:
+    q, k, v = _qkv(2, 8)
+    op = native_op("attention_rows")
+    assert op is not None
+    with pytest.raises(RuntimeError, match="must be float32"):
+        op(q.double(), k, v, torch.tensor([2]), torch.tensor([8]), 0.1)
+    with pytest.raises(RuntimeError, match="head dim must be a multiple of 16, got 8"):
+        op(q[..., :8], k[..., :8], v[..., :8], torch.tensor([2]), torch.tensor([8]), 0.1)
+    with pytest.raises(RuntimeError, match="request 0: q_len 3, kv_len 2 do not fit"):
+        op(q, k, v, torch.tensor([3]), torch.tensor([2]), 0.1)
+    with pytest.raises(RuntimeError, match="one entry per request"):
+        op(q, k, v, torch.tensor([2, 2]), torch.tensor([8, 8]), 0.1)
