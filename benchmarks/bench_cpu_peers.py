@@ -126,11 +126,14 @@ def copy_bandwidth() -> float:
 
 def weight_bytes(model: Any) -> int:
     """Bytes a decode step reads: every parameter and buffer but the input embedding table (which a tied
-    LM head still reads whole)."""
+    float LM head still reads whole; a Q8_0 head reads its codes and scales, which are buffers)."""
+    from spec_backend.backends.q8_0_projection import Q80Projection
+
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     tensors.pop(id(model.get_input_embeddings().weight))
-    head = getattr(model.get_output_embeddings(), "weight", None)
-    if head is not None:
+    head_module = model.get_output_embeddings()
+    head = getattr(head_module, "weight", None)
+    if head is not None and not isinstance(head_module, Q80Projection):
         tensors[id(head)] = head
     return sum(t.numel() * t.element_size() for t in tensors.values())
 

@@ -5,8 +5,9 @@ A decode step multiplies M rows (batch × (K+1) positions) by every weight of th
 have the shapes of SmolLM2-135M's decoder (30 layers × q, k, v, o, gate, up, down; ~480 MB float32, so
 they are read from memory, not cache, as in a real step). For each M the script times one pass over all
 of them with ``F.linear(x, W)``, with ``TallSkinnyProjection`` (``(W @ x.T).T``, odd M padded to
-even), with ``Int4Linear`` and with ``Int8Linear``, and prints medians, the float ratio, and each packed
-kernel's time over its own one-row time (what verifying K+1 = M positions costs against decoding one).
+even), with ``Int4Linear`` (torch's int4 kernel, and our AVX512-VNNI kernel where the CPU has it) and
+with ``Int8Linear``, and prints medians, the float ratio, and each packed kernel's time over its own
+one-row time (what verifying K+1 = M positions costs against decoding one).
 Usage: ``python benchmarks/bench_small_batch_linear.py``.
 """
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
 from spec_backend.backends.int8_linear import Int8Linear
+from spec_backend.backends.native import native_op
 from spec_backend.backends.vocab_projection import TallSkinnyProjection
 
 HIDDEN, KV, MLP, LAYERS = 576, 192, 1536, 30
@@ -58,13 +60,19 @@ def run_modules(modules: list[nn.Module], x: dict[int, torch.Tensor]) -> None:
         module(x[int(module.in_features)])  # [M, out]
 
 
-def packed(linears: list[nn.Linear]) -> tuple[list[nn.Module], list[nn.Module]]:
-    int4: list[nn.Module] = []
-    for linear in linears:
-        found = quantize_int4(linear.weight)
-        assert found is not None
-        int4.append(Int4Linear(linear, *found))
-    return int4, [Int8Linear(linear) for linear in linears]
+def packed(linears: list[nn.Linear]) -> dict[str, list[nn.Module]]:
+    """The packed variants by name: int4 (torch's kernel), int4 vnni (ours, where available), int8."""
+    kernels = ["torch", *(["vnni"] if native_op("q4_1_q8_mm") is not None else [])]
+    variants: dict[str, list[nn.Module]] = {}
+    for kernel in kernels:
+        name = "int4" if kernel == "torch" else "int4 vnni"
+        variants[name] = []
+        for linear in linears:
+            found = quantize_int4(linear.weight)
+            assert found is not None
+            variants[name].append(Int4Linear(linear, *found, kernel=kernel))
+    variants["int8"] = [Int8Linear(linear) for linear in linears]
+    return variants
 
 
 def main() -> None:
@@ -82,26 +90,21 @@ def main() -> None:
             linear.weight.data = 0.02 * torch.randn(out_features, in_features, generator=gen)
             linears.append(linear)
     tall: list[nn.Module] = [TallSkinnyProjection(linear, max_rows=1 << 30) for linear in linears]
-    int4, int8 = packed(linears)
+    variants = packed(linears)
     print(f"{len(linears)} weights shaped like SmolLM2-135M's decoder, float32, {args.threads} threads")
-    print(
-        "| rows M | F.linear ms | tall-skinny ms | ratio | int4 ms | int4 / its M=1 | int8 ms "
-        "| int8 / its M=1 |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
-    )
+    head = "".join(f" {name} ms | {name} / its M=1 |" for name in variants)
+    rule = "|---:|---:|---:|---:|" + "---:|---:|" * len(variants)
+    print(f"| rows M | F.linear ms | tall-skinny ms | ratio |{head}\n{rule}")
     one: dict[str, float] = {}
     with torch.no_grad():
         for m in (int(r) for r in args.rows.split(",")):
             x = {f: torch.randn(m, f, generator=gen) for f in (HIDDEN, MLP)}  # [M, in]
             plain = median_ms(partial(run_linear, linears, x), args.repeats)
             skinny = median_ms(partial(run_modules, tall, x), args.repeats)
-            q4 = median_ms(partial(run_modules, int4, x), args.repeats)
-            q8 = median_ms(partial(run_modules, int8, x), args.repeats)
-            one = one or {"int4": q4, "int8": q8}
-            print(
-                f"| {m} | {plain:.1f} | {skinny:.1f} | {plain / skinny:.2f}x | {q4:.1f} "
-                f"| {q4 / one['int4']:.2f}x | {q8:.1f} | {q8 / one['int8']:.2f}x |",
-                flush=True,
-            )
+            times = {n: median_ms(partial(run_modules, ms, x), args.repeats) for n, ms in variants.items()}
+            one = one or times
+            cells = "".join(f" {t:.1f} | {t / one[name]:.2f}x |" for name, t in times.items())
+            print(f"| {m} | {plain:.1f} | {skinny:.1f} | {plain / skinny:.2f}x |{cells}", flush=True)
 
 
 if __name__ == "__main__":
