@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 NATIVE_ENV = "SPEC_BACKEND_NATIVE"
-_SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = sorted(_CSRC.glob("*.cpp"))
 
 
 def _build_digest() -> str:
@@ -33,7 +34,7 @@ def _build_digest() -> str:
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
-    sources = "|".join(source.read_text() for source in _SOURCES)
+    sources = "|".join(source.read_text() for source in sorted([*_SOURCES, *_CSRC.glob("*.h")]))
     key = f"{sources}|{torch.__version__}|{platform.machine()}|{flags}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 

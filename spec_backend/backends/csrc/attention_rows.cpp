@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,21 +16,9 @@
 
 namespace {
 
-typedef float v16f __attribute__((vector_size(64)));
-
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline float sum16(v16f v) {  // a fixed pairwise order
-  float s[16];
-  std::memcpy(s, &v, sizeof(s));
-  for (int w = 8; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) s[i] += s[i + w];
-  return s[0];
-}
+using spec_backend_native::load16;
+using spec_backend_native::sum16;
+using spec_backend_native::v16f;
 
 inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple of 16
   v16f acc = {};

@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec16.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -19,23 +21,11 @@ constexpr int64_t kBlock = 32;    // weights per Q8_0 block
 constexpr int kRowTile = 8;       // activation rows sharing one decode of a block
 constexpr int64_t kColTile = 16;  // output features per task: their codes stay in L1 across row tiles
 
-typedef float v16f __attribute__((vector_size(64)));
+using spec_backend_native::load16;
+using spec_backend_native::sum16;
+using spec_backend_native::v16f;
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef int8_t v16s8 __attribute__((vector_size(16)));
-
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline float sum16(v16f v) {  // a fixed pairwise order
-  float s[16];
-  std::memcpy(s, &v, sizeof(s));
-  for (int w = 8; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) s[i] += s[i + w];
-  return s[0];
-}
 
 #if defined(__AVX512F__)
 inline v16f as_v16f(__m512 v) {
