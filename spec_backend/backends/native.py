@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger("spec_backend.backends")
 
 NATIVE_ENV = "SPEC_BACKEND_NATIVE"
 _CSRC = Path(__file__).parent / "csrc"
@@ -52,6 +55,8 @@ def native_kernel_error() -> str | None:
         digest = _build_digest()
         folder = cache_root() / "kernels" / f"native-{digest}"
         folder.mkdir(parents=True, exist_ok=True)
+        if not any(folder.glob("*.so")):
+            logger.info("spec_backend: building the native CPU kernels into %s (once per machine)", folder)
         load(
             name=f"spec_backend_native_{digest}",
             sources=[str(source) for source in _SOURCES],
