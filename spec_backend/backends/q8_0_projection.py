@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spec_backend.backends.int4_linear import PackedLinear
 from spec_backend.backends.native import native_kernel_error, native_op
 from spec_backend.backends.vocab_projection import output_embedding
 
@@ -70,26 +71,22 @@ def q8_0_mm(rows: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> tor
     return op(rows, codes, scale)
 
 
-class Q80Projection(nn.Module):
+class Q80Projection(PackedLinear):
     """Drop-in replacement for an ``nn.Linear`` output embedding made of Q8_0 blocks: ``weight`` stays the
-    same float32 Parameter (tied embeddings stay tied; drafters read it), the product reads the codes."""
+    same float32 Parameter (tied embeddings stay tied; drafters read it), the product reads the codes
+    with float32 rows."""
 
     def __init__(self, linear: nn.Linear, codes: torch.Tensor, scale: torch.Tensor) -> None:
-        super().__init__()
+        super().__init__(linear)
         self.weight = linear.weight  # [V, H]
-        self.bias = linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.activation_dtype = torch.float32
         self.codes: torch.Tensor
         self.scale: torch.Tensor
         self.register_buffer("codes", codes)  # [V, H] int8
         self.register_buffer("scale", scale)  # [V, H/32] float32
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
-        rows = hidden.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [M, H]
-        out = q8_0_mm(rows, self.codes, self.scale).to(hidden.dtype)  # [M, V]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*hidden.shape[:-1], self.out_features)
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:  # [M, H] float32 -> [M, V]
+        return q8_0_mm(rows, self.codes, self.scale)
 
 
 def install_q8_0_projection(model: Any) -> bool:
