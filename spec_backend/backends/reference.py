@@ -23,6 +23,7 @@ from spec_backend.backends.base import (
 )
 from spec_backend.backends.int4_linear import install_int4_linears
 from spec_backend.backends.int8_linear import install_int8_linears
+from spec_backend.backends.native_layer import install_native_layers
 from spec_backend.backends.q8_0_projection import install_q8_0_projection
 from spec_backend.backends.vocab_projection import (
     install_small_batch_linears,
@@ -103,6 +104,9 @@ class ReferenceBackend(Backend):
                 what,
                 "int8 (per 32 values, AVX512-VNNI kernel)" if vnni else "bfloat16",
             )
+            native = install_native_layers(model)
+            if native:
+                logger.info("spec_backend: %d decoder layers run as one native call each", native)
         install_small_batch_linears(model)
         if install_q8_0_projection(model):
             logger.info("spec_backend: LM head runs from its GGUF Q8_0 blocks (exact: float32 activations)")

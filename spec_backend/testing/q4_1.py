@@ -4,6 +4,7 @@ de-quantized to float32 the way transformers loads a Q4_1 GGUF (``w = d·q + m``
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -24,14 +25,16 @@ def q4_1_round_trip(weight: torch.Tensor) -> torch.Tensor:
     return (d.float()[..., None] * q + m.float()[..., None]).reshape(n, k)
 
 
-def make_q4_1_model(directory: str | os.PathLike[str], arch: str = "llama", seed: int = 0) -> str:
-    """A tiny model (``engine.tiny``) whose decoder linear weights are Q4_1 round trips, float32, saved as
-    safetensors: what transformers makes of a Q4_1 GGUF."""
+def make_q4_1_model(
+    directory: str | os.PathLike[str], arch: str = "llama", seed: int = 0, **overrides: Any
+) -> str:
+    """A tiny model (``engine.tiny``, its config changed by ``overrides``) whose decoder linear weights are
+    Q4_1 round trips, float32, saved as safetensors: what transformers makes of a Q4_1 GGUF."""
     from transformers import AutoModelForCausalLM
 
     from spec_backend.engine.tiny import make_tiny_model
 
-    path = make_tiny_model(directory, arch, seed=seed, with_tokenizer=False)
+    path = make_tiny_model(directory, arch, seed=seed, with_tokenizer=False, **overrides)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         for layer in model.model.layers:

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "native_ops.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -47,6 +48,10 @@ void attend(const float* q, const float* k, const float* v, int64_t k_stride, in
     std::memcpy(out + 16 * i, &row, sizeof(row));
   }
 }
+
+}  // namespace
+
+namespace spec_backend_native {
 
 // query [B, Hq, Q, D], key/value [B, Hkv, L, D] (any strides but a contiguous last dim), float32;
 // request b has q_lens[b] query rows at its last positions of kv_lens[b] keys. Returns [B, Q, Hq, D],
@@ -90,9 +95,9 @@ at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const 
   return out;
 }
 
-}  // namespace
+}  // namespace spec_backend_native
 
 TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
   m.def("attention_rows(Tensor query, Tensor key, Tensor value, Tensor q_lens, Tensor kv_lens, float scale) -> Tensor",
-        &attention_rows);
+        &spec_backend_native::attention_rows);
 }

@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "native_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -76,6 +78,10 @@ void tile(const Quantized& a, const uint8_t* codes, const float* scale, const fl
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (m0 + r) * n_out + t * kLanes, acc[r]);
 }
 
+}  // namespace
+
+namespace spec_backend_native {
+
 at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                       const at::Tensor& low) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -114,9 +120,9 @@ at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Te
   return out;
 }
 
-}  // namespace
+}  // namespace spec_backend_native
 
 TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
-  m.def("q4_1_q8_mm(Tensor x, Tensor codes, Tensor scale, Tensor low) -> Tensor", &q4_1_q8_mm);
+  m.def("q4_1_q8_mm(Tensor x, Tensor codes, Tensor scale, Tensor low) -> Tensor", &spec_backend_native::q4_1_q8_mm);
 }
 #endif  // AVX512-VNNI: without it the op is not defined and the torch kernel is used

@@ -1,0 +1,196 @@
+// A whole Llama-shaped decoder layer in one native call, for GGUF Q4_1 models on the reference backend
+// (spec_backend/backends/native_layer.py has the glossary and the weight list): RMS norm, the fused
+// q/k/v product, rotary embedding, the KV cache write, row attention, the output product and residual,
+// RMS norm, the fused gate/up product, SiLU-gated product, the down product and residual. Every step
+// computes each row on its own in a fixed order, so a row's result does not depend on the batch.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "native_ops.h"
+#include "vec16.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+namespace {
+
+using spec_backend_native::load16;
+using spec_backend_native::sum16;
+using spec_backend_native::v16f;
+
+// weights: input norm [H]; q|k|v tiles, scales, minima; o tiles, scales, minima; post-attention norm [H];
+// gate|up tiles, scales, minima; down tiles, scales, minima (Q4_1 VNNI layout, see int4_linear.py).
+constexpr size_t kWeights = 14;
+constexpr size_t kNorm1 = 0, kQkv = 1, kOut = 4, kNorm2 = 7, kGateUp = 8, kDown = 11;
+
+struct Layer {
+  at::TensorList w;
+  int64_t heads, kv_heads, head_dim;
+  float eps;
+
+  at::Tensor mm(const at::Tensor& rows, size_t first) const {  // [M, K] -> [M, N]
+    return spec_backend_native::q4_1_q8_mm(rows, w[first], w[first + 1], w[first + 2]);
+  }
+  int64_t outputs(size_t first) const { return w[first].size(0) * 16; }
+};
+
+Layer checked(const at::Tensor& x, at::TensorList w, int64_t heads, int64_t kv_heads, int64_t head_dim,
+              double eps) {
+  TORCH_CHECK(w.size() == kWeights, "decoder layer needs ", kWeights, " weight tensors, got ", w.size());
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat,
+              "hidden states must be float32 [B, Q, H], got ", x.scalar_type(), " ", x.sizes());
+  const int64_t h = x.size(2);
+  TORCH_CHECK(h % 32 == 0 && head_dim % 16 == 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+              "unsupported shape: hidden ", h, ", heads ", heads, ", kv heads ", kv_heads, ", head dim ",
+              head_dim);
+  for (size_t i : {kNorm1, kNorm2})
+    TORCH_CHECK(w[i].scalar_type() == at::kFloat && w[i].is_contiguous() && w[i].numel() == h,
+                "norm weight ", i, " must be contiguous float32 [", h, "], got ", w[i].sizes());
+  const Layer layer{w, heads, kv_heads, head_dim, static_cast<float>(eps)};
+  TORCH_CHECK(layer.outputs(kQkv) == (heads + 2 * kv_heads) * head_dim && layer.outputs(kOut) == h &&
+                  layer.outputs(kDown) == h && layer.outputs(kGateUp) % 32 == 0,
+              "weight shapes do not match hidden ", h, " and ", heads, "+2x", kv_heads, " heads of ", head_dim);
+  return layer;
+}
+
+// weight * (x * 1/sqrt(mean(x^2) + eps)) of each row of x [M, H] (H a multiple of 16).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, float eps) {
+  const int64_t m = x.size(0), h = x.size(1);
+  auto out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = xp + r * h;
+    v16f acc = {};
+    for (int64_t i = 0; i < h; i += 16) acc += load16(row + i) * load16(row + i);
+    const float inverse = 1.0f / std::sqrt(sum16(acc) / static_cast<float>(h) + eps);
+    for (int64_t i = 0; i < h; ++i) op[r * h + i] = wp[i] * (row[i] * inverse);
+  }
+  return out;
+}
+
+// Rotary embedding in place on the first `heads` heads of each row of x [M, width]; cos/sin [M, D]:
+// x[j] * cos[j] - x[j + D/2] * sin[j] in the first half, x[j] * cos[j] + x[j - D/2] * sin[j] in the second.
+void rope(float* x, const float* cos, const float* sin, int64_t m, int64_t width, int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  std::vector<float> turned(d);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + r * width + h * d;
+      const float *c = cos + r * d, *s = sin + r * d;
+      for (int64_t j = 0; j < half; ++j) turned[j] = v[j] * c[j] - v[j + half] * s[j];
+      for (int64_t j = half; j < d; ++j) turned[j] = v[j] * c[j] + v[j - half] * s[j];
+      std::memcpy(v, turned.data(), d * sizeof(float));
+    }
+}
+
+// silu(gate) * up of gu [M, 2I] (gate in the first I columns) -> [M, I].
+at::Tensor swiglu(const at::Tensor& gu) {
+  const int64_t m = gu.size(0), inner = gu.size(1) / 2;
+  auto out = at::empty({m, inner}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < inner; ++i) {
+      const float g = gp[r * 2 * inner + i];
+      op[r * inner + i] = g / (1.0f + std::exp(-g)) * gp[r * 2 * inner + inner + i];
+    }
+  return out;
+}
+
+// -> query [B, Hq, Q, D], key and value [B, Hkv, Q, D] (views of one buffer), rotary applied.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_part(const at::Tensor& x, const at::Tensor& cos,
+                                                         const at::Tensor& sin, const Layer& layer) {
+  const int64_t b = x.size(0), q_len = x.size(1), h = x.size(2), m = b * q_len, d = layer.head_dim;
+  const auto expanded = [&](const at::Tensor& t) {
+    TORCH_CHECK(t.dim() == 3 && t.scalar_type() == at::kFloat && t.size(1) == q_len && t.size(2) == d,
+                "cos/sin must be float32 [B or 1, ", q_len, ", ", d, "], got ", t.scalar_type(), " ", t.sizes());
+    return t.expand({b, q_len, d}).contiguous();
+  };
+  const at::Tensor c = expanded(cos), s = expanded(sin);
+  auto qkv = layer.mm(rms_norm(x.reshape({m, h}).contiguous(), layer.w[kNorm1], layer.eps), kQkv);
+  const int64_t width = qkv.size(1), hq = layer.heads, hkv = layer.kv_heads;
+  rope(qkv.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), m, width, hq + hkv, d);
+  const auto heads = [&](int64_t first, int64_t count) {
+    return qkv.narrow(1, first * d, count * d).view({b, q_len, count, d}).transpose(1, 2);
+  };
+  return {heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)};
+}
+
+// x + o(attn), then + down(silu(gate) * up) of its norm; attn [B, Q, Hq, D] or [B, Q, Hq * D].
+at::Tensor out_part(const at::Tensor& x, const at::Tensor& attn, const Layer& layer) {
+  const int64_t b = x.size(0), q_len = x.size(1), h = x.size(2), m = b * q_len;
+  const int64_t width = layer.heads * layer.head_dim;
+  TORCH_CHECK(attn.scalar_type() == at::kFloat && attn.numel() == m * width,
+              "attention output must be float32 with ", m, " x ", width, " values, got ", attn.sizes());
+  auto h1 = x.reshape({m, h}) + layer.mm(attn.reshape({m, width}).contiguous(), kOut);  // [M, H]
+  auto gu = layer.mm(rms_norm(h1, layer.w[kNorm2], layer.eps), kGateUp);  // [M, 2I]
+  return (h1 + layer.mm(swiglu(gu), kDown)).view({b, q_len, h});
+}
+
+// keys/values [B, Hkv, C, D] (the batch's cache slots): row i < q_lens[b] of request b goes to position
+// kv_lens[b] - q_lens[b] + i.
+void write_cache(const at::Tensor& k, const at::Tensor& v, const at::Tensor& keys, const at::Tensor& values,
+                 const int64_t* ql, const int64_t* kl) {
+  TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == at::kFloat && keys.sizes() == values.sizes() &&
+                  keys.strides() == values.strides() && keys.stride(3) == 1 && keys.size(0) == k.size(0) &&
+                  keys.size(1) == k.size(1) && keys.size(3) == k.size(3),
+              "cache must be float32 [B, Hkv, C, D] matching keys ", k.sizes(), ", got ", keys.sizes());
+  const int64_t d = k.size(3);
+  float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
+  for (int64_t b = 0; b < k.size(0); ++b) {
+    TORCH_CHECK(0 <= ql[b] && ql[b] <= k.size(2) && ql[b] <= kl[b] && kl[b] <= keys.size(2), "request ", b,
+                ": q_len ", ql[b], ", kv_len ", kl[b], " do not fit ", k.sizes(), " and cache ", keys.sizes());
+    for (int64_t i = 0; i < ql[b]; ++i)
+      for (int64_t h = 0; h < k.size(1); ++h) {
+        const int64_t dst = b * keys.stride(0) + h * keys.stride(1) + (kl[b] - ql[b] + i) * keys.stride(2);
+        const int64_t src = b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
+        std::memcpy(kp + dst, k.data_ptr<float>() + src, d * sizeof(float));
+        std::memcpy(vp + dst, v.data_ptr<float>() + src, d * sizeof(float));
+      }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> decoder_layer_qkv(const at::Tensor& x, const at::Tensor& cos,
+                                                                  const at::Tensor& sin, at::TensorList w,
+                                                                  int64_t heads, int64_t kv_heads,
+                                                                  int64_t head_dim, double eps) {
+  return qkv_part(x, cos, sin, checked(x, w, heads, kv_heads, head_dim, eps));
+}
+
+at::Tensor decoder_layer_out(const at::Tensor& x, const at::Tensor& attn, at::TensorList w, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, double eps) {
+  return out_part(x, attn, checked(x, w, heads, kv_heads, head_dim, eps));
+}
+
+at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::TensorList w,
+                         const at::Tensor& keys, const at::Tensor& values, const at::Tensor& q_lens,
+                         const at::Tensor& kv_lens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         double eps, double scale) {
+  const Layer layer = checked(x, w, heads, kv_heads, head_dim, eps);
+  auto [q, k, v] = qkv_part(x, cos, sin, layer);
+  const auto ql = q_lens.to(at::kLong).contiguous(), kl = kv_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(ql.numel() == x.size(0) && kl.numel() == x.size(0), "q_lens and kv_lens need one entry per request");
+  write_cache(k, v, keys, values, ql.data_ptr<int64_t>(), kl.data_ptr<int64_t>());
+  return out_part(x, spec_backend_native::attention_rows(q, keys, values, ql, kl, scale), layer);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
+  m.def("decoder_layer_qkv(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, int heads, int kv_heads, "
+        "int head_dim, float eps) -> (Tensor, Tensor, Tensor)",
+        &decoder_layer_qkv);
+  m.def("decoder_layer_out(Tensor x, Tensor attn, Tensor[] weights, int heads, int kv_heads, int head_dim, "
+        "float eps) -> Tensor",
+        &decoder_layer_out);
+  m.def("decoder_layer(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor keys, Tensor values, "
+        "Tensor q_lens, Tensor kv_lens, int heads, int kv_heads, int head_dim, float eps, float scale) -> Tensor",
+        &decoder_layer);
+}
+#endif  // AVX512-VNNI: the layer runs the Q4_1 VNNI kernel; without it the op is not defined

@@ -1,0 +1,17 @@
+// Native ops that other native kernels call directly (one shared library: no dispatcher, no Python).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace spec_backend_native {
+
+// GGUF Q4_1 weights in the VNNI tile layout times float32 rows [M, K] (q4_1_vnni.cpp; AVX512-VNNI only).
+at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                      const at::Tensor& low);
+
+// Row-invariant causal attention (attention_rows.cpp): query [B, Hq, Q, D], key/value [B, Hkv, L, D]
+// -> [B, Q, Hq, D].
+at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const at::Tensor& q_lens, const at::Tensor& kv_lens, double scale);
+
+}  // namespace spec_backend_native

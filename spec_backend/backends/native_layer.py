@@ -1,0 +1,237 @@
+"""Llama-shaped decoder layers of GGUF Q4_1 models, each run as one native call (``csrc/decoder_layer.cpp``).
+
+Why: at batch 1 a SmolLM2 decode step on the reference machine spent about 11 of its 18 ms in Python —
+transformers' module calls and some twenty small torch ops per layer — against about 7 ms in the
+products. A ``NativeDecoderLayer`` replaces a whole ``LlamaDecoderLayer`` (or ``MistralDecoderLayer``)
+whose seven projections are Q4_1 layers on our VNNI kernel (``int4_linear``), so a layer costs one
+Python call.
+
+Glossary:
+
+* **fused weights** — the q, k and v projections' tiles concatenated along their outputs (one product
+  instead of three); gate and up likewise. The weight list the op takes is ``weight_names()``'s order.
+* **ragged path** — inside an engine step (the cache has a ``StepBatch`` plan and the forward carries
+  ``spec_attn_metadata``): norm, products, rotary embedding, the KV cache write and the row attention
+  kernel (what ``sdpa_ragged_attention`` runs for these models) are one call.
+* **general path** — any other caller (transformers' ``generate`` with its own cache, a forward without a
+  cache, a captured layout): one native op computes q/k/v, the cache's ``update`` and the model's
+  configured attention function run as in transformers, a second op does the rest. With the row
+  attention kernel configured it gives the ragged path's result bit for bit.
+
+Numerics: the products are the replaced layers' own (lossy against float32, as ``int4_linear`` says);
+RMS norm, rotary embedding and SiLU run in float32 in a fixed order per row, so they differ from
+transformers' modules in the last bits only (``tests/unit/test_native_layer.py`` bounds it), and a row's
+result never depends on the other rows of the call: greedy speculative output equals plain greedy output.
+``SPEC_BACKEND_NATIVE_LAYERS=0`` keeps transformers' layers (still on the packed products).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.backends.int4_linear import Int4Linear
+from spec_backend.backends.native import native_op
+from spec_backend.step import StepBatch
+
+NATIVE_LAYERS_ENV = "SPEC_BACKEND_NATIVE_LAYERS"
+#: decoder layer classes whose forward is exactly: norm, attention with rotary embedding, residual, norm,
+#: SiLU-gated MLP, residual (with their norms' and attention's class names): the one list of what runs
+SUPPORTED_LAYERS = {
+    "LlamaDecoderLayer": ("LlamaRMSNorm", "LlamaAttention"),
+    "MistralDecoderLayer": ("MistralRMSNorm", "MistralAttention"),
+}
+_PROJECTIONS = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+class AttentionInfo(nn.Module):
+    """What transformers' attention functions read from an attention module (no weights)."""
+
+    def __init__(self, attn: Any, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.config = attn.config
+        self.layer_idx = int(attn.layer_idx)
+        self.head_dim = int(attn.head_dim)
+        self.num_key_value_groups = heads // kv_heads
+        self.scaling = float(attn.scaling)
+        self.attention_dropout = 0.0
+        self.is_causal = True
+
+
+def _fuse(linears: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layers' VNNI tiles, scales and minima concatenated along their output tiles."""
+    return (
+        torch.cat([m.tiles for m in linears]),  # [sum N/16, G, 256] uint8
+        torch.cat([m.tile_scale for m in linears]),  # [sum N/16, G, 16]
+        torch.cat([m.tile_low for m in linears]),
+    )
+
+
+def weight_names() -> tuple[str, ...]:
+    """The op's weight list, in its order (``csrc/decoder_layer.cpp``)."""
+    packed = ("tiles", "scale", "low")
+    return (
+        "input_norm",
+        *(f"qkv_{p}" for p in packed),
+        *(f"o_{p}" for p in packed),
+        "post_norm",
+        *(f"gate_up_{p}" for p in packed),
+        *(f"down_{p}" for p in packed),
+    )
+
+
+class NativeDecoderLayer(nn.Module):
+    """One supported decoder layer as native calls (module glossary); takes and returns what the layer
+    it replaces does."""
+
+    def __init__(self, layer: Any) -> None:
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.head_dim = int(attn.head_dim)
+        self.heads = attn.q_proj.out_features // self.head_dim
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+        self.self_attn = AttentionInfo(attn, self.heads, self.kv_heads)
+        self.layer_idx, self.scaling, self.config = int(attn.layer_idx), float(attn.scaling), attn.config
+        fused = (
+            [layer.input_layernorm.weight.detach().float().contiguous()],
+            _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+            _fuse([attn.o_proj]),
+            [layer.post_attention_layernorm.weight.detach().float().contiguous()],
+            _fuse([mlp.gate_proj, mlp.up_proj]),
+            _fuse([mlp.down_proj]),
+        )
+        for name, tensor in zip(weight_names(), [t for group in fused for t in group], strict=True):
+            self.register_buffer(name, tensor)
+        self._weights = self._collect()
+
+    def _collect(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in weight_names()]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> NativeDecoderLayer:
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        self._weights = self._collect()  # buffers were replaced
+        return self
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,  # [B, Q, H] float32
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin [B or 1, Q, D]
+        cache: Any = None,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:  # [B, Q, H]
+        if position_embeddings is None:
+            raise ValueError("NativeDecoderLayer needs position_embeddings=(cos, sin) from the model")
+        cos, sin = position_embeddings
+        cache = cache if cache is not None else past_key_values
+        kwargs.pop("position_ids", None), kwargs.pop("use_cache", None)
+        shape = (int(self.heads), int(self.kv_heads), self.head_dim, self.eps)
+        plan, meta = getattr(cache, "plan", None), kwargs.get("spec_attn_metadata")
+        ops = torch.ops.spec_backend_native
+        if (
+            isinstance(plan, StepBatch)
+            and isinstance(meta, RaggedAttentionMetadata)
+            and not plan.static_shapes
+        ):
+            keys, values = cache.layers[self.layer_idx].kv()  # [S, Hkv, C, D]
+            end = plan.start + plan.batch_size
+            out: torch.Tensor = ops.decoder_layer(
+                hidden_states, cos, sin, self._weights, keys[plan.start : end], values[plan.start : end],
+                meta.query_lens, meta.kv_lens, *shape, self.scaling,
+            )  # fmt: skip
+            return out
+        return self._general(hidden_states, cos, sin, attention_mask, cache, shape, kwargs)
+
+    def _general(
+        self,
+        x: torch.Tensor,  # [B, Q, H]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Any,
+        shape: tuple[int, int, int, float],
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        ops = torch.ops.spec_backend_native
+        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *shape)  # [B, H, Q, D]
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            str(self.config._attn_implementation), eager_attention_forward
+        )
+        kwargs.pop("dropout", None), kwargs.pop("scaling", None)
+        attn, _ = attention(
+            self.self_attn, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
+            **kwargs,
+        )  # fmt: skip
+        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *shape)
+        return out
+
+
+def supported(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a supported class whose projections all run on the VNNI kernel without bias,
+    with no module beyond the expected ones, float32 norms of one epsilon and SiLU."""
+    names = SUPPORTED_LAYERS.get(type(layer).__name__)
+    if names is None:
+        return False
+    norm_class, attn_class = names
+    children = dict(layer.named_children())
+    if set(children) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
+        return False
+    attn, mlp = children["self_attn"], children["mlp"]
+    config = getattr(attn, "config", None)
+    if type(attn).__name__ != attn_class or getattr(config, "sliding_window", None) is not None:
+        return False
+    if getattr(config, "hidden_act", None) not in ("silu", "swish") or set(dict(mlp.named_children())) != {
+        "gate_proj", "up_proj", "down_proj", "act_fn",
+    }:  # fmt: skip
+        return False
+    for parent, projections in _PROJECTIONS.items():
+        for name in projections:
+            proj = getattr(children[parent], name, None)
+            if not isinstance(proj, Int4Linear) or proj.kernel != "vnni" or proj.bias is not None:
+                return False
+    norms = [children["input_layernorm"], children["post_attention_layernorm"]]
+    return (
+        all(
+            type(n).__name__ == norm_class
+            and getattr(n, "weight", torch.empty(0)).dtype == torch.float32
+            and getattr(n, "variance_epsilon", None) == getattr(norms[0], "variance_epsilon", None)
+            for n in norms
+        )
+        and int(getattr(attn, "head_dim", 1)) % 16 == 0
+    )
+
+
+def install_native_layers(model: nn.Module) -> int:
+    """Replace every supported decoder layer of ``model`` (``supported``) by a ``NativeDecoderLayer``
+    where the native op exists and ``SPEC_BACKEND_NATIVE_LAYERS`` is not ``0``; returns how many."""
+    if os.environ.get(NATIVE_LAYERS_ENV, "1") == "0" or native_op("decoder_layer") is None:
+        return 0
+    swaps = [(name, NativeDecoderLayer(m)) for name, m in model.named_modules() if supported(m)]
+    for name, replacement in swaps:
+        model.set_submodule(name, replacement)
+    return len(swaps)
+
+
+__all__ = [
+    "NATIVE_LAYERS_ENV",
+    "SUPPORTED_LAYERS",
+    "AttentionInfo",
+    "NativeDecoderLayer",
+    "install_native_layers",
+    "supported",
+    "weight_names",
+]
