@@ -147,8 +147,8 @@ def gguf_bytes(gguf: str) -> int:
 
 
 def engine_rates(spec: dict[str, Any] | None, ids: list[list[int]], n: int, batch: int) -> dict[str, float]:
-    """The engine on ``ids``: tokens/s at batch 1 (median over prompts) or one batched run, and the mean
-    tokens per step."""
+    """The engine on ``ids``: decode tokens/s at batch 1 (median over prompts; after the prefill, as
+    llama.cpp's ``eval time`` counts) or one batched run (prefills included), and steps per second."""
     from spec_backend import LLM, SamplingParams
 
     llm = LLM("smollm2", speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
@@ -160,6 +160,13 @@ def engine_rates(spec: dict[str, Any] | None, ids: list[list[int]], n: int, batc
         start = time.perf_counter()
         outs = llm.generate(group, params)
         seconds = time.perf_counter() - start
+        if batch == 1:  # decode only: from the first token (its prefill done) to the last
+            metrics = outs[0].metrics
+            assert metrics is not None and metrics.first_token_time and metrics.last_token_time
+            seconds = metrics.last_token_time - metrics.first_token_time
+            rates.append((len(outs[0].outputs[0].token_ids) - 1) / seconds)
+            steps, elapsed = steps + outs[0].num_steps, elapsed + seconds
+            continue
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
         steps, elapsed = steps + max(o.num_steps + 1 for o in outs), elapsed + seconds  # + the prefill
     return {"tps": statistics.median(rates), "steps_per_s": steps / elapsed, "bytes": weight_bytes(llm.model)}

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from spec_backend.engine.loader import ModelLoadError
     from spec_backend.engine.params import (
         CompletionOutput,
+        RequestMetrics,
         RequestOutput,
         SamplingParams,
         SpecDecodeRequestStats,
@@ -25,6 +26,7 @@ _LAZY = {
     "LLM": "spec_backend.engine.llm",
     "ModelLoadError": "spec_backend.engine.loader",
     "CompletionOutput": "spec_backend.engine.params",
+    "RequestMetrics": "spec_backend.engine.params",
     "RequestOutput": "spec_backend.engine.params",
     "SamplingParams": "spec_backend.engine.params",
     "SpecDecodeRequestStats": "spec_backend.engine.params",
@@ -38,6 +40,7 @@ __all__ = [
     "LLM",
     "CompletionOutput",
     "ModelLoadError",
+    "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
     "SpecDecodeRequestStats",

@@ -174,6 +174,33 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request's tokens came, in ``time.perf_counter()`` seconds: ``arrival_time`` when it was
+    added, ``first_token_time`` when its first token was sampled (its prefill done), ``last_token_time``
+    when its last one was. ``decode_tokens_per_s`` is the decode rate after the prefill, the figure
+    llama.cpp's ``eval time`` line reports."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_output_tokens: int = 0
+
+    def record(self, now: float, num_tokens: int) -> None:
+        """``num_tokens`` more output tokens were kept at ``now``."""
+        if num_tokens:
+            self.first_token_time = now if self.first_token_time is None else self.first_token_time
+            self.last_token_time, self.num_output_tokens = now, self.num_output_tokens + num_tokens
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Output tokens after the first over the time after the first; ``None`` before two steps."""
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        seconds = self.last_token_time - self.first_token_time
+        return (self.num_output_tokens - 1) / seconds if seconds > 0 else None
+
+
+@dataclass
 class RequestOutput:
     """The result for one prompt, in the order the prompts were given."""
 
@@ -191,6 +218,8 @@ class RequestOutput:
     #: What the drafter reported when the request finished (vLLM's name: ``extract_hidden_states``
     #: puts ``{"hidden_states_path": ...}`` here); ``None`` otherwise.
     kv_transfer_params: dict[str, Any] | None = None
+    #: When its tokens came (``RequestMetrics``).
+    metrics: RequestMetrics | None = None
 
     @property
     def num_draft_tokens(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ from spec_backend.engine.params import (
     FinishReason,
     Logprob,
     PromptLogprobs,
+    RequestMetrics,
     RequestOutput,
     SampleLogprobs,
     SamplingParams,
@@ -42,6 +44,7 @@ class Request:
     parent_id: str = ""
     logprobs: SampleLogprobs | None = None  # one entry per output token when ``params.logprobs`` is set
     prompt_logprobs: PromptLogprobs | None = None
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
 
     def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
         """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample
@@ -120,6 +123,7 @@ class Request:
                 self.finish_reason = "length"
             if self.finished:
                 break
+        self.metrics.record(time.perf_counter(), len(kept))
         return kept
 
     def _hit_stop_string(self, tokenizer: Any) -> bool:
@@ -169,6 +173,7 @@ class Request:
             spec_stats=self.stats,
             num_steps=self.num_steps,
             kv_transfer_params=self.kv_transfer_params,
+            metrics=self.metrics,
         )
 
 

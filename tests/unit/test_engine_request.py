@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
+from spec_backend.engine import request as request_module
 from spec_backend.engine.params import SamplingParams
 from spec_backend.engine.request import Request
 
@@ -60,3 +65,19 @@ def test_failed_request_output() -> None:
     out = r.to_output(None)
     assert out.outputs[0].finish_reason == "error" and out.outputs[0].error == "boom"
     assert out.outputs[0].token_ids == [1]
+
+
+def test_metrics_time_the_first_and_last_kept_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([10.0, 10.5, 11.0, 12.5])  # arrival, then one reading per append_tokens call
+    monkeypatch.setattr(request_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    r = make(SamplingParams(max_tokens=6))
+    assert r.metrics.arrival_time == 10.0 and r.metrics.decode_tokens_per_s is None
+    r.append_tokens([1], None)  # the prefill's token
+    assert r.metrics.first_token_time == r.metrics.last_token_time == 10.5
+    assert r.metrics.decode_tokens_per_s is None  # no time after the first token yet
+    r.append_tokens([2, 3], None)
+    r.append_tokens([4, 5, 6, 7], None)  # max_tokens keeps 3 of these 4
+    out = r.to_output(None)
+    assert out.metrics is r.metrics and out.metrics.num_output_tokens == 6 == len(out.outputs[0].token_ids)
+    assert out.metrics.last_token_time == 12.5
+    assert out.metrics.decode_tokens_per_s == 5 / 2.0  # 5 tokens after the first, in 2 s
