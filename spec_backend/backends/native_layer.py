@@ -133,7 +133,8 @@ class NativeDecoderLayer(nn.Module):
             raise ValueError("NativeDecoderLayer needs position_embeddings=(cos, sin) from the model")
         cos, sin = position_embeddings
         cache = cache if cache is not None else past_key_values
-        kwargs.pop("position_ids", None), kwargs.pop("use_cache", None)
+        for unused in ("position_ids", "use_cache"):  # rotary comes as position_embeddings; a cache is used
+            kwargs.pop(unused, None)
         shape = (int(self.heads), int(self.kv_heads), self.head_dim, self.eps)
         plan, meta = getattr(cache, "plan", None), kwargs.get("spec_attn_metadata")
         ops = torch.ops.spec_backend_native
@@ -171,7 +172,6 @@ class NativeDecoderLayer(nn.Module):
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
             str(self.config._attn_implementation), eager_attention_forward
         )
-        kwargs.pop("dropout", None), kwargs.pop("scaling", None)
         attn, _ = attention(
             self.self_attn, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
             **kwargs,

@@ -103,3 +103,14 @@ def require_native_kernels() -> None:
     if error is not None and shutil.which("g++") is None:
         pytest.skip(f"no C++ compiler to build the native kernels: {error}")
     assert error is None, error
+
+
+def check_speculation_is_lossless(llm: LLM) -> list[list[int]]:
+    """``llm`` (speculation on) drafts and accepts on ``PROMPTS``, and its greedy output equals its plain
+    output, batched and one prompt at a time; returns that output. Leaves speculation off."""
+    speculative = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert llm.metrics.total.num_accepted_tokens > 0
+    llm.set_speculation(False)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == speculative
+    assert [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS] == speculative  # alone
+    return speculative

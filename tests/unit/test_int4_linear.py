@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
 
 from spec_backend.backends import int4_linear
 from spec_backend.backends.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
 from spec_backend.backends.native import native_op
-from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.q4_1 import make_q4_1_model, q4_1_round_trip
 
@@ -128,12 +128,7 @@ def test_the_engine_packs_q4_1_models_and_stays_lossless(
     packed = [m for m in llm.model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
     assert {m.kernel for m in packed} == {kernel}
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    speculative = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    assert llm.metrics.total.num_accepted_tokens > 0
-    llm.set_speculation(False)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == speculative
-    assert [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS] == speculative  # alone
+    check_speculation_is_lossless(llm)
     assert llm.model.config.spec_batch_invariant  # the attention keeps rows independent of the batch
 
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import PROMPTS, one_thread, require_native_kernels  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread, require_native_kernels  # noqa: F401 - autouse
 
 from spec_backend.backends.int4_linear import install_int4_linears
 from spec_backend.backends.native import native_op
 from spec_backend.backends.native_layer import NativeDecoderLayer, install_native_layers, weight_names
-from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.q4_1 import make_q4_1_model
 
@@ -162,10 +162,5 @@ def test_the_engine_runs_native_layers_and_stays_lossless(tmp_path: Path) -> Non
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE), speculative_config=spec)
     assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    speculative = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    assert llm.metrics.total.num_accepted_tokens > 0
-    llm.set_speculation(False)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == speculative
-    assert [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS] == speculative
+    speculative = check_speculation_is_lossless(llm)
     assert _rows_reference(llm.model, PROMPTS, 16) == speculative  # the general path agrees

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
 
 from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
 from spec_backend.backends.int8_linear import Int8Linear
-from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 
 KINDS = {"int4": Int4Linear, "int8": Int8Linear}
@@ -55,12 +55,7 @@ def test_quantized_engine_keeps_its_guarantee(tmp_path: Path, kind: str) -> None
     assert all(
         isinstance(m, KINDS[kind]) for m in llm.model.model.layers.modules() if hasattr(m, "in_features")
     )
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    speculative = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    assert llm.metrics.total.num_accepted_tokens > 0
-    llm.set_speculation(False)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == speculative
-    assert [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS] == speculative
+    check_speculation_is_lossless(llm)
 
 
 def test_float_is_the_default_and_bad_modes_are_refused(tmp_path: Path) -> None:
