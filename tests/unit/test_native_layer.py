@@ -164,3 +164,23 @@ def test_the_engine_runs_native_layers_and_stays_lossless(tmp_path: Path) -> Non
     assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
     speculative = check_speculation_is_lossless(llm)
     assert _rows_reference(llm.model, PROMPTS, 16) == speculative  # the general path agrees
+
+
+@pytest.mark.parametrize("sliding_window", [None, 8])
+def test_mistral_layers_run_natively_without_a_sliding_window(sliding_window: int | None) -> None:
+    """A Mistral model quantized to int4 (``quantization="int4"``'s path): its layers become native only
+    without a sliding window (the op attends to every earlier position), and then its logits stay within
+    the noise floor of ``test_logits_are_close_to_transformers_layers``."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=128, num_hidden_layers=2, sliding_window=sliding_window, **WIDE)
+    torch.manual_seed(0)
+    reference = MistralForCausalLM(config).eval()
+    native = MistralForCausalLM(config).eval()
+    native.load_state_dict(reference.state_dict())
+    assert install_int4_linears(reference, quantize=True) == install_int4_linears(native, quantize=True) == 14
+    assert install_native_layers(native) == (2 if sliding_window is None else 0)
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        ref, got = reference(ids).logits, native(ids).logits  # [1, T, V]
+    assert float((got - ref).abs().max()) < float(ref.std()) * 2**-8
