@@ -125,9 +125,12 @@ def native_attention_rows(
     rows included, over exactly the keys it sees in one fixed order, so a row's output never depends on
     the other rows of the call (torch's SDPA gives a prompt row different last bits when the prompt is
     one token longer). ``None`` where the kernel is unavailable or the tensors are not float32 with a
-    head dim that is a multiple of 16; ``_batch_invariant`` runs then."""
+    head dim that is a multiple of 16 up to 256; ``_batch_invariant`` runs then."""
     op = native_op("attention_rows")
-    if op is None or query.dtype != torch.float32 or key.dtype != torch.float32 or query.shape[-1] % 16:
+    head_dim = query.shape[-1]
+    if op is None or query.dtype != torch.float32 or key.dtype != torch.float32:
+        return None
+    if head_dim % 16 or head_dim > 256:
         return None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return op(query, key, value, meta.query_lens, meta.kv_lens, scale)

@@ -182,7 +182,8 @@ class NativeDecoderLayer(nn.Module):
 
 def supported(layer: nn.Module) -> bool:
     """Whether ``layer`` is a supported class whose projections all run on the VNNI kernel without bias,
-    with no module beyond the expected ones, float32 norms of one epsilon and SiLU."""
+    with no module beyond the expected ones, float32 norms of one epsilon, SiLU and a head dim in 16, 32,
+    .. 256."""
     names = SUPPORTED_LAYERS.get(type(layer).__name__)
     if names is None:
         return False
@@ -204,15 +205,12 @@ def supported(layer: nn.Module) -> bool:
             if not isinstance(proj, Int4Linear) or proj.kernel != "vnni" or proj.bias is not None:
                 return False
     norms = [children["input_layernorm"], children["post_attention_layernorm"]]
-    return (
-        all(
-            type(n).__name__ == norm_class
-            and getattr(n, "weight", torch.empty(0)).dtype == torch.float32
-            and getattr(n, "variance_epsilon", None) == getattr(norms[0], "variance_epsilon", None)
-            for n in norms
-        )
-        and int(getattr(attn, "head_dim", 1)) % 16 == 0
-    )
+    return all(
+        type(n).__name__ == norm_class
+        and getattr(n, "weight", torch.empty(0)).dtype == torch.float32
+        and getattr(n, "variance_epsilon", None) == getattr(norms[0], "variance_epsilon", None)
+        for n in norms
+    ) and int(getattr(attn, "head_dim", 1)) in range(16, 257, 16)
 
 
 def install_native_layers(model: nn.Module) -> int:

@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -21,13 +24,38 @@ using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
 
+typedef int32_t v16i __attribute__((vector_size(64)));
+
 inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple of 16
   v16f acc = {};
   for (int64_t i = 0; i < d; i += 16) acc += load16(a + i) * load16(b + i);
+#if defined(__AVX512F__)
+  __m512 v;
+  std::memcpy(&v, &acc, sizeof(v));
+  return _mm512_reduce_add_ps(v);  // one fixed shuffle-and-add order
+#else
   return sum16(acc);
+#endif
 }
 
-// One query row of one head over keys [0, n): softmax(scale * q.k) @ v into out[0, d).
+// exp(x) of 16 values x <= 0 (below -87 they count as -87: exp ~ 1e-38): x = k ln2 + r with |r| <= ln2/2,
+// exp(r) by its degree-7 Taylor polynomial (relative error < 2e-8 before float32 rounding), times 2^k.
+inline v16f exp16(v16f x) {
+  const v16f floor_x = v16f{} - 87.0f;
+  x = x < floor_x ? floor_x : x;
+  const v16i k = __builtin_convertvector(x * 1.44269504f - 0.5f, v16i);  // round(x / ln2), x <= 0
+  const v16f kf = __builtin_convertvector(k, v16f);
+  const v16f r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4: k * 0.693359375 is exact
+  v16f p = v16f{} + 1.0f / 5040.0f;
+  for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = p * r + c;
+  const v16i bits = (k + 127) << 23;  // 2^k as float32 bits, k >= -126
+  v16f scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// One query row of one head over keys [0, n): softmax(scale * q.k) @ v into out[0, d). `scores` holds
+// n rounded up to a multiple of 16 floats.
 void attend(const float* q, const float* k, const float* v, int64_t k_stride, int64_t n, int64_t d,
             float scale, float* scores, float* out) {
   float top = -INFINITY;
@@ -35,12 +63,16 @@ void attend(const float* q, const float* k, const float* v, int64_t k_stride, in
     scores[j] = scale * dot(q, k + j * k_stride, d);
     top = std::max(top, scores[j]);
   }
-  float total = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - top);
-    total += scores[j];
+  const int64_t padded = (n + 15) / 16 * 16;
+  v16f sums = {};
+  for (int64_t j = 0; j < padded; j += 16) {
+    v16f e = exp16(load16(scores + j) - top);
+    for (int64_t i = n - j; i < 16; ++i) e[i] = 0.0f;  // keys past n (only in the last block)
+    std::memcpy(scores + j, &e, sizeof(e));
+    sums += e;
   }
-  std::vector<v16f> acc(d / 16, v16f{});
+  const float total = sum16(sums);
+  v16f acc[16] = {};  // d <= 256
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < d / 16; ++i) acc[i] += scores[j] * load16(v + j * k_stride + 16 * i);
   for (int64_t i = 0; i < d / 16; ++i) {
@@ -64,7 +96,7 @@ at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const 
                 t->scalar_type(), " ", t->sizes());
   const int64_t b_size = query.size(0), hq = query.size(1), q_max = query.size(2), d = query.size(3);
   const int64_t hkv = key.size(1);
-  TORCH_CHECK(d % 16 == 0, "head dim must be a multiple of 16, got ", d);
+  TORCH_CHECK(d % 16 == 0 && d <= 256, "head dim must be a multiple of 16 up to 256, got ", d);
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == b_size && key.size(3) == d && hq % hkv == 0,
               "key/value ", key.sizes(), " do not match query ", query.sizes());
   TORCH_CHECK(key.strides() == value.strides(), "key and value must share strides");
@@ -81,7 +113,7 @@ at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const 
   float* op = out.data_ptr<float>();
   const int64_t group = hq / hkv;
   at::parallel_for(0, b_size * hq * q_max, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(key.size(2));
+    std::vector<float> scores((key.size(2) + 15) / 16 * 16);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task % q_max, h = (task / q_max) % hq, b = task / (q_max * hq);
       if (i >= qlp[b]) continue;
