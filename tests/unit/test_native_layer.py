@@ -184,3 +184,23 @@ def test_mistral_layers_run_natively_without_a_sliding_window(sliding_window: in
     with torch.no_grad():
         ref, got = reference(ids).logits, native(ids).logits  # [1, T, V]
     assert float((got - ref).abs().max()) < float(ref.std()) * 2**-8
+
+
+def test_a_prefill_split_across_threads_equals_decoding_row_by_row(tmp_path: Path) -> None:
+    """40 prompt rows (the row-wise steps then run in chunks of 16 on both threads) give bit for bit what
+    40 one-row calls give: a prefill and plain decoding agree on every hidden state and cached key."""
+    torch.set_num_threads(2)
+    model = _packed(tmp_path / "wide")
+    layer = NativeDecoderLayer(model.model.layers[0])
+    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.eps, layer.self_attn.scaling)
+    x, cos, sin = _inputs(model, [list(range(40))])
+    prefill_kv, split_kv = torch.zeros(2, 1, 2, 48, 16), torch.zeros(2, 1, 2, 48, 16)  # k|v [1, Hkv, C, D]
+    lens = (torch.tensor([40]), torch.tensor([40]))
+    prefill = ops.decoder_layer(x, cos, sin, layer._weights, prefill_kv[0], prefill_kv[1], *lens, *shape)
+    for i in range(40):
+        row = ops.decoder_layer(
+            x[:, i : i + 1], cos[:, i : i + 1], sin[:, i : i + 1], layer._weights, split_kv[0], split_kv[1],
+            torch.tensor([1]), torch.tensor([i + 1]), *shape,
+        )  # fmt: skip
+        assert torch.equal(row[0, 0], prefill[0, i]), i
+    assert torch.equal(prefill_kv, split_kv)

@@ -20,11 +20,10 @@
 
 namespace {
 
+using spec_backend_native::exp16;
 using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
-
-typedef int32_t v16i __attribute__((vector_size(64)));
 
 inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple of 16
   v16f acc = {};
@@ -36,22 +35,6 @@ inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple o
 #else
   return sum16(acc);
 #endif
-}
-
-// exp(x) of 16 values x <= 0 (below -87 they count as -87: exp ~ 1e-38): x = k ln2 + r with |r| <= ln2/2,
-// exp(r) by its degree-7 Taylor polynomial (relative error < 2e-8 before float32 rounding), times 2^k.
-inline v16f exp16(v16f x) {
-  const v16f floor_x = v16f{} - 87.0f;
-  x = x < floor_x ? floor_x : x;
-  const v16i k = __builtin_convertvector(x * 1.44269504f - 0.5f, v16i);  // round(x / ln2), x <= 0
-  const v16f kf = __builtin_convertvector(k, v16f);
-  const v16f r = (x - kf * 0.693359375f) + kf * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4: k * 0.693359375 is exact
-  v16f p = v16f{} + 1.0f / 5040.0f;
-  for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = p * r + c;
-  const v16i bits = (k + 127) << 23;  // 2^k as float32 bits, k >= -126
-  v16f scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 // One query row of one head over keys [0, n): softmax(scale * q.k) @ v into out[0, d). `scores` holds

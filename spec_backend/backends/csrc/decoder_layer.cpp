@@ -4,6 +4,7 @@
 // RMS norm, the fused gate/up product, SiLU-gated product, the down product and residual. Every step
 // computes each row on its own in a fixed order, so a row's result does not depend on the batch.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "native_ops.h"
@@ -19,6 +20,7 @@
 
 namespace {
 
+using spec_backend_native::exp16;
 using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
@@ -58,19 +60,23 @@ Layer checked(const at::Tensor& x, at::TensorList w, int64_t heads, int64_t kv_h
   return layer;
 }
 
+constexpr int64_t kRowGrain = 16;  // rows per thread in the row-wise steps (one row runs inline)
+
 // weight * (x * 1/sqrt(mean(x^2) + eps)) of each row of x [M, H] (H a multiple of 16).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, float eps) {
-  const int64_t m = x.size(0), h = x.size(1);
+  const int64_t h = x.size(1);
   auto out = at::empty_like(x);
   const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < m; ++r) {
-    const float* row = xp + r * h;
-    v16f acc = {};
-    for (int64_t i = 0; i < h; i += 16) acc += load16(row + i) * load16(row + i);
-    const float inverse = 1.0f / std::sqrt(sum16(acc) / static_cast<float>(h) + eps);
-    for (int64_t i = 0; i < h; ++i) op[r * h + i] = wp[i] * (row[i] * inverse);
-  }
+  at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * h;
+      v16f acc = {};
+      for (int64_t i = 0; i < h; i += 16) acc += load16(row + i) * load16(row + i);
+      const float inverse = 1.0f / std::sqrt(sum16(acc) / static_cast<float>(h) + eps);
+      for (int64_t i = 0; i < h; ++i) op[r * h + i] = wp[i] * (row[i] * inverse);
+    }
+  });
   return out;
 }
 
@@ -78,28 +84,36 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, float eps) {
 // x[j] * cos[j] - x[j + D/2] * sin[j] in the first half, x[j] * cos[j] + x[j - D/2] * sin[j] in the second.
 void rope(float* x, const float* cos, const float* sin, int64_t m, int64_t width, int64_t heads, int64_t d) {
   const int64_t half = d / 2;
-  std::vector<float> turned(d);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + r * width + h * d;
-      const float *c = cos + r * d, *s = sin + r * d;
-      for (int64_t j = 0; j < half; ++j) turned[j] = v[j] * c[j] - v[j + half] * s[j];
-      for (int64_t j = half; j < d; ++j) turned[j] = v[j] * c[j] + v[j - half] * s[j];
-      std::memcpy(v, turned.data(), d * sizeof(float));
-    }
+  at::parallel_for(0, m, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> turned(d);
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + r * width + h * d;
+        const float *c = cos + r * d, *s = sin + r * d;
+        for (int64_t j = 0; j < half; ++j) turned[j] = v[j] * c[j] - v[j + half] * s[j];
+        for (int64_t j = half; j < d; ++j) turned[j] = v[j] * c[j] + v[j - half] * s[j];
+        std::memcpy(v, turned.data(), d * sizeof(float));
+      }
+  });
 }
 
-// silu(gate) * up of gu [M, 2I] (gate in the first I columns) -> [M, I].
+// silu(gate) * up of gu [M, 2I] (gate in the first I columns, I a multiple of 16) -> [M, I], with
+// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) <= 1.
 at::Tensor swiglu(const at::Tensor& gu) {
   const int64_t m = gu.size(0), inner = gu.size(1) / 2;
   auto out = at::empty({m, inner}, gu.options());
   const float* gp = gu.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < inner; ++i) {
-      const float g = gp[r * 2 * inner + i];
-      op[r * inner + i] = g / (1.0f + std::exp(-g)) * gp[r * 2 * inner + inner + i];
-    }
+  at::parallel_for(0, m, kRowGrain, [&](int64_t begin, int64_t end) {
+    const v16f zero = {}, one = zero + 1.0f;
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < inner; i += 16) {
+        const v16f g = load16(gp + r * 2 * inner + i), u = load16(gp + r * 2 * inner + inner + i);
+        const v16f e = exp16(g < zero ? g : -g);
+        const v16f y = g * ((g < zero ? e : one) / (one + e)) * u;
+        std::memcpy(op + r * inner + i, &y, sizeof(y));
+      }
+  });
   return out;
 }
 

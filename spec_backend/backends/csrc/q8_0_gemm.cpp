@@ -24,7 +24,7 @@ constexpr int64_t kColTile = 16;  // output features per task: their codes stay 
 using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
-typedef int32_t v16i __attribute__((vector_size(64)));
+using spec_backend_native::v16i;
 typedef int8_t v16s8 __attribute__((vector_size(16)));
 
 #if defined(__AVX512F__)
