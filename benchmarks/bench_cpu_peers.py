@@ -9,7 +9,12 @@ with the reason. Bytes per step: the weights each system reads per decode step (
 tensor bytes; the engine: its prepared model's decoder and LM head), and that rate against the copy
 bandwidth measured here, which shows how close each is to the memory limit.
 
-Run: ``python benchmarks/bench_cpu_peers.py --threads 2 --max-tokens 64 --prompts 4``.
+Batch-1 rates are decode rates: after the prompt is processed, the span llama.cpp's ``eval time`` and
+``llama-lookup``'s "decoded" line cover (the engine's from ``RequestOutput.metrics``). The systems run
+interleaved, every system on prompt 1, then every system on prompt 2, ..., ``--repeats`` passes, so load
+changes on the machine hit all of them alike; each row is the median over its prompts and passes.
+
+Run: ``python benchmarks/bench_cpu_peers.py --threads 2 --max-tokens 64 --prompts 4 --repeats 2``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import subprocess
 import tarfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,30 +152,62 @@ def gguf_bytes(gguf: str) -> int:
     return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors)
 
 
-def engine_rates(spec: dict[str, Any] | None, ids: list[list[int]], n: int, batch: int) -> dict[str, float]:
-    """The engine on ``ids``: decode tokens/s at batch 1 (median over prompts; after the prefill, as
-    llama.cpp's ``eval time`` counts) or one batched run (prefills included), and steps per second."""
+def load_engine(spec: dict[str, Any] | None, batch: int, ids: list[list[int]]) -> Any:
+    """An engine on the bundled model, warmed up on the first prompt."""
     from spec_backend import LLM, SamplingParams
 
     llm = LLM("smollm2", speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
-    params = SamplingParams(temperature=0.0, max_tokens=n)
-    llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    groups = [[p] for p in ids] if batch == 1 else [ids]
-    rates, steps, elapsed = [], 0, 0.0
-    for group in groups:
-        start = time.perf_counter()
-        outs = llm.generate(group, params)
-        seconds = time.perf_counter() - start
-        if batch == 1:  # decode only: from the first token (its prefill done) to the last
-            metrics = outs[0].metrics
-            assert metrics is not None and metrics.first_token_time and metrics.last_token_time
-            seconds = metrics.last_token_time - metrics.first_token_time
-            rates.append((len(outs[0].outputs[0].token_ids) - 1) / seconds)
-            steps, elapsed = steps + outs[0].num_steps, elapsed + seconds
-            continue
-        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
-        steps, elapsed = steps + max(o.num_steps + 1 for o in outs), elapsed + seconds  # + the prefill
-    return {"tps": statistics.median(rates), "steps_per_s": steps / elapsed, "bytes": weight_bytes(llm.model)}
+    llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=4))
+    return llm
+
+
+def engine_decode(llm: Any, prompt: list[int], n: int) -> dict[str, float]:
+    """One prompt at batch 1: decode tokens/s and steps/s after the prefill (the span llama.cpp's ``eval
+    time`` and ``llama-lookup``'s "decoded" line cover), from ``RequestOutput.metrics``."""
+    from spec_backend import SamplingParams
+
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n))[0]
+    metrics = out.metrics
+    assert metrics is not None and metrics.first_token_time and metrics.last_token_time
+    seconds = metrics.last_token_time - metrics.first_token_time
+    return {"tps": (len(out.outputs[0].token_ids) - 1) / seconds, "steps_per_s": out.num_steps / seconds}
+
+
+def engine_batch(llm: Any, ids: list[list[int]], n: int) -> dict[str, float]:
+    """All of ``ids`` in one ``generate``: tokens/s and steps/s, prefills included."""
+    from spec_backend import SamplingParams
+
+    start = time.perf_counter()
+    outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=n))
+    seconds = time.perf_counter() - start
+    steps = max(o.num_steps + 1 for o in outs)  # + the prefill
+    return {"tps": sum(len(o.outputs[0].token_ids) for o in outs) / seconds, "steps_per_s": steps / seconds}
+
+
+Runner = Callable[[int, int], dict[str, float]]  # (prompt index, pass) -> tokens/s and steps/s
+
+
+def interleaved(runners: dict[str, Runner], prompts: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Each system on prompt 0, then each on prompt 1, ... (``repeats`` passes), so load changes on the
+    machine hit every system alike; per system the medians of tokens/s and steps/s."""
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
+    for r in range(repeats):
+        for i in range(prompts):
+            for name, run in runners.items():
+                samples[name].append(run(i, r))
+    return {
+        name: {key: statistics.median(r[key] for r in runs) for key in ("tps", "steps_per_s")}
+        for name, runs in samples.items()
+    }
+
+
+def llama_runner(bins: Path, tool: str, gguf: str, texts: list[str], args: argparse.Namespace) -> Runner:
+    return lambda i, r: llama_run(bins, tool, gguf, texts[i], args.max_tokens, args.threads)
+
+
+def engine_runner(llms: list[Any], ids: list[list[int]], n: int) -> Runner:
+    """Prompt ``i`` on ``llms[r]`` in pass ``r`` (or on the one engine given)."""
+    return lambda i, r: engine_decode(llms[r if len(llms) > 1 else 0], ids[i], n)
 
 
 def main() -> None:
@@ -177,39 +215,39 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (medians over all)")
     parser.add_argument("--llama-cpp-bin", default=None, help="folder with llama-completion and llama-lookup")
     args = parser.parse_args()
     import torch
 
-    from spec_backend import LLM
     from spec_backend.engine.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
     gguf = bundled_gguf()
-    tokenizer_llm = LLM("smollm2", log_stats_interval=None)
-    texts = [tokenizer_llm.chat_prompt(m) for m in code_edit_prompts(args.prompts)]
-    ids = [list(tokenizer_llm.tokenizer(t)["input_ids"]) for t in texts]
-    del tokenizer_llm
-    rows: dict[str, dict[str, float]] = {}
+    plain = load_engine(None, 1, [[1]])
+    texts = [plain.chat_prompt(m) for m in code_edit_prompts(args.prompts)]
+    ids = [list(plain.tokenizer(t)["input_ids"]) for t in texts]
+    runners: dict[str, Runner] = {}
     try:
         bins = Path(args.llama_cpp_bin) if args.llama_cpp_bin else build_llama_cpp(cache_root())
         for tool, name in (("llama-completion", "llama.cpp plain"), ("llama-lookup", "llama.cpp lookup K=4")):
-            runs = [llama_run(bins, tool, gguf, t, args.max_tokens, args.threads) for t in texts]
-            rows[name] = {
-                "tps": statistics.median(r["tps"] for r in runs),
-                "steps_per_s": statistics.median(r["steps_per_s"] for r in runs),
-                "bytes": float(gguf_bytes(gguf)),
-            }
+            runners[name] = llama_runner(bins, tool, gguf, texts, args)
     except (OSError, subprocess.CalledProcessError, RuntimeError, StopIteration) as exc:
         print(f"llama.cpp skipped: {type(exc).__name__}: {exc}")
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
-    for name, spec, batch in (
-        ("engine plain", None, 1),
-        ("engine ngram K=4", ngram, 1),
-        ("engine suffix K=4", {"method": "suffix", "num_speculative_tokens": 4}, 1),
-        ("engine plain, batch 8", None, 8),
-    ):
-        rows[name] = engine_rates(spec, ids if batch == 1 else (ids * 8)[:8], args.max_tokens, batch)
+    suffix = {"method": "suffix", "num_speculative_tokens": 4}
+    # a suffix engine per pass: its global tree would otherwise recall the earlier passes' answers
+    runners["engine plain"] = engine_runner([plain], ids, args.max_tokens)
+    runners["engine ngram K=4"] = engine_runner([load_engine(ngram, 1, ids)], ids, args.max_tokens)
+    suffixes = [load_engine(suffix, 1, ids) for _ in range(args.repeats)]
+    runners["engine suffix K=4"] = engine_runner(suffixes, ids, args.max_tokens)
+    rows = interleaved(runners, len(ids), args.repeats)
+    batch8 = load_engine(None, 8, ids)
+    rows["engine plain, batch 8"] = engine_batch(batch8, (ids * 8)[:8], args.max_tokens)
+    sizes = {name: float(gguf_bytes(gguf)) if name.startswith("llama") else float(weight_bytes(plain.model))
+             for name in rows}  # fmt: skip
+    for name, row in rows.items():
+        row["bytes"] = sizes[name]
     report(rows, copy_bandwidth(), args)
 
 
