@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from spec_backend.backends.native import native_op
-from spec_backend.backends.vocab_projection import output_embedding
+from spec_backend.backends.vocab_projection import output_embedding, replace_modules
 
 GROUP = 32  # Q4_1 block size, and the kernel's group size
 LANES = 16  # output rows per tile of the VNNI kernel
@@ -178,9 +178,7 @@ def install_int4_linears(model: Any, quantize: bool = False) -> int:
             found = quantize_int4(module.weight)
         if found is not None:
             swaps.append((name, Int4Linear(module, *found)))
-    for name, replacement in swaps:
-        model.set_submodule(name, replacement)
-    return len(swaps)
+    return replace_modules(model, swaps)
 
 
 __all__ = [

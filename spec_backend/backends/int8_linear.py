@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from spec_backend.backends.int4_linear import PackedLinear
-from spec_backend.backends.vocab_projection import output_embedding
+from spec_backend.backends.vocab_projection import output_embedding, replace_modules
 
 
 class Int8Linear(PackedLinear):
@@ -42,9 +42,7 @@ def install_int8_linears(model: Any) -> int:
         for name, module in model.named_modules()
         if type(module) is nn.Linear and module is not head and module.weight.device.type == "cpu"
     ]
-    for name, module in swaps:
-        model.set_submodule(name, Int8Linear(module))
-    return len(swaps)
+    return replace_modules(model, [(name, Int8Linear(module)) for name, module in swaps])
 
 
 __all__ = ["Int8Linear", "install_int8_linears"]

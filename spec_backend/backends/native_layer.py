@@ -36,6 +36,7 @@ from torch import nn
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.backends.int4_linear import Int4Linear
 from spec_backend.backends.native import native_op
+from spec_backend.backends.vocab_projection import replace_modules
 from spec_backend.step import StepBatch
 
 NATIVE_LAYERS_ENV = "SPEC_BACKEND_NATIVE_LAYERS"
@@ -218,10 +219,9 @@ def install_native_layers(model: nn.Module) -> int:
     where the native op exists and ``SPEC_BACKEND_NATIVE_LAYERS`` is not ``0``; returns how many."""
     if os.environ.get(NATIVE_LAYERS_ENV, "1") == "0" or native_op("decoder_layer") is None:
         return 0
-    swaps = [(name, NativeDecoderLayer(m)) for name, m in model.named_modules() if supported(m)]
-    for name, replacement in swaps:
-        model.set_submodule(name, replacement)
-    return len(swaps)
+    return replace_modules(
+        model, [(name, NativeDecoderLayer(m)) for name, m in model.named_modules() if supported(m)]
+    )
 
 
 __all__ = [

@@ -21,6 +21,7 @@ Results equal ``F.linear`` up to floating-point summation order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -68,9 +69,16 @@ def install_small_batch_linears(model: nn.Module, max_rows: int = 4) -> int:
         for name, module in model.named_modules()
         if type(module) is nn.Linear and module is not head  # subclasses (quantized ones) are left as is
     ]
-    for name, module in swapped:
-        model.set_submodule(name, TallSkinnyProjection(module, max_rows))
-    return len(swapped)
+    return replace_modules(
+        model, [(name, TallSkinnyProjection(module, max_rows)) for name, module in swapped]
+    )
+
+
+def replace_modules(model: nn.Module, swaps: Sequence[tuple[str, nn.Module]]) -> int:
+    """Put each ``(name, replacement)`` into ``model`` at ``name``; returns how many."""
+    for name, replacement in swaps:
+        model.set_submodule(name, replacement)
+    return len(swaps)
 
 
 def install_tall_skinny_projection(model: Any, max_rows: int = 64) -> bool:
