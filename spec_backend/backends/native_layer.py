@@ -93,7 +93,7 @@ class NativeDecoderLayer(nn.Module):
     it replaces does."""
 
     def __init__(self, layer: Any) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not the replaced class's __init__ (``native_class``)
         attn, mlp = layer.self_attn, layer.mlp
         self.head_dim = int(attn.head_dim)
         self.heads = attn.q_proj.out_features // self.head_dim
@@ -181,6 +181,21 @@ class NativeDecoderLayer(nn.Module):
         return out
 
 
+_NATIVE_CLASSES: dict[type[nn.Module], type[NativeDecoderLayer]] = {}
+
+
+def native_class(layer_class: type[nn.Module]) -> type[NativeDecoderLayer]:
+    """``NativeDecoderLayer`` that is also a ``layer_class`` (one per class): what transformers finds by
+    class (the recorders behind ``output_hidden_states``) finds the native layer as it found the one it
+    replaces."""
+    found = _NATIVE_CLASSES.get(layer_class)
+    if found is None:
+        found = _NATIVE_CLASSES[layer_class] = type(
+            f"Native{layer_class.__name__}", (NativeDecoderLayer, layer_class), {}
+        )
+    return found
+
+
 def supported(layer: nn.Module) -> bool:
     """Whether ``layer`` is a supported class whose projections all run on the VNNI kernel without bias,
     with no module beyond the expected ones, float32 norms of one epsilon, SiLU and a head dim in 16, 32,
@@ -219,9 +234,8 @@ def install_native_layers(model: nn.Module) -> int:
     where the native op exists and ``SPEC_BACKEND_NATIVE_LAYERS`` is not ``0``; returns how many."""
     if os.environ.get(NATIVE_LAYERS_ENV, "1") == "0" or native_op("decoder_layer") is None:
         return 0
-    return replace_modules(
-        model, [(name, NativeDecoderLayer(m)) for name, m in model.named_modules() if supported(m)]
-    )
+    layers = [(name, native_class(type(m))(m)) for name, m in model.named_modules() if supported(m)]
+    return replace_modules(model, layers)
 
 
 __all__ = [
@@ -230,6 +244,7 @@ __all__ = [
     "AttentionInfo",
     "NativeDecoderLayer",
     "install_native_layers",
+    "native_class",
     "supported",
     "weight_names",
 ]

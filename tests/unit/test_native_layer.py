@@ -118,6 +118,13 @@ def test_logits_are_close_to_transformers_layers(tmp_path: Path) -> None:
     with torch.no_grad():
         ref, got = reference(ids).logits, native(ids).logits  # [1, T, V]
     assert float((got - ref).abs().max()) < float(ref.std()) * 2**-8
+    with torch.no_grad():  # transformers finds the native layers by their class: hidden states recorded
+        ref_states = reference(ids, output_hidden_states=True).hidden_states
+        got_states = native(ids, output_hidden_states=True).hidden_states
+    assert isinstance(native.model.layers[0], type(reference.model.layers[0]))
+    assert len(got_states) == len(ref_states) == 3  # embeddings and the 2 layers' outputs
+    for a, b in zip(got_states, ref_states, strict=True):
+        assert float((a - b).abs().max()) < float(b.std()) * 2**-8
 
 
 def test_op_refuses_bad_inputs(tmp_path: Path) -> None:
