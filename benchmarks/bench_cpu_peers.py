@@ -169,8 +169,10 @@ def engine_decode(llm: Any, prompt: list[int], n: int) -> dict[str, float]:
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n))[0]
     metrics = out.metrics
     assert metrics is not None and metrics.first_token_time and metrics.last_token_time
+    tps = metrics.decode_tokens_per_s
+    assert tps is not None, "a decode rate needs at least two output tokens"
     seconds = metrics.last_token_time - metrics.first_token_time
-    return {"tps": (len(out.outputs[0].token_ids) - 1) / seconds, "steps_per_s": out.num_steps / seconds}
+    return {"tps": tps, "steps_per_s": out.num_steps / seconds}
 
 
 def engine_batch(llm: Any, ids: list[list[int]], n: int) -> dict[str, float]:

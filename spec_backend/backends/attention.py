@@ -132,7 +132,7 @@ def native_attention_rows(
         return None
     if head_dim % 16 or head_dim > 256:
         return None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scale = scaling if scaling is not None else head_dim**-0.5
     return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
 
 

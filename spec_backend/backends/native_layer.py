@@ -95,12 +95,11 @@ class NativeDecoderLayer(nn.Module):
     def __init__(self, layer: Any) -> None:
         nn.Module.__init__(self)  # not the replaced class's __init__ (``native_class``)
         attn, mlp = layer.self_attn, layer.mlp
-        self.head_dim = int(attn.head_dim)
-        self.heads = attn.q_proj.out_features // self.head_dim
-        self.kv_heads = attn.k_proj.out_features // self.head_dim
-        self.eps = float(layer.input_layernorm.variance_epsilon)
-        self.self_attn = AttentionInfo(attn, self.heads, self.kv_heads)
-        self.layer_idx, self.scaling, self.config = int(attn.layer_idx), float(attn.scaling), attn.config
+        head_dim = int(attn.head_dim)
+        heads, kv_heads = int(attn.q_proj.out_features) // head_dim, int(attn.k_proj.out_features) // head_dim
+        self.self_attn = AttentionInfo(attn, heads, kv_heads)
+        #: the ops' shape arguments: heads, kv heads, head dim, the norms' epsilon
+        self.shape = (heads, kv_heads, head_dim, float(layer.input_layernorm.variance_epsilon))
         fused = (
             [layer.input_layernorm.weight.detach().float().contiguous()],
             _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
@@ -136,7 +135,6 @@ class NativeDecoderLayer(nn.Module):
         cache = cache if cache is not None else past_key_values
         for unused in ("position_ids", "use_cache"):  # rotary comes as position_embeddings; a cache is used
             kwargs.pop(unused, None)
-        shape = (int(self.heads), int(self.kv_heads), self.head_dim, self.eps)
         plan, meta = getattr(cache, "plan", None), kwargs.get("spec_attn_metadata")
         ops = torch.ops.spec_backend_native
         if (
@@ -144,14 +142,14 @@ class NativeDecoderLayer(nn.Module):
             and isinstance(meta, RaggedAttentionMetadata)
             and not plan.static_shapes
         ):
-            keys, values = cache.layers[self.layer_idx].kv()  # [S, Hkv, C, D]
+            keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]
             end = plan.start + plan.batch_size
             out: torch.Tensor = ops.decoder_layer(
                 hidden_states, cos, sin, self._weights, keys[plan.start : end], values[plan.start : end],
-                meta.query_lens, meta.kv_lens, *shape, self.scaling,
+                meta.query_lens, meta.kv_lens, *self.shape, self.self_attn.scaling,
             )  # fmt: skip
             return out
-        return self._general(hidden_states, cos, sin, attention_mask, cache, shape, kwargs)
+        return self._general(hidden_states, cos, sin, attention_mask, cache, kwargs)
 
     def _general(
         self,
@@ -160,24 +158,24 @@ class NativeDecoderLayer(nn.Module):
         sin: torch.Tensor,
         attention_mask: torch.Tensor | None,
         cache: Any,
-        shape: tuple[int, int, int, float],
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.llama.modeling_llama import eager_attention_forward
 
         ops = torch.ops.spec_backend_native
-        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *shape)  # [B, H, Q, D]
+        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *self.shape)  # [B, H, Q, D]
+        info = self.self_attn
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+            key, value = cache.update(key, value, info.layer_idx, kwargs=kwargs)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
-            str(self.config._attn_implementation), eager_attention_forward
+            str(info.config._attn_implementation), eager_attention_forward
         )
         attn, _ = attention(
-            self.self_attn, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
+            self.self_attn, query, key, value, attention_mask, dropout=0.0, scaling=info.scaling,
             **kwargs,
         )  # fmt: skip
-        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *shape)
+        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *self.shape)
         return out
 
 

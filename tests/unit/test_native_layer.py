@@ -74,7 +74,7 @@ def test_rows_do_not_depend_on_the_batch_or_the_split(tmp_path: Path) -> None:
     attention kernel give the ragged op's result bit for bit."""
     model = _packed(tmp_path / "wide")
     layer = NativeDecoderLayer(model.model.layers[0])
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.eps, layer.self_attn.scaling)
+    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
     x, cos, sin = _inputs(model, [[5, 6, 7, 8], [2, 3, 4, 5]])
     cache = torch.randn(2, 2, 2, 12, 16, generator=torch.Generator().manual_seed(8))  # k|v, [B, Hkv, C, D]
 
@@ -132,13 +132,13 @@ def test_op_refuses_bad_inputs(tmp_path: Path) -> None:
     layer = NativeDecoderLayer(model.model.layers[0])
     x, cos, sin = _inputs(model, [[0, 1]])
     kv, lens = torch.zeros(2, 1, 2, 4, 16), (torch.tensor([2]), torch.tensor([2]))
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.eps, 0.25)
+    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], 0.25)
     with pytest.raises(RuntimeError, match="decoder layer needs 14 weight tensors, got 13"):
         ops.decoder_layer(x, cos, sin, layer._weights[:13], kv[0], kv[1], *lens, *shape)
     with pytest.raises(RuntimeError, match="q_len 2, kv_len 5 do not fit"):
         ops.decoder_layer(x, cos, sin, layer._weights, kv[0], kv[1], lens[0], torch.tensor([5]), *shape)
     with pytest.raises(RuntimeError, match="weight shapes do not match hidden 64"):
-        ops.decoder_layer(x, cos, sin, layer._weights, kv[0], kv[1], *lens, 2, 2, 16, layer.eps, 0.25)
+        ops.decoder_layer(x, cos, sin, layer._weights, kv[0], kv[1], *lens, 2, 2, 16, layer.shape[3], 0.25)
 
 
 def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -199,7 +199,7 @@ def test_a_prefill_split_across_threads_equals_decoding_row_by_row(tmp_path: Pat
     torch.set_num_threads(2)
     model = _packed(tmp_path / "wide")
     layer = NativeDecoderLayer(model.model.layers[0])
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.eps, layer.self_attn.scaling)
+    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
     x, cos, sin = _inputs(model, [list(range(40))])
     prefill_kv, split_kv = torch.zeros(2, 1, 2, 48, 16), torch.zeros(2, 1, 2, 48, 16)  # k|v [1, Hkv, C, D]
     lens = (torch.tensor([40]), torch.tensor([40]))

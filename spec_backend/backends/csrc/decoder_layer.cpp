@@ -157,6 +157,7 @@ void write_cache(const at::Tensor& k, const at::Tensor& v, const at::Tensor& key
               "cache must be float32 [B, Hkv, C, D] matching keys ", k.sizes(), ", got ", keys.sizes());
   const int64_t d = k.size(3);
   float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
+  const float *k_src = k.data_ptr<float>(), *v_src = v.data_ptr<float>();
   for (int64_t b = 0; b < k.size(0); ++b) {
     TORCH_CHECK(0 <= ql[b] && ql[b] <= k.size(2) && ql[b] <= kl[b] && kl[b] <= keys.size(2), "request ", b,
                 ": q_len ", ql[b], ", kv_len ", kl[b], " do not fit ", k.sizes(), " and cache ", keys.sizes());
@@ -164,8 +165,8 @@ void write_cache(const at::Tensor& k, const at::Tensor& v, const at::Tensor& key
       for (int64_t h = 0; h < k.size(1); ++h) {
         const int64_t dst = b * keys.stride(0) + h * keys.stride(1) + (kl[b] - ql[b] + i) * keys.stride(2);
         const int64_t src = b * k.stride(0) + h * k.stride(1) + i * k.stride(2);
-        std::memcpy(kp + dst, k.data_ptr<float>() + src, d * sizeof(float));
-        std::memcpy(vp + dst, v.data_ptr<float>() + src, d * sizeof(float));
+        std::memcpy(kp + dst, k_src + src, d * sizeof(float));
+        std::memcpy(vp + dst, v_src + src, d * sizeof(float));
       }
   }
 }
