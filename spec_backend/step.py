@@ -16,6 +16,7 @@ Glossary:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,24 +128,31 @@ def build_step_batch(
             f"a step needs >= 1 request with >= 1 query token each, got query_lens={list(query_lens)} "
             f"for tokens of shape {list(tokens.shape)}"
         )
-    device = tokens.device
-    q_lens = torch.tensor(list(query_lens), dtype=torch.int64).to(device)  # [B]
-    cached = torch.tensor(list(cache_lens), dtype=torch.int64).to(device)  # [B]
-    seq_lens = cached + q_lens  # [B]
-    q_idx = torch.arange(tokens.shape[1], device=device)  # [Q]
-    valid = q_idx[None, :] < q_lens[:, None]  # [B, Q]
-    rows, cols = valid.nonzero(as_tuple=True)  # [N], [N]
-    loc = torch.zeros(batch + 1, dtype=torch.int64, device=device)
-    loc[1:] = torch.cumsum(q_lens, 0)
+    lens, cached_host = [int(q) for q in query_lens], [int(c) for c in cache_lens]
+    rows_host = [b for b, q in enumerate(lens) for _ in range(q)]
+    cols_host = [i for q in lens for i in range(q)]
+    # every host-derived index in one tensor: one copy to the device, then views of it
+    sections = [
+        lens,
+        [c + q for c, q in zip(cached_host, lens, strict=True)],
+        list(itertools.accumulate(lens, initial=0)),
+        rows_host,
+        cols_host,
+        [cached_host[b] + i for b, i in zip(rows_host, cols_host, strict=True)],
+    ]
+    device, flat_host = tokens.device, [v for section in sections for v in section]
+    packed = torch.tensor(flat_host, dtype=torch.int64).to(device)
+    # [B], [B], [B+1], then [N] each
+    q_lens, seq_lens, loc, rows, cols, positions = torch.split(packed, [len(x) for x in sections])
+    flat = tokens[rows, cols]  # [N] query tokens in request order
     drafts = tuple(num_draft_tokens) if num_draft_tokens is not None else (0,) * batch
     if any(d != q - 1 for d, q in zip(drafts, query_lens, strict=True)) and any(drafts):
         raise ValueError(f"num_draft_tokens {list(drafts)} must be query_lens - 1 {list(query_lens)}")
-    draft_mask = valid & (q_idx[None, :] >= 1)  # [B, Q]
     return StepBatch(
         start=start,
         slot_ids=torch.arange(start, start + batch, device=device),
-        input_ids=tokens[rows, cols].clamp_min(0),  # placeholder drafts (-1) are fed as token 0
-        positions=cached[rows] + cols,
+        input_ids=flat.clamp_min(0),  # placeholder drafts (-1) are fed as token 0
+        positions=positions,
         query_start_loc=loc,
         query_lens=q_lens,
         seq_lens=seq_lens,
@@ -152,8 +160,8 @@ def build_step_batch(
         cols=cols,
         query_lens_host=tuple(int(q) for q in query_lens),
         num_draft_tokens=drafts,
-        max_seq_len=max(c + q for c, q in zip(cache_lens, query_lens, strict=True)),
-        draft_token_ids=tokens[draft_mask].to(torch.int32)
+        max_seq_len=max(sections[1]),
+        draft_token_ids=flat[cols >= 1].to(torch.int32)
         if any(drafts)
         else tokens.new_zeros(0, dtype=torch.int32),
         attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=seq_lens),
