@@ -160,23 +160,36 @@ class NativeDecoderLayer(nn.Module):
         cache: Any,
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
+        ops = torch.ops.spec_backend_native
+        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *self.shape)  # [B, H, Q, D]
+        attn = self._attend(query, key, value, attention_mask, cache, kwargs)
+        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *self.shape)
+        return out
+
+    def _attend(
+        self,
+        query: torch.Tensor,  # [B, Hq, Q, D]
+        key: torch.Tensor,  # [B, Hkv, Q, D]
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Any,
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:  # [B, Q, Hq, D]
+        """The general path's middle: the caller's cache ``update``, then the configured attention."""
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.llama.modeling_llama import eager_attention_forward
 
-        ops = torch.ops.spec_backend_native
-        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *self.shape)  # [B, H, Q, D]
         info = self.self_attn
         if cache is not None:
             key, value = cache.update(key, value, info.layer_idx, kwargs=kwargs)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
             str(info.config._attn_implementation), eager_attention_forward
         )
-        attn, _ = attention(
+        attn: torch.Tensor = attention(
             self.self_attn, query, key, value, attention_mask, dropout=0.0, scaling=info.scaling,
             **kwargs,
-        )  # fmt: skip
-        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *self.shape)
-        return out
+        )[0]  # fmt: skip
+        return attn
 
 
 _NATIVE_CLASSES: dict[type[nn.Module], type[NativeDecoderLayer]] = {}
@@ -194,16 +207,16 @@ def native_class(layer_class: type[nn.Module]) -> type[NativeDecoderLayer]:
     return found
 
 
-def supported(layer: nn.Module) -> bool:
+def supported(layer: nn.Module, extra: tuple[str, ...] = ()) -> bool:
     """Whether ``layer`` is a supported class whose projections all run on the VNNI kernel without bias,
-    with no module beyond the expected ones, float32 norms of one epsilon, SiLU and a head dim in 16, 32,
-    .. 256."""
+    with no module beyond the expected ones and the extra norms named in ``extra`` (EAGLE-3's
+    ``hidden_norm``), float32 norms of one epsilon, SiLU and a head dim in 16, 32, .. 256."""
     names = SUPPORTED_LAYERS.get(type(layer).__name__)
     if names is None:
         return False
     norm_class, attn_class = names
     children = dict(layer.named_children())
-    if set(children) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
+    if set(children) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", *extra}:
         return False
     attn, mlp = children["self_attn"], children["mlp"]
     config = getattr(attn, "config", None)
@@ -218,7 +231,7 @@ def supported(layer: nn.Module) -> bool:
             proj = getattr(children[parent], name, None)
             if not isinstance(proj, Int4Linear) or proj.kernel != "vnni" or proj.bias is not None:
                 return False
-    norms = [children["input_layernorm"], children["post_attention_layernorm"]]
+    norms = [children["input_layernorm"], children["post_attention_layernorm"], *(children[e] for e in extra)]
     return all(
         type(n).__name__ == norm_class
         and getattr(n, "weight", torch.empty(0)).dtype == torch.float32

@@ -107,7 +107,16 @@ class ReferenceBackend(Backend):
             native = install_native_layers(model)
             if native:
                 logger.info("spec_backend: %d decoder layers run as one native call each", native)
+            _install_native_eagle3(model)
         install_small_batch_linears(model)
         if install_q8_0_projection(model):
             logger.info("spec_backend: LM head runs from its GGUF Q8_0 blocks (exact: float32 activations)")
         install_tall_skinny_projection(model)
+
+
+def _install_native_eagle3(model: torch.nn.Module) -> None:
+    """EAGLE-3 heads' first layers as one native call (imported here: it needs ``models.eagle3``)."""
+    from spec_backend.backends.native_eagle3 import install_native_eagle3_layers
+
+    if install_native_eagle3_layers(model):
+        logger.info("spec_backend: the EAGLE-3 head's first layer runs as one native call")

@@ -55,6 +55,14 @@ class ChainHead(torch.nn.Module, ABC):
     ) -> torch.Tensor:  # [B, H] -> [B, V] over the target vocabulary
         """Draft logits over the target's vocabulary."""
 
+    def draft_vocab_logits(
+        self, out: torch.Tensor, step: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, H] -> [B, Vd], [Vd] | None
+        """Draft logits over the head's own vocabulary and the target id of each of its entries (``None``:
+        the target's vocabulary): a greedy draft is the target id of their argmax, without spreading
+        the logits over the whole target vocabulary first."""
+        return self.logits(out, step), None
+
 
 def run_layers(
     layers: Any,

@@ -99,6 +99,13 @@ def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
     )
 
 
+class FusedFirstLayer(torch.nn.Module):
+    """A backend's fused form of ``Eagle3Head``'s first layer (``Backend.prepare_model`` puts it at
+    ``layers.0``; e.g. ``backends/native_eagle3.py``): called with the next tokens' embeddings, ``g``,
+    ``position_embeddings``, the cache, the attention metadata, the mask and the position ids, it returns
+    what ``Eagle3Head._first_layer`` does."""
+
+
 class Eagle3Head(ChainHead):
     """The EAGLE-3 head (see the module docstring)."""
 
@@ -154,11 +161,32 @@ class Eagle3Head(ChainHead):
         attention_mask: torch.Tensor | None = None,  # [B, 1, Q, KV] bool, training only
     ) -> torch.Tensor:  # [B, Q, H] pre-norm
         first: Any = self.layers[0]
-        e = first.input_layernorm(self.embed(input_ids).to(hidden.dtype))  # [B, Q, H]
+        embeds = self.embed(input_ids).to(hidden.dtype)  # [B, Q, H]
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        if isinstance(first, FusedFirstLayer):
+            x = first(embeds, hidden, position_embeddings, cache, meta, attention_mask, position_ids)
+        else:
+            x = self._first_layer(
+                embeds, hidden, position_embeddings, cache, meta, attention_mask, position_ids
+            )
+        return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta, attention_mask)
+
+    def _first_layer(
+        self,
+        embeds: torch.Tensor,  # [B, Q, H]
+        hidden: torch.Tensor,  # [B, Q, H]  (g)
+        position_embeddings: Any,
+        cache: Any,
+        meta: RaggedAttentionMetadata | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,  # [B, Q]
+    ) -> torch.Tensor:  # [B, Q, H]
+        """The first layer with transformers' modules (module docstring)."""
+        first: Any = self.layers[0]
+        e = first.input_layernorm(embeds)  # [B, Q, H]
         hn = first.hidden_norm(hidden)  # [B, Q, H]
         residual = hn if self.spec.norm_before_residual else hidden
         x = torch.cat([e, hn], dim=-1)  # [B, Q, 2H]
-        position_embeddings = self.rotary_emb(hidden, position_ids)
         attn, _ = first.self_attn(
             hidden_states=x,
             position_embeddings=position_embeddings,
@@ -169,8 +197,8 @@ class Eagle3Head(ChainHead):
             spec_attn_metadata=meta,
         )
         x = residual + attn  # [B, Q, H]
-        x = x + first.mlp(first.post_attention_layernorm(x))
-        return run_layers(self.layers[1:], x, position_ids, position_embeddings, cache, meta, attention_mask)
+        out: torch.Tensor = x + first.mlp(first.post_attention_layernorm(x))
+        return out
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Vd] float
         logits: torch.Tensor = self.lm_head(self.norm(out)).float()
@@ -178,6 +206,11 @@ class Eagle3Head(ChainHead):
 
     def logits(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B, V]
         return to_target_logits(self.draft_logits(out), self.target_ids, self.vocab_size)
+
+    def draft_vocab_logits(
+        self, out: torch.Tensor, step: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.draft_logits(out), self.target_ids  # [B, Vd], [Vd] | None
 
 
 def _rename(name: str) -> str | None:
@@ -234,4 +267,11 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-__all__ = ["Eagle3Head", "Eagle3Spec", "default_aux_layer_ids", "load_eagle3_head", "parse_eagle3_config"]
+__all__ = [
+    "Eagle3Head",
+    "Eagle3Spec",
+    "FusedFirstLayer",
+    "default_aux_layer_ids",
+    "load_eagle3_head",
+    "parse_eagle3_config",
+]

@@ -76,6 +76,16 @@ class DraftChain:
             self.probs.append(q)
         return ids
 
+    def draw_greedy(self, logits: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
+        """The next draft of every request as the argmax of ``logits [B, Vd]`` over a vocabulary whose
+        entries are the target ids ``vocab [Vd]`` (``None``: the target's): point-mass drafting only."""
+        if self.probabilistic:
+            raise ValueError("draw_greedy serves point-mass drafting; probabilistic drafts need draw()")
+        ids = logits.argmax(dim=-1)  # [B]
+        ids = ids if vocab is None else vocab[ids]
+        self.ids.append(ids)
+        return ids
+
     def output(self, budgets: Sequence[int]) -> DraftOutput:
         k = len(self.ids)
         return DraftOutput(

@@ -71,10 +71,18 @@ class EagleDrafter(HeadCacheDrafter):
             return empty_drafts(batch, self.num_speculative_tokens, rows_h.device)
         chain = DraftChain(inputs.requests, self.probabilistic, rows_h.device)
         for step in range(k_max):
-            ids = chain.draw(self.head.logits(out, step).float())  # logits [B, V]
+            ids = self._draw(chain, out, step)
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)
+
+    def _draw(self, chain: DraftChain, out: torch.Tensor, step: int) -> torch.Tensor:  # [B, H] -> [B]
+        """Draft ``step + 1``: sampled over the target vocabulary when probabilistic (``q`` goes to the
+        sampler), else the argmax over the head's own vocabulary, mapped to target ids."""
+        if self.probabilistic:
+            return chain.draw(self.head.logits(out, step).float())  # logits [B, V]
+        logits, vocab = self.head.draft_vocab_logits(out, step)  # [B, Vd], [Vd] | None
+        return chain.draw_greedy(logits, vocab)
 
     def _propose_parallel(
         self, inputs: DraftInputs, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int]

@@ -117,23 +117,32 @@ at::Tensor swiglu(const at::Tensor& gu) {
   return out;
 }
 
-// -> query [B, Hq, Q, D], key and value [B, Hkv, Q, D] (views of one buffer), rotary applied.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_part(const at::Tensor& x, const at::Tensor& cos,
-                                                         const at::Tensor& sin, const Layer& layer) {
-  const int64_t b = x.size(0), q_len = x.size(1), h = x.size(2), m = b * q_len, d = layer.head_dim;
+// Normed rows [B * Q, K] -> query [B, Hq, Q, D], key and value [B, Hkv, Q, D] (views of one buffer),
+// rotary applied.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_qkv(const at::Tensor& normed, const at::Tensor& cos,
+                                                            const at::Tensor& sin, const Layer& layer,
+                                                            int64_t b, int64_t q_len) {
+  const int64_t m = b * q_len, d = layer.head_dim;
   const auto expanded = [&](const at::Tensor& t) {
     TORCH_CHECK(t.dim() == 3 && t.scalar_type() == at::kFloat && t.size(1) == q_len && t.size(2) == d,
                 "cos/sin must be float32 [B or 1, ", q_len, ", ", d, "], got ", t.scalar_type(), " ", t.sizes());
     return t.expand({b, q_len, d}).contiguous();
   };
   const at::Tensor c = expanded(cos), s = expanded(sin);
-  auto qkv = layer.mm(rms_norm(x.reshape({m, h}).contiguous(), layer.w[kNorm1], layer.eps), kQkv);
+  auto qkv = layer.mm(normed, kQkv);
   const int64_t width = qkv.size(1), hq = layer.heads, hkv = layer.kv_heads;
   rope(qkv.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), m, width, hq + hkv, d);
   const auto heads = [&](int64_t first, int64_t count) {
     return qkv.narrow(1, first * d, count * d).view({b, q_len, count, d}).transpose(1, 2);
   };
   return {heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_part(const at::Tensor& x, const at::Tensor& cos,
+                                                         const at::Tensor& sin, const Layer& layer) {
+  const int64_t m = x.size(0) * x.size(1);
+  const auto normed = rms_norm(x.reshape({m, x.size(2)}).contiguous(), layer.w[kNorm1], layer.eps);
+  return project_qkv(normed, cos, sin, layer, x.size(0), x.size(1));
 }
 
 // x + o(attn), then + down(silu(gate) * up) of its norm; attn [B, Q, Hq, D] or [B, Q, Hq * D].
@@ -171,6 +180,16 @@ void write_cache(const at::Tensor& k, const at::Tensor& v, const at::Tensor& key
   }
 }
 
+// The cache write, row attention and out_part of a layer whose q/k/v are computed; x is the residual.
+at::Tensor attend_and_finish(const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& keys, const at::Tensor& values, const at::Tensor& q_lens,
+                             const at::Tensor& kv_lens, const Layer& layer, double scale) {
+  const auto ql = q_lens.to(at::kLong).contiguous(), kl = kv_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(ql.numel() == x.size(0) && kl.numel() == x.size(0), "q_lens and kv_lens need one entry per request");
+  write_cache(k, v, keys, values, ql.data_ptr<int64_t>(), kl.data_ptr<int64_t>());
+  return out_part(x, spec_backend_native::attention_rows(q, keys, values, ql, kl, scale), layer);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> decoder_layer_qkv(const at::Tensor& x, const at::Tensor& cos,
                                                                   const at::Tensor& sin, at::TensorList w,
                                                                   int64_t heads, int64_t kv_heads,
@@ -189,10 +208,46 @@ at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& cos, const at::T
                          double eps, double scale) {
   const Layer layer = checked(x, w, heads, kv_heads, head_dim, eps);
   auto [q, k, v] = qkv_part(x, cos, sin, layer);
-  const auto ql = q_lens.to(at::kLong).contiguous(), kl = kv_lens.to(at::kLong).contiguous();
-  TORCH_CHECK(ql.numel() == x.size(0) && kl.numel() == x.size(0), "q_lens and kv_lens need one entry per request");
-  write_cache(k, v, keys, values, ql.data_ptr<int64_t>(), kl.data_ptr<int64_t>());
-  return out_part(x, spec_backend_native::attention_rows(q, keys, values, ql, kl, scale), layer);
+  return attend_and_finish(x, q, k, v, keys, values, q_lens, kv_lens, layer, scale);
+}
+
+// EAGLE-3's first draft layer (spec_backend/backends/native_eagle3.py): attention reads
+// [input_norm(embeds) | hidden_norm(hidden)] [B * Q, 2H]; the residual is hidden, or its norm when
+// norm_before_residual. Same weight list as a decoder layer, the q|k|v tiles being 2H wide.
+std::tuple<at::Tensor, at::Tensor> eagle3_rows(const at::Tensor& embeds, const at::Tensor& hidden,
+                                               const at::Tensor& hidden_norm, const Layer& layer,
+                                               bool norm_before_residual) {
+  const int64_t m = hidden.size(0) * hidden.size(1), h = hidden.size(2);
+  TORCH_CHECK(embeds.sizes() == hidden.sizes() && embeds.scalar_type() == at::kFloat,
+              "embeds must be float32 ", hidden.sizes(), " like hidden, got ", embeds.scalar_type(), " ",
+              embeds.sizes());
+  TORCH_CHECK(hidden_norm.scalar_type() == at::kFloat && hidden_norm.is_contiguous() && hidden_norm.numel() == h,
+              "hidden_norm must be contiguous float32 [", h, "], got ", hidden_norm.sizes());
+  const auto e = rms_norm(embeds.reshape({m, h}).contiguous(), layer.w[kNorm1], layer.eps);
+  const auto g = rms_norm(hidden.reshape({m, h}).contiguous(), hidden_norm, layer.eps);
+  const auto residual = norm_before_residual ? g.view(hidden.sizes()) : hidden;
+  return {at::cat({e, g}, 1), residual};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle3_layer_qkv(
+    const at::Tensor& embeds, const at::Tensor& hidden, const at::Tensor& hidden_norm, const at::Tensor& cos,
+    const at::Tensor& sin, at::TensorList w, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+    bool norm_before_residual) {
+  const Layer layer = checked(hidden, w, heads, kv_heads, head_dim, eps);
+  auto [rows, residual] = eagle3_rows(embeds, hidden, hidden_norm, layer, norm_before_residual);
+  auto [q, k, v] = project_qkv(rows, cos, sin, layer, hidden.size(0), hidden.size(1));
+  return {q, k, v, residual};
+}
+
+at::Tensor eagle3_layer(const at::Tensor& embeds, const at::Tensor& hidden, const at::Tensor& hidden_norm,
+                        const at::Tensor& cos, const at::Tensor& sin, at::TensorList w, const at::Tensor& keys,
+                        const at::Tensor& values, const at::Tensor& q_lens, const at::Tensor& kv_lens,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
+                        bool norm_before_residual) {
+  const Layer layer = checked(hidden, w, heads, kv_heads, head_dim, eps);
+  auto [rows, residual] = eagle3_rows(embeds, hidden, hidden_norm, layer, norm_before_residual);
+  auto [q, k, v] = project_qkv(rows, cos, sin, layer, hidden.size(0), hidden.size(1));
+  return attend_and_finish(residual, q, k, v, keys, values, q_lens, kv_lens, layer, scale);
 }
 
 }  // namespace
@@ -207,5 +262,13 @@ TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
   m.def("decoder_layer(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor keys, Tensor values, "
         "Tensor q_lens, Tensor kv_lens, int heads, int kv_heads, int head_dim, float eps, float scale) -> Tensor",
         &decoder_layer);
+  m.def("eagle3_layer_qkv(Tensor embeds, Tensor hidden, Tensor hidden_norm, Tensor cos, Tensor sin, "
+        "Tensor[] weights, int heads, int kv_heads, int head_dim, float eps, bool norm_before_residual) "
+        "-> (Tensor, Tensor, Tensor, Tensor)",
+        &eagle3_layer_qkv);
+  m.def("eagle3_layer(Tensor embeds, Tensor hidden, Tensor hidden_norm, Tensor cos, Tensor sin, "
+        "Tensor[] weights, Tensor keys, Tensor values, Tensor q_lens, Tensor kv_lens, int heads, int kv_heads, "
+        "int head_dim, float eps, float scale, bool norm_before_residual) -> Tensor",
+        &eagle3_layer);
 }
 #endif  // AVX512-VNNI: the layer runs the Q4_1 VNNI kernel; without it the op is not defined
