@@ -8,7 +8,9 @@ Target: random weights in SmolLM2-135M's shape (Llama, hidden 576, 30 layers, 9 
 vocabulary 49152, tied embeddings), float32. MTP needs its layers inside the target checkpoint, so it
 runs on a GLM-4.5-style target of the same sizes (dense MLPs, one MTP layer) and is compared with that
 target's own forward. Heads are random checkpoints in their published formats
-(``spec_backend.testing.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same shape.
+(``spec_backend.testing.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same shape. The
+EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only; int4 on an
+AVX512-VNNI CPU runs its first layer as one native call, ``backends/native_eagle3.py``).
 
 Method: one request (a 64-token random prompt), greedy, ``--tokens`` new tokens, K = ``--k``; the
 drafter's ``propose`` and the runner's ``forward`` are timed around each call; the prefill step is
@@ -84,6 +86,7 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     target = make_tiny_model(root / "target", "llama", **SMOLLM2)
     draft = make_tiny_model(root / "draft", "llama", **{**SMOLLM2, "num_hidden_layers": 2})
     h, v = SMOLLM2["hidden_size"], SMOLLM2["vocab_size"]
+    eagle3 = w.write_eagle3(root / "eagle3", target, "original", draft_vocab=8192)
     return {
         "ngram": (target, {"method": "ngram", "prompt_lookup_max": 3}),
         "draft_model (2 layers)": (target, {"method": "draft_model", "model": draft}),
@@ -92,13 +95,9 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
             {"method": "draft_model", "model": pard_draft(draft), "parallel_drafting": True},
         ),
         "eagle": (target, {"method": "eagle", "model": w.write_eagle1(root / "eagle", target, bias=False)}),
-        "eagle3 (Vd 8192)": (
-            target,
-            {
-                "method": "eagle3",
-                "model": w.write_eagle3(root / "eagle3", target, "original", draft_vocab=8192),
-            },
-        ),
+        "eagle3 (Vd 8192)": (target, {"method": "eagle3", "model": eagle3}),
+        "eagle3 int8 weights": (target, {"method": "eagle3", "model": eagle3, "quantization": "int8"}),
+        "eagle3 int4 (native)": (target, {"method": "eagle3", "model": eagle3, "quantization": "int4"}),
         "eagle3 parallel (P-EAGLE)": (
             target,
             {

@@ -1,0 +1,41 @@
+"""``DraftChain.draw_greedy``: the argmax over a head's own (reduced) vocabulary, mapped to target ids, is
+the draft that the argmax over the target vocabulary (``-inf`` outside the draft vocabulary) gives; it
+serves point-mass drafting only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from spec_backend.models.draft_vocab import to_target_logits
+from spec_backend.proposers.draft_sampling import DraftChain
+
+
+@dataclass
+class _Request:
+    request_id: str = "r"
+    prompt_token_ids: list[int] = field(default_factory=lambda: [1, 2, 3])
+    output_token_ids: list[int] = field(default_factory=list)
+    seed: int = 0
+    temperature: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+def test_greedy_draft_over_the_draft_vocabulary_is_the_full_vocabulary_argmax() -> None:
+    gen = torch.Generator().manual_seed(0)
+    vocab = torch.randperm(200, generator=gen)[:40].sort().values  # [Vd] target ids
+    logits = torch.randn(3, 40, generator=gen)  # [B, Vd]
+    requests = [_Request(request_id=str(i)) for i in range(3)]
+    reduced, full = DraftChain(requests, False, logits.device), DraftChain(requests, False, logits.device)
+    got = reduced.draw_greedy(logits, vocab)  # [B]
+    assert torch.equal(got, full.draw(to_target_logits(logits, vocab, 200)))
+    assert torch.equal(got, vocab[logits.argmax(-1)]) and bool((got != logits.argmax(-1)).any())
+    assert torch.equal(reduced.draw_greedy(logits, None), logits.argmax(-1))  # the target's vocabulary
+    assert torch.equal(reduced.output([2, 2, 2]).token_ids, torch.stack([got, logits.argmax(-1)], dim=1))
+    with pytest.raises(ValueError, match="draw_greedy serves point-mass drafting"):
+        DraftChain(requests, True, logits.device).draw_greedy(logits, vocab)
