@@ -29,7 +29,6 @@ from spec_backend.backends.native import native_op
 from spec_backend.backends.native_layer import NATIVE_LAYERS_ENV, NativeDecoderLayer, supported
 from spec_backend.backends.vocab_projection import replace_modules
 from spec_backend.models.eagle3 import FusedFirstLayer
-from spec_backend.step import StepBatch
 
 
 class NativeEagle3Layer(NativeDecoderLayer, FusedFirstLayer):
@@ -51,18 +50,12 @@ class NativeEagle3Layer(NativeDecoderLayer, FusedFirstLayer):
         position_ids: torch.Tensor,  # [B, Q]
     ) -> torch.Tensor:  # [B, Q, H] the first layer's output
         cos, sin = position_embeddings
-        ops, plan = torch.ops.spec_backend_native, getattr(cache, "plan", None)
+        ops, ragged = torch.ops.spec_backend_native, self._ragged_cache(cache, meta)
         inputs = (embeds, hidden, self.hidden_norm, cos, sin, self._weights)
-        if (
-            isinstance(plan, StepBatch)
-            and isinstance(meta, RaggedAttentionMetadata)
-            and not plan.static_shapes
-        ):
-            keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]
-            end = plan.start + plan.batch_size
+        if ragged is not None and meta is not None:
             out: torch.Tensor = ops.eagle3_layer(
-                *inputs, keys[plan.start : end], values[plan.start : end], meta.query_lens, meta.kv_lens,
-                *self.shape, self.self_attn.scaling, self.norm_before_residual,
+                *inputs, *ragged, meta.query_lens, meta.kv_lens, *self.shape, self.self_attn.scaling,
+                self.norm_before_residual,
             )  # fmt: skip
             return out
         query, key, value, residual = ops.eagle3_layer_qkv(*inputs, *self.shape, self.norm_before_residual)

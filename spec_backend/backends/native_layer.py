@@ -135,21 +135,29 @@ class NativeDecoderLayer(nn.Module):
         cache = cache if cache is not None else past_key_values
         for unused in ("position_ids", "use_cache"):  # rotary comes as position_embeddings; a cache is used
             kwargs.pop(unused, None)
-        plan, meta = getattr(cache, "plan", None), kwargs.get("spec_attn_metadata")
-        ops = torch.ops.spec_backend_native
-        if (
-            isinstance(plan, StepBatch)
-            and isinstance(meta, RaggedAttentionMetadata)
-            and not plan.static_shapes
-        ):
-            keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]
-            end = plan.start + plan.batch_size
-            out: torch.Tensor = ops.decoder_layer(
-                hidden_states, cos, sin, self._weights, keys[plan.start : end], values[plan.start : end],
-                meta.query_lens, meta.kv_lens, *self.shape, self.self_attn.scaling,
+        meta = kwargs.get("spec_attn_metadata")
+        ragged = self._ragged_cache(cache, meta)
+        if ragged is not None and isinstance(meta, RaggedAttentionMetadata):
+            out: torch.Tensor = torch.ops.spec_backend_native.decoder_layer(
+                hidden_states, cos, sin, self._weights, *ragged, meta.query_lens, meta.kv_lens, *self.shape,
+                self.self_attn.scaling,
             )  # fmt: skip
             return out
         return self._general(hidden_states, cos, sin, attention_mask, cache, kwargs)
+
+    def _ragged_cache(self, cache: Any, meta: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This layer's keys and values ``[B, Hkv, C, D]`` of the step's slots when the ragged path applies
+        (an engine step: a ``StepBatch`` plan and ragged metadata, shapes not captured), else ``None``."""
+        plan = getattr(cache, "plan", None)
+        if (
+            not isinstance(plan, StepBatch)
+            or not isinstance(meta, RaggedAttentionMetadata)
+            or plan.static_shapes
+        ):
+            return None
+        keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]
+        end = plan.start + plan.batch_size
+        return keys[plan.start : end], values[plan.start : end]
 
     def _general(
         self,

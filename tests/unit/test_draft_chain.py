@@ -39,3 +39,15 @@ def test_greedy_draft_over_the_draft_vocabulary_is_the_full_vocabulary_argmax() 
     assert torch.equal(reduced.output([2, 2, 2]).token_ids, torch.stack([got, logits.argmax(-1)], dim=1))
     with pytest.raises(ValueError, match="draw_greedy serves point-mass drafting"):
         DraftChain(requests, True, logits.device).draw_greedy(logits, vocab)
+
+
+def test_sampled_draft_distribution_is_the_tempered_softmax() -> None:
+    """Drafts drawn at a temperature carry ``q = softmax(logits / T)`` over the full vocabulary (no top-k
+    or top-p: the drafter applies neither), bit for bit; a greedy request's ``q`` is one-hot."""
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(1))  # [B, V]
+    requests = [_Request(request_id="hot", temperature=0.7), _Request(request_id="cold", temperature=0.0)]
+    chain = DraftChain(requests, True, logits.device)
+    ids = chain.draw(logits)
+    q = chain.probs[0]  # [B, V]
+    assert torch.equal(q[0], torch.softmax(logits[0] / torch.tensor(0.7), dim=-1))
+    assert int(ids[1]) == int(logits[1].argmax()) and float(q[1, ids[1]]) == 1.0 and float(q[1].sum()) == 1.0
