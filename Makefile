@@ -33,9 +33,10 @@ demo: $(STAMP)
 	$(VENV)/bin/spec-backend demo
 
 # Trains an EAGLE-3 head for the bundled SmolLM2 from scratch with train-eagle3's defaults (the target's
-# answers to 2000 instruction prompts -> hidden states -> 4 epochs of TTT), into $(EAGLE3_OUT). About 70 min
-# on 2 cores (66 min measured); resumable (docs/drafters.md, docs/benchmarks.md).
-EAGLE3_WORK ?= $(HOME)/.cache/spec_backend/eagle3-smollm2-work
+# answers to 6000 instruction prompts -> hidden states -> 3 epochs of TTT), into $(EAGLE3_OUT). About 2 h on
+# 2 cores (at the measured rates: answers ~50 min, states ~17 min, training ~20 min per epoch);
+# resumable (docs/drafters.md, docs/benchmarks.md "fourth round").
+EAGLE3_WORK ?= $(HOME)/.cache/spec_backend/eagle3-smollm2-6k-work
 EAGLE3_OUT ?= $(HOME)/.cache/spec_backend/smollm2-eagle3
 eagle3-smollm2: $(STAMP)
 	$(VENV)/bin/spec-backend train-eagle3 --target smollm2 --out $(EAGLE3_OUT) --work $(EAGLE3_WORK)

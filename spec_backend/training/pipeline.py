@@ -34,11 +34,11 @@ class PipelineConfig:
     max_len: int = 512
     draft_vocab_size: int = 8192
     ttt_steps: int = 3
-    epochs: int = 4
+    epochs: int = 3
     lr: float = 1.5e-3
     seed: int = 0
     packages: tuple[str, ...] = ()
-    chats: int = 2000
+    chats: int = 6000
     chat_tokens: int = 160
     bf16: bool = True
     init_from_target: bool = True
@@ -221,10 +221,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size")
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (drafts trained ahead)")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine decay to a tenth)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chats", type=int, default=2000, help="instruction prompts the target answers")
+    p.add_argument("--chats", type=int, default=6000, help="instruction prompts the target answers")
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
