@@ -158,7 +158,7 @@ def build_step_batch(
         seq_lens=seq_lens,
         rows=rows,
         cols=cols,
-        query_lens_host=tuple(int(q) for q in query_lens),
+        query_lens_host=tuple(lens),
         num_draft_tokens=drafts,
         max_seq_len=max(sections[1]),
         draft_token_ids=flat[cols >= 1].to(torch.int32)

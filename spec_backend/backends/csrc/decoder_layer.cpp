@@ -229,14 +229,21 @@ std::tuple<at::Tensor, at::Tensor> eagle3_rows(const at::Tensor& embeds, const a
   return {at::cat({e, g}, 1), residual};
 }
 
+// -> query, key, value (as project_qkv) and the residual.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle3_qkv_part(
+    const at::Tensor& embeds, const at::Tensor& hidden, const at::Tensor& hidden_norm, const at::Tensor& cos,
+    const at::Tensor& sin, const Layer& layer, bool norm_before_residual) {
+  auto [rows, residual] = eagle3_rows(embeds, hidden, hidden_norm, layer, norm_before_residual);
+  auto [q, k, v] = project_qkv(rows, cos, sin, layer, hidden.size(0), hidden.size(1));
+  return {q, k, v, residual};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle3_layer_qkv(
     const at::Tensor& embeds, const at::Tensor& hidden, const at::Tensor& hidden_norm, const at::Tensor& cos,
     const at::Tensor& sin, at::TensorList w, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
     bool norm_before_residual) {
   const Layer layer = checked(hidden, w, heads, kv_heads, head_dim, eps);
-  auto [rows, residual] = eagle3_rows(embeds, hidden, hidden_norm, layer, norm_before_residual);
-  auto [q, k, v] = project_qkv(rows, cos, sin, layer, hidden.size(0), hidden.size(1));
-  return {q, k, v, residual};
+  return eagle3_qkv_part(embeds, hidden, hidden_norm, cos, sin, layer, norm_before_residual);
 }
 
 at::Tensor eagle3_layer(const at::Tensor& embeds, const at::Tensor& hidden, const at::Tensor& hidden_norm,
@@ -245,8 +252,7 @@ at::Tensor eagle3_layer(const at::Tensor& embeds, const at::Tensor& hidden, cons
                         int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
                         bool norm_before_residual) {
   const Layer layer = checked(hidden, w, heads, kv_heads, head_dim, eps);
-  auto [rows, residual] = eagle3_rows(embeds, hidden, hidden_norm, layer, norm_before_residual);
-  auto [q, k, v] = project_qkv(rows, cos, sin, layer, hidden.size(0), hidden.size(1));
+  auto [q, k, v, residual] = eagle3_qkv_part(embeds, hidden, hidden_norm, cos, sin, layer, norm_before_residual);
   return attend_and_finish(residual, q, k, v, keys, values, q_lens, kv_lens, layer, scale);
 }
 
