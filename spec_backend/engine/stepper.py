@@ -87,7 +87,8 @@ class Stepper:
 
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
-        captured = engine.captured if not last_only and start == 0 and any(inputs.counts) else None
+        drafted = any(inputs.counts) or engine.k == 0  # plain decoding replays its one-token step
+        captured = engine.captured if not last_only and start == 0 and drafted else None
         if captured is not None:  # every request K+1 tokens: placeholders where drafts are missing
             inputs = _widen(inputs, engine.k)
             query_lens, drafts = [engine.k + 1] * len(requests), [engine.k] * len(requests)

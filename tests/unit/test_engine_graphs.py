@@ -109,6 +109,18 @@ def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_
     assert verify.replays > 0 and draft_step.replays > 0
 
 
+def test_plain_decoding_replays_a_one_token_step(llama_dir: str) -> None:
+    """Without speculation the decode step (one token per request) is captured and replayed too."""
+    eager = _ids(LLM(llama_dir, dtype="float64"), GREEDY)
+    backend = SimulatedGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", backend=backend, max_num_seqs=2)
+    assert llm.engine.captured is not None and llm.engine.captured.q == 1
+    (runner,) = backend.runners
+    assert runner.captured_sizes == (1, 2)  # multiples of 1 up to max_num_seqs
+    assert _ids(llm, GREEDY) == eager
+    assert runner.replays > 0 and runner.eager_calls == 0  # max_num_seqs=2: every batch fits a graph
+
+
 def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, speculative_config=NGRAM, backend=backend, enforce_eager=True)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU runs of one session, from a bare checkout, in one command: the cuda test tier, the sampler
+# against the bandwidth floor, the engine with and without graphs and speculation. Results go to $OUT
+# (default ./gpu-results): env.txt, pytest.log, sampler.txt, engine.txt.
+#
+#   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
+#
+# The GPU machine has torch, triton and transformers but no network: wheels of the other dependencies
+# (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, stevedore), downloaded
+# for its Python into .whl/, are installed first when present. Each stage runs under its own time cap
+# inside SUITE_SECONDS, so one stage that hangs cannot take the others' results with it.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+BUDGET=${SUITE_SECONDS:-570}
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+cap() { local want=$1 rest; rest=$(left); if [ "$rest" -lt "$want" ]; then echo "$rest"; else echo "$want"; fi; }
+stage() {  # stage NAME CAP_SECONDS COMMAND...: run under min(cap, time left), log to $OUT/NAME
+    local name=$1 limit; limit=$(cap "$2"); shift 2
+    if [ "$limit" -le 5 ]; then echo "== $name: skipped, no time left" | tee -a "$OUT/$name"; return; fi
+    echo "== $name (cap ${limit}s, $(left)s left): $*" | tee -a "$OUT/$name"
+    timeout --kill-after=5 "$limit" "$@" >>"$OUT/$name" 2>&1
+    echo "== $name: exit $? after $(( $(date +%s) - START ))s" | tee -a "$OUT/$name"
+}
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site
+fi
+# entry points (the backend registry) come from the installed metadata: an editable install, no network
+$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/cuda >"$OUT/env.txt" 2>&1 \
+    || echo "editable install failed: running from PYTHONPATH" >>"$OUT/env.txt"
+export PYTHONPATH="$PWD:$PWD/backends/cuda${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    $PY - <<'EOF'
+import sys, torch, triton, transformers
+print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"triton {triton.__version__}, transformers {transformers.__version__}")
+p = torch.cuda.get_device_properties(0)
+print(f"{p.name}: {p.multi_processor_count} SMs, {p.total_memory / 2**30:.1f} GiB")
+from spec_backend.backends import load_backend
+print("load_backend('cuda'):", type(load_backend("cuda")).__name__)
+EOF
+} >>"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs backends/cuda/tests
+stage sampler.txt "${SAMPLER_SECONDS:-130}" $PY benchmarks/bench_sampler_bandwidth.py
+stage engine.txt "$BUDGET" $PY benchmarks/bench_engine_gpu.py --models smollm2-random,random-1b \
+    --max-tokens "${ENGINE_TOKENS:-64}"
+
+echo "== summary"
+tail -n 25 "$OUT/pytest.log"
+grep -E "^target|device:" "$OUT/sampler.txt"
+sed -n '/^model /,$p' "$OUT/engine.txt"
