@@ -20,6 +20,8 @@ FLy rescue, window 2).
 Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` with its tuning, or each
 ``--vocab-blocks`` value); ``torch`` — the reference backend's ``TorchSamplerOps`` on the same device.
 On CPU the triton kernels would run interpreted (minutes): they are skipped unless ``--with-triton``.
+On a GPU each triton column has a ``/graph`` twin: the same call captured once in a CUDA graph and timed
+by its replays (first input set only), i.e. the device time without the host's launch overhead.
 The last lines check the targets: standard at B=64, K=4 against 80 % of the floor, block ≤ 1.3×
 standard's time.
 """
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,7 +192,11 @@ def implementations(device: str, blocks: list[int] | None, with_triton: bool) ->
 
 
 def time_case(
-    inputs: Inputs, mode: Mode, impls: dict[str, SamplerOps], measure: Callable[[Callable[[], object]], float]
+    inputs: Inputs,
+    mode: Mode,
+    impls: dict[str, SamplerOps],
+    measure: Callable[[Callable[[], object]], float],
+    graphs: Any = None,
 ) -> tuple[dict[str, float], list[str]]:
     """Median seconds per implementation, and the implementations whose output differs from torch's."""
     sampling = inputs.greedy if mode.greedy else inputs.random
@@ -205,6 +212,14 @@ def time_case(
 
         seconds[name] = measure(call)
         outputs[name] = sampler(inputs.meta, q0, logits0, sampling)
+        if graphs and name != "torch":  # device time alone: the call replayed from a CUDA graph
+            try:
+                graph, out = graphs.capture_once(lambda s=sampler: s(inputs.meta, q0, logits0, sampling))
+            except Exception as exc:  # report and go on: the eager columns stand
+                print(f"  {name} {mode.name}: graph capture failed: {type(exc).__name__}: {exc}"[:200])
+                continue
+            seconds[name + "/graph"] = measure(graph.replay)
+            outputs[name + "/graph"] = out.clone()
     ref = outputs["torch"]
     return seconds, [n for n, out in outputs.items() if not torch.equal(out, ref)]
 
@@ -253,11 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(device, measure, (1 << 30) if not args.quick else (1 << 24))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"device: {name}, torch {torch.__version__}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, V={vocab}")
+    graphs = None
+    if device == "cuda":
+        from spec_backend_cuda.graph_runner import CudaGraphDriver
+
+        graphs = CudaGraphDriver()
     impls = implementations(
         device, [int(b) for b in args.vocab_blocks.split(",") if b] or None, args.with_triton
     )
     header = f"{'B':>4} {'K':>2} {'mode':<13} {'input MiB':>9} {'floor µs':>9}"
-    print(header + "".join(f" {n + ' µs':>15} {'% floor':>8}" for n in impls), flush=True)
+    names = [*impls, *(f"{n}/graph" for n in impls if graphs and n != "torch")]
+    print(header + "".join(f" {n + ' µs':>15} {'% floor':>8}" for n in names), flush=True)
     results: dict[tuple[int, int, str], dict[str, float]] = {}
     floors: dict[tuple[int, int, str], float] = {}
     for batch in batches:
@@ -266,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 nbytes = (batch * (k + 1) + (batch * k if mode.with_q else 0)) * vocab * 4
                 floor = floors[(batch, k, mode.name)] = nbytes / bandwidth
-                seconds, mismatch = time_case(inputs, mode, impls, measure)
+                seconds, mismatch = time_case(inputs, mode, impls, measure, graphs)
                 results[(batch, k, mode.name)] = seconds
                 row = f"{batch:>4} {k:>2} {mode.name:<13} {nbytes / 2**20:>9.1f} {floor * 1e6:>9.1f}"
-                row += "".join(f" {t * 1e6:>15.1f} {100 * floor / t:>7.1f}%" for t in seconds.values())
+                times = [seconds.get(n) for n in names]
+                row += "".join(
+                    f" {t * 1e6:>15.1f} {100 * floor / t:>7.1f}%" if t else f" {'-':>15} {'-':>8}"
+                    for t in times
+                )
                 print(
                     row + (f"  (differs from torch: {', '.join(mismatch)})" if mismatch else ""), flush=True
                 )

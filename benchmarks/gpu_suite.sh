@@ -52,7 +52,7 @@ EOF
 cat "$OUT/env.txt"
 
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs backends/cuda/tests
-stage sampler.txt "${SAMPLER_SECONDS:-130}" $PY benchmarks/bench_sampler_bandwidth.py
+stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}"
 stage engine.txt "$BUDGET" $PY benchmarks/bench_engine_gpu.py --models smollm2-random,random-1b \
     --max-tokens "${ENGINE_TOKENS:-64}"
 

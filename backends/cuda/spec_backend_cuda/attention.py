@@ -16,8 +16,13 @@ it never synchronises with the host and can be captured in a CUDA graph):
   see no key come back as zeros. Used when ``flash_attn`` is importable, the GPU is Ampere (compute
   capability 8.0) or newer, the tensors are on CUDA in float16/bfloat16, the head dim is a multiple of
   8 up to 256, and there is no dropout.
-* **sdpa** — the reference itself (:func:`spec_backend.backends.attention.sdpa_ragged_attention`, its
-  explicit boolean mask from ``ragged_causal_mask``): every dtype and device.
+* **sdpa** — the reference (:func:`spec_backend.backends.attention.sdpa_ragged_attention`, its
+  explicit boolean mask from ``ragged_causal_mask``): every dtype and device. One thing is added for
+  CUDA graphs (:func:`cuda_sdpa_attention`): the reference caches each step's mask on the metadata, and a
+  mask built eagerly (the warm-up before a capture) would be frozen into the graph as a constant, so a
+  replay with new lengths would read the old mask. While a graph is captured, masks built outside that
+  capture are dropped and rebuilt inside it (recorded once, shared by every layer); outside a capture,
+  masks built inside one (they hold values only after a replay) are dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -166,6 +172,48 @@ def flash_ragged_attention(
     return ragged_flash(query, key, value, meta, scale, load_flash_kernel()), None
 
 
+#: the masks built during the current capture, by id (weak references: a freed mask's id can be
+#: reused by an eager one, which must not pass for a graph's); reset per capture
+_GRAPH_MASKS: dict[int, weakref.ref[torch.Tensor]] = {}
+
+
+def _in_graph(mask: torch.Tensor) -> bool:
+    ref = _GRAPH_MASKS.get(id(mask))
+    return ref is not None and ref() is mask
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where torch has no CUDA)."""
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def begin_capture() -> None:
+    """Called by the graph driver before each capture: no mask of an earlier capture is reused in it."""
+    _GRAPH_MASKS.clear()
+
+
+def cuda_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The reference SDPA path with its mask cache kept on the right side of graph captures."""
+    meta = _metadata(kwargs)
+    inside = capturing()
+    for cached, mask in list(meta.mask_cache.items()):
+        if _in_graph(mask) != inside:  # built on the other side of a capture boundary
+            del meta.mask_cache[cached]
+    out = sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    if inside:
+        _GRAPH_MASKS.update((id(mask), weakref.ref(mask)) for mask in meta.mask_cache.values())
+    return out
+
+
 def cuda_ragged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, Hq, Q, D]
@@ -179,20 +227,22 @@ def cuda_ragged_attention(
     """The CUDA backend's attention: flash when it can run these tensors, else the reference SDPA."""
     if flash_unsupported_reason(query, key, dropout) is None:
         return flash_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
 #: The attention functions by path name (``CudaBackend(attention=...)``).
 ATTENTION_PATHS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
     "auto": cuda_ragged_attention,
     "flash": flash_ragged_attention,
-    "sdpa": sdpa_ragged_attention,
+    "sdpa": cuda_sdpa_attention,
 }
 
 __all__ = [
     "ATTENTION_PATHS",
     "FlashKernel",
+    "begin_capture",
     "cuda_ragged_attention",
+    "cuda_sdpa_attention",
     "device_capability",
     "flash_attn_installed",
     "flash_capability_reason",

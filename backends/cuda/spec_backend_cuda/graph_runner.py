@@ -28,6 +28,7 @@ import torch
 
 from spec_backend.backends.base import BackendError, GraphFn, GraphOutput
 from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner
+from spec_backend_cuda.attention import begin_capture
 
 
 def require_cuda(what: str) -> None:
@@ -68,6 +69,7 @@ class CudaGraphDriver:
     def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
         """Capture ``call()``; its output (one tensor or a tuple) is the graph's static output."""
         graph = torch.cuda.CUDAGraph()
+        begin_capture()
         with torch.cuda.graph(graph, pool=pool):
             output = call()
         return graph, output
@@ -87,6 +89,7 @@ class CudaGraphDriver:
         with torch.no_grad():
             self.warm_up(call, warmup_iters)
             graph = torch.cuda.CUDAGraph()
+            begin_capture()
             with torch.cuda.graph(graph, pool=pool):
                 output = call()
         torch.cuda.synchronize()

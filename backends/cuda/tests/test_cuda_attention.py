@@ -90,7 +90,7 @@ def test_missing_metadata_is_a_clear_error() -> None:
 
 def test_backend_attention_choices() -> None:
     assert CudaBackend().attention_function() is cuda_ragged_attention
-    assert CudaBackend(attention="sdpa").attention_function() is sdpa_ragged_attention
+    assert CudaBackend(attention="sdpa").attention_function() is cuda_attention.cuda_sdpa_attention
     assert CudaBackend(attention="flash").attention_function() is flash_ragged_attention
     with pytest.raises(ValueError, match="attention must be one of"):
         CudaBackend(attention="xformers")
@@ -129,3 +129,29 @@ def test_registered_in_transformers_it_matches_the_reference_model(tmp_path: obj
         verify = _step(runner, [[8, 9, 10], [11]], last_only=False)  # [4, V]: ragged K+1
         logits.append(torch.cat([prefill, verify]))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-6, rtol=1e-6)
+
+
+def test_sdpa_masks_never_cross_a_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mask cached eagerly (the warm-up) is rebuilt inside a capture, where its construction is
+    recorded; a mask built inside a capture (no values until a replay) is rebuilt outside it. The
+    capture is simulated: only the module's ``capturing()`` answer changes."""
+    query, key, value, meta = ragged_batch(2, 3, 4, 2, 16, seed=3)
+
+    def masks() -> list[int]:
+        cuda_attention.cuda_sdpa_attention(
+            torch.nn.Identity(), query, key, value, None, spec_attn_metadata=meta
+        )
+        return [id(m) for m in meta.mask_cache.values()]
+
+    eager = masks()
+    assert masks() == eager  # eager calls share the step's mask
+    monkeypatch.setattr(cuda_attention, "capturing", lambda: True)
+    cuda_attention.begin_capture()
+    captured = masks()
+    assert len(captured) == 1 and captured != eager  # rebuilt inside the capture
+    assert masks() == captured  # every layer of the captured forward shares it
+    cuda_attention.begin_capture()  # the next capture (another size) records its own
+    second = masks()
+    assert second != captured
+    monkeypatch.setattr(cuda_attention, "capturing", lambda: False)
+    assert masks() != second  # outside the capture: not the graph's mask

@@ -7,6 +7,7 @@ import torch
 from cuda_testlib import ragged_batch, real_rows, reference
 from spec_backend_cuda.attention import (
     cuda_ragged_attention,
+    cuda_sdpa_attention,
     flash_attn_installed,
     flash_ragged_attention,
     flash_unsupported_reason,
@@ -24,7 +25,7 @@ LAYOUTS = [
     pytest.param([1] * 4, 1, 4, id="decode-Q1"),
     pytest.param([37, 1, 12], 37, 3, id="prefill-mixed"),
 ]
-PATHS = {"sdpa": sdpa_ragged_attention, "flash": flash_ragged_attention, "auto": cuda_ragged_attention}
+PATHS = {"sdpa": cuda_sdpa_attention, "flash": flash_ragged_attention, "auto": cuda_ragged_attention}
 
 
 def _needs(path: str, dtype: torch.dtype) -> None:

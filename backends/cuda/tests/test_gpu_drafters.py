@@ -102,7 +102,7 @@ def _generate(target_dir: str, spec: dict[str, Any] | None, backend: CudaBackend
         log_stats_interval=None,
     )
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=20))
-    assert all(o.finish_reason != "error" for o in outs), [o.outputs[0].error for o in outs]
+    assert all(o.outputs[0].finish_reason != "error" for o in outs), [o.outputs[0].error for o in outs]
     return [list(o.outputs[0].token_ids) for o in outs]
 
 

@@ -45,7 +45,7 @@ def _generate(model_dir: str, backend: object, dtype: str, speculate: bool) -> l
     llm = LLM(model_dir, speculative_config=NGRAM, backend=backend, dtype=dtype, log_stats_interval=None)  # type: ignore[arg-type]
     llm.set_speculation(speculate)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24))
-    assert all(o.finish_reason != "error" for o in outs), [o.outputs[0].error for o in outs]
+    assert all(o.outputs[0].finish_reason != "error" for o in outs), [o.outputs[0].error for o in outs]
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
