@@ -87,11 +87,12 @@ class Stepper:
 
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
-        drafted = any(inputs.counts) or engine.k == 0  # plain decoding replays its one-token step
-        captured = engine.captured if not last_only and start == 0 and drafted else None
-        if captured is not None:  # every request K+1 tokens: placeholders where drafts are missing
-            inputs = _widen(inputs, engine.k)
-            query_lens, drafts = [engine.k + 1] * len(requests), [engine.k] * len(requests)
+        captured = engine.captured if not last_only and start == 0 else None
+        if captured is not None and captured.q > 1 and not any(inputs.counts):
+            captured = None  # the verify graph (K+1 tokens), a step without drafts: eager
+        if captured is not None:  # every request q tokens: placeholders where drafts are missing
+            inputs = _widen(inputs, captured.q - 1)
+            query_lens, drafts = [captured.q] * len(requests), [captured.q - 1] * len(requests)
         elif last_only:
             query_lens, drafts = [len(r.prompt_token_ids) for r in requests], [0] * len(requests)
         else:
