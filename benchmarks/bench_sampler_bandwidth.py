@@ -15,10 +15,12 @@ FLy rescue, window 2).
 
     python benchmarks/bench_sampler_bandwidth.py                        # on a GPU: the full grid
     python benchmarks/bench_sampler_bandwidth.py --modes standard,block+q --vocab-blocks 1024,4096
+    python benchmarks/bench_sampler_bandwidth.py --modes standard,block+q --vocab-splits 1,8,32
     python benchmarks/bench_sampler_bandwidth.py --device cpu --quick   # dry path (torch only on CPU)
 
 Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` with its tuning, or each
-``--vocab-blocks`` value); ``torch`` — the reference backend's ``TorchSamplerOps`` on the same device.
+``--vocab-blocks`` value, and ``x<n>`` for each ``--vocab-splits`` n > 1: rows shared by n programs);
+``torch`` — the reference backend's ``TorchSamplerOps`` on the same device.
 On CPU the triton kernels would run interpreted (minutes): they are skipped unless ``--with-triton``.
 On a GPU each triton column has a ``/graph`` twin: the same call captured once in a CUDA graph and timed
 by its replays (first input set only), i.e. the device time without the host's launch overhead.
@@ -34,7 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +174,10 @@ def make_inputs(batch: int, k: int, vocab: int, device: str, rotate_bytes: int) 
     )
 
 
-def implementations(device: str, blocks: list[int] | None, with_triton: bool) -> dict[str, SamplerOps]:
+def implementations(
+    device: str, blocks: list[int] | None, with_triton: bool, splits: list[int] | None = None
+) -> dict[str, SamplerOps]:
+    """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared) per tile and split count."""
     from spec_backend.sampling.torch_ops import TorchSamplerOps
 
     impls: dict[str, SamplerOps] = {"torch": TorchSamplerOps()}
@@ -184,10 +189,9 @@ def implementations(device: str, blocks: list[int] | None, with_triton: bool) ->
 
     tuning = CudaBackend().sampler_tuning()
     for block in blocks or [tuning.vocab_block]:
-        cfg = SamplerTuning(
-            vocab_block=block, max_grid=tuning.max_grid, device_uniforms=tuning.device_uniforms
-        )
-        impls[f"triton/{block}"] = TritonSamplerOps(cfg)
+        for split in splits or [tuning.vocab_splits]:
+            cfg = replace(tuning, vocab_block=block, vocab_splits=split)
+            impls[f"triton/{block}" + (f"x{split}" if split > 1 else "")] = TritonSamplerOps(cfg)
     return impls
 
 
@@ -251,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small grid and vocabulary (dry run)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     parser.add_argument("--vocab-blocks", default="", help="comma-separated triton tiles to sweep")
+    parser.add_argument(
+        "--vocab-splits", default="", help="comma-separated programs per row to sweep (1: one per row)"
+    )
     parser.add_argument("--with-triton", action="store_true", help="on CPU: run the interpreted kernels")
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args(argv)
@@ -274,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
 
         graphs = CudaGraphDriver()
     impls = implementations(
-        device, [int(b) for b in args.vocab_blocks.split(",") if b] or None, args.with_triton
+        device,
+        [int(b) for b in args.vocab_blocks.split(",") if b] or None,
+        args.with_triton,
+        [int(v) for v in args.vocab_splits.split(",") if v] or None,
     )
     header = f"{'B':>4} {'K':>2} {'mode':<13} {'input MiB':>9} {'floor µs':>9}"
     names = [*impls, *(f"{n}/graph" for n in impls if graphs and n != "torch")]

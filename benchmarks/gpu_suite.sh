@@ -52,7 +52,8 @@ EOF
 cat "$OUT/env.txt"
 
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs backends/cuda/tests
-stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}"
+stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
+    --vocab-splits "${SAMPLER_SPLITS:-1,8,32}"
 stage engine.txt "$BUDGET" $PY benchmarks/bench_engine_gpu.py --models smollm2-random,random-1b \
     --max-tokens "${ENGINE_TOKENS:-64}"
 

@@ -208,6 +208,38 @@ def greedy_fused_kernel(
 
 # --------------------------------------------------------------------------- temperature softmax
 @triton.jit
+def softmax_stats(src, t, start, end, V, BLOCK_V: tl.constexpr):  # -> (max, sum exp(x - max)) of x / t
+    """Online (max, sum-exp) of logits / t over vocabulary ids [start, end) of one row."""
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([], tl.float32)
+    for v0 in range(start, end, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        x = tl.math.div_rn(tl.load(src + offs, mask=offs < V, other=float("-inf")).to(tl.float32), t)
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_m))
+        s = s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(e, axis=0)
+        m = new_m
+    return m, s
+
+
+@triton.jit
+def softmax_store(src, dst, t, m, s, start, end, V, BLOCK_V: tl.constexpr):
+    """Write exp(x / t − m) / s for vocabulary ids [start, end) of one row."""
+    for v0 in range(start, end, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        mask = offs < V
+        x = tl.math.div_rn(tl.load(src + offs, mask=mask, other=float("-inf")).to(tl.float32), t)
+        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m))
+        tl.store(dst + offs, tl.math.div_rn(e, s), mask=mask)
+
+
+@triton.jit
+def row_temperature(temp_ptr, row):  # -> float32 temperature of the row (<= 0: greedy, treated as 1)
+    t = tl.load(temp_ptr + row).to(tl.float32)
+    return tl.where(t > 0, t, 1.0)
+
+
+@triton.jit
 def temperature_softmax_kernel(
     logits_ptr,  # [N, V] float
     l_stride,
@@ -223,29 +255,14 @@ def temperature_softmax_kernel(
     logits + 1 float32 write (3x the floor for float32 logits, 4x for bf16): the materialised [N, V]
     probabilities are what the ``SamplerOps`` protocol asks for. On CUDA ``tl.exp`` lowers to
     ``ex2.approx`` (a few ulp, denormal results flushed to 0): the probabilities match torch's to ~1e-6
-    relative, not bit for bit."""
+    relative, not bit for bit. With few rows, ``triton_kernels_split`` shares each row among programs."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for row in tl.range(pid, N, nprog):
-        t = tl.load(temp_ptr + row).to(tl.float32)
-        t = tl.where(t > 0, t, 1.0)
+        t = row_temperature(temp_ptr, row)
         src = logits_ptr + tl.cast(row, tl.int64) * l_stride
-        m = tl.full([], float("-inf"), tl.float32)
-        s = tl.zeros([], tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            x = tl.math.div_rn(tl.load(src + offs, mask=offs < V, other=float("-inf")).to(tl.float32), t)
-            new_m = tl.maximum(m, tl.max(x, axis=0))
-            e = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_m))
-            s = s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(e, axis=0)
-            m = new_m
-        dst = out_ptr + tl.cast(row, tl.int64) * o_stride
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            mask = offs < V
-            x = tl.math.div_rn(tl.load(src + offs, mask=mask, other=float("-inf")).to(tl.float32), t)
-            e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m))
-            tl.store(dst + offs, tl.math.div_rn(e, s), mask=mask)
+        m, s = softmax_stats(src, t, 0, V, V, BLOCK_V)
+        softmax_store(src, out_ptr + tl.cast(row, tl.int64) * o_stride, t, m, s, 0, V, V, BLOCK_V)
 
 
 __all__ = [
@@ -258,6 +275,9 @@ __all__ = [
     "request_span",
     "row_argmax",
     "row_key",
+    "row_temperature",
+    "softmax_stats",
+    "softmax_store",
     "temperature_softmax_kernel",
     "uniforms_kernel",
     "vocab_uniform",

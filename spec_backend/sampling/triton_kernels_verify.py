@@ -263,6 +263,70 @@ def synthetic_verify_kernel(
 
 
 @triton.jit
+def residual_races(
+    tprobs_ptr,
+    tp_stride,
+    trow_ptr,
+    dprobs_ptr,
+    dp_stride,
+    draft_ptr,
+    drow_ptr,
+    scale_ptr,
+    seed_ptr,
+    pos_ptr,
+    r,  # output row
+    start,  # first vocabulary id of the span
+    end,  # one past the last
+    V,
+    HAS_DRAFTS: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    STREAM: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Output row r's two exponential races over vocabulary ids [start, end): returns (any w > 0, best
+    w/E, its first index, best p/E, its first index). See ``sample_residual_kernel``."""
+    row = tl.load(trow_ptr + r).to(tl.int64)
+    d = tl.load(drow_ptr + r).to(tl.int64)
+    has = d >= 0
+    d = tl.maximum(d, 0)
+    scale = tl.load(scale_ptr + r).to(tl.float32)
+    key = row_key(tl.load(seed_ptr + r), tl.load(pos_ptr + r), STREAM)
+    x = tl.full([], -1, tl.int32)
+    if HAS_DRAFTS:
+        x = tl.where(has, tl.load(draft_ptr + d).to(tl.int32), -1)
+        has = has & (x >= 0)  # a null draft (-1) has q = 0
+    p_row = tprobs_ptr + row * tp_stride
+    q_row = dprobs_ptr + d * dp_stride
+    w_any = tl.full([], 0, tl.int1)
+    best_w = tl.full([], -1.0, tl.float32)
+    idx_w = tl.zeros([], tl.int32)
+    best_p = tl.full([], -1.0, tl.float32)
+    idx_p = tl.zeros([], tl.int32)
+    for v0 in range(start, end, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        mask = offs < V
+        p = tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = scale * p
+        if HAS_DRAFTS:
+            if HAS_Q:
+                q = tl.load(q_row + offs, mask=mask & (offs < V * has), other=0.0).to(tl.float32)
+            else:
+                q = tl.where(offs == x, 1.0, 0.0)
+            w = tl.maximum(w - q, 0.0)
+        w_any = w_any | (tl.max(tl.where(mask & (w > 0), 1, 0), axis=0) > 0)
+        e = -tl.log(vocab_uniform(key, offs))
+        kw = tl.where(mask, tl.math.div_rn(w, e), -1.0)
+        kp = tl.where(mask, tl.math.div_rn(p, e), -1.0)
+        mw, iw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        mp, ip = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        idx_w = tl.where(mw > best_w, v0 + iw, idx_w)
+        best_w = tl.maximum(mw, best_w)
+        idx_p = tl.where(mp > best_p, v0 + ip, idx_p)
+        best_p = tl.maximum(mp, best_p)
+    return w_any, best_w, idx_w, best_p, idx_p
+
+
+@triton.jit
 def sample_residual_kernel(
     tprobs_ptr,  # [N, V] float32
     tp_stride,
@@ -286,48 +350,15 @@ def sample_residual_kernel(
     with u_v hashed in registers from (seed, position, STREAM, v): no noise tensor exists. Grid:
     min(R, max_grid), persistent over output rows; ONE pass over the row: the races of w and of p run
     side by side and the final ``any(w > 0)`` picks one, so the fallback costs no second read.
-    Traffic: p row + q row (p only for point masses / bonus rows) per output."""
+    Traffic: p row + q row (p only for point masses / bonus rows) per output. With few rows, the split
+    kernels (``triton_kernels_split``) share each row among several programs."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for r in tl.range(pid, R, nprog):
-        row = tl.load(trow_ptr + r).to(tl.int64)
-        d = tl.load(drow_ptr + r).to(tl.int64)
-        has = d >= 0
-        d = tl.maximum(d, 0)
-        scale = tl.load(scale_ptr + r).to(tl.float32)
-        key = row_key(tl.load(seed_ptr + r), tl.load(pos_ptr + r), STREAM)
-        x = tl.full([], -1, tl.int32)
-        if HAS_DRAFTS:
-            x = tl.where(has, tl.load(draft_ptr + d).to(tl.int32), -1)
-            has = has & (x >= 0)  # a null draft (-1) has q = 0
-        p_row = tprobs_ptr + row * tp_stride
-        q_row = dprobs_ptr + d * dp_stride
-        w_any = tl.full([], 0, tl.int1)
-        best_w = tl.full([], -1.0, tl.float32)
-        idx_w = tl.zeros([], tl.int32)
-        best_p = tl.full([], -1.0, tl.float32)
-        idx_p = tl.zeros([], tl.int32)
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            mask = offs < V
-            p = tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
-            w = scale * p
-            if HAS_DRAFTS:
-                if HAS_Q:
-                    q = tl.load(q_row + offs, mask=mask & (offs < V * has), other=0.0).to(tl.float32)
-                else:
-                    q = tl.where(offs == x, 1.0, 0.0)
-                w = tl.maximum(w - q, 0.0)
-            w_any = w_any | (tl.max(tl.where(mask & (w > 0), 1, 0), axis=0) > 0)
-            e = -tl.log(vocab_uniform(key, offs))
-            kw = tl.where(mask, tl.math.div_rn(w, e), -1.0)
-            kp = tl.where(mask, tl.math.div_rn(p, e), -1.0)
-            mw, iw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            mp, ip = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            idx_w = tl.where(mw > best_w, v0 + iw, idx_w)
-            best_w = tl.maximum(mw, best_w)
-            idx_p = tl.where(mp > best_p, v0 + ip, idx_p)
-            best_p = tl.maximum(mp, best_p)
+        w_any, _, idx_w, _, idx_p = residual_races(
+            tprobs_ptr, tp_stride, trow_ptr, dprobs_ptr, dp_stride, draft_ptr, drow_ptr, scale_ptr,
+            seed_ptr, pos_ptr, r, 0, V, V, HAS_DRAFTS, HAS_Q, STREAM, BLOCK_V,
+        )  # fmt: skip
         tl.store(out_ptr + r, tl.where(w_any, idx_w, idx_p).to(tl.int64))
 
 
@@ -336,6 +367,7 @@ __all__ = [
     "draft_p_q",
     "draft_ratio",
     "residual_mass",
+    "residual_races",
     "sample_residual_kernel",
     "scan_verify_kernel",
     "synthetic_verify_kernel",

@@ -4,7 +4,8 @@ One implementation for CUDA and Ascend; the backend's ``SamplerTuning`` supplies
 (``vocab_block``, a constexpr of every vocabulary loop), the grid cap (``max_grid``: every kernel is
 persistent-style, so a capped grid loops over rows and gives identical results) and ``device_uniforms``.
 
-Per op (kernels in ``triton_kernels`` / ``triton_kernels_verify``):
+Per op (kernels in ``triton_kernels`` / ``triton_kernels_verify``; the row-wide softmax and residual
+sampling in ``triton_row_ops``, with rows split over programs by ``triton_kernels_split``):
 
 =====================  ===================================================================================
 op                     implementation
@@ -41,14 +42,13 @@ from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
 from spec_backend.sampling import triton_kernels as _k
 from spec_backend.sampling import triton_kernels_verify as _kv
+from spec_backend.sampling import triton_row_ops as _rowops
 from spec_backend.sampling.tuning import SamplerTuning
 
 _ELEMENTWISE_BLOCK = 256
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """Row-major with unit inner stride (a no-op for the usual contiguous inputs)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+_rows = _rowops.rows
 
 
 class TritonSamplerOps:
@@ -95,23 +95,7 @@ class TritonSamplerOps:
         del max_top_k  # the torch filter below has no k limit
         if apply_top_k or apply_top_p:  # needs a sort: the torch reference (same device)
             return _probs.target_probs(logits, temperature, top_k, top_p, apply_top_k, apply_top_p)
-        logits = _rows(logits)
-        n, vocab = logits.shape
-        out = torch.empty(n, vocab, dtype=torch.float32, device=logits.device)
-        if n:
-            self._launch(
-                _k.temperature_softmax_kernel,
-                n,
-                logits,
-                logits.stride(0),
-                temperature.contiguous(),
-                out,
-                out.stride(0),
-                n,
-                vocab,
-                BLOCK_V=self.tuning.vocab_block,
-            )
-        return out
+        return _rowops.softmax(self._launch, self.tuning, logits, temperature)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
         logits = _rows(logits)
@@ -375,37 +359,10 @@ class TritonSamplerOps:
         seeds: torch.Tensor,  # [R]
         positions: torch.Tensor,  # [R]
     ) -> torch.Tensor:  # [R] int64
-        count = target_rows.shape[0]
-        out = torch.zeros(count, dtype=torch.int64, device=target_probs.device)
-        if count == 0:
-            return out
-        target_probs = _rows(target_probs)
-        has_drafts = draft_ids.numel() > 0
-        has_q = has_drafts and draft_probs is not None
-        q = _rows(draft_probs) if has_q and draft_probs is not None else target_probs
-        ids = draft_ids if has_drafts else target_rows  # dummy pointer, never read without drafts
-        self._launch(
-            _kv.sample_residual_kernel,
-            count,
-            target_probs,
-            target_probs.stride(0),
-            target_rows.contiguous(),
-            q,
-            q.stride(0) if has_q else 0,
-            ids.contiguous(),
-            draft_rows.contiguous(),
-            scale.to(torch.float32).contiguous(),  # the reference applies b in float32
-            seeds.contiguous(),
-            positions.contiguous(),
-            out,
-            count,
-            target_probs.shape[1],
-            HAS_DRAFTS=has_drafts,
-            HAS_Q=has_q,
-            STREAM=rng.STREAM_SAMPLE,
-            BLOCK_V=self.tuning.vocab_block,
-        )
-        return out
+        return _rowops.residual(
+            self._launch, self.tuning, target_probs, target_rows, draft_probs, draft_ids, draft_rows,
+            scale, seeds, positions,
+        )  # fmt: skip
 
 
 __all__ = ["TritonSamplerOps"]

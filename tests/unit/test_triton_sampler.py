@@ -39,6 +39,12 @@ REF = TorchSamplerOps()
 OPS: Any = OnDevice(TritonSamplerOps(TUNING))
 CAPPED: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=32, max_grid=2, device_uniforms=True)))
 NO_F64: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=32, max_grid=3, device_uniforms=False)))
+#: rows shared by several programs (triton_kernels_split): 5 tiles of 16 in 3 chunks (32, 32, 16); and
+#: 3 tiles of 32 in 2 chunks (64, 16) on a capped grid without device float64
+SPLIT: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=16, vocab_splits=3)))
+SPLIT_CAPPED: Any = OnDevice(
+    TritonSamplerOps(SamplerTuning(vocab_block=32, max_grid=2, device_uniforms=False, vocab_splits=2))
+)
 SEEDS = [0, 1, 7, 2**31 - 1, 2**32 - 1, 2**32, 2**32 + 5, 2**40 + 3, 2**62 + 12345, 2**63 - 1]
 
 
@@ -130,7 +136,7 @@ def test_target_probs_temperature_softmax() -> None:
     temperature = torch.tensor([0.0, 1.0, 0.5, 1.7, 0.1, 2.0, 1.0])
     top_k, top_p = torch.zeros(7, dtype=torch.int64), torch.ones(7)
     expected = REF.target_probs(logits, temperature, top_k, top_p, False, False)
-    for ops in (OPS, CAPPED):
+    for ops in (OPS, CAPPED, SPLIT, SPLIT_CAPPED):
         got = ops.target_probs(logits, temperature, top_k, top_p, False, False)
         torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-9)
     top_k[1], top_p[2] = 5, 0.7  # delegated to the torch reference: identical
@@ -218,7 +224,7 @@ def test_sample_residual_identical(name: str, with_q: int) -> None:
         q[2] = b.probs[b.target_rows[2]]
     args = (b.probs, target_rows, q, b.draft_ids, draft_rows, scale, seeds, positions)
     expected = REF.sample_residual(*args)
-    for ops in (OPS, CAPPED, NO_F64):
+    for ops in (OPS, CAPPED, NO_F64, SPLIT, SPLIT_CAPPED):
         assert torch.equal(ops.sample_residual(*args), expected)
 
 
@@ -240,7 +246,10 @@ def test_rejection_sampler_end_to_end(mode: str, with_q: int) -> None:
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("tuning", [SamplerTuning(64, 2, True), SamplerTuning(16, 3, False)])
+@pytest.mark.parametrize(
+    "tuning",
+    [SamplerTuning(64, 2, True), SamplerTuning(16, 3, False), SamplerTuning(16, None, True, vocab_splits=4)],
+)
 def test_rejection_sampler_capped_grid_and_top_k_top_p(tuning: SamplerTuning) -> None:
     ks = [4, 0, 6, 2]
     b = Batch(ks, seed=12)
@@ -255,7 +264,22 @@ def test_rejection_sampler_capped_grid_and_top_k_top_p(tuning: SamplerTuning) ->
 
 
 def test_tuning_is_validated() -> None:
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="vocab_splits must be an int >= 1"):
+            SamplerTuning(vocab_splits=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="power of two"):
         TritonSamplerOps(SamplerTuning(vocab_block=100))
     with pytest.raises(ValueError, match="max_grid"):
         TritonSamplerOps(SamplerTuning(max_grid=0))
+
+
+@pytest.mark.parametrize(
+    ("vocab", "splits", "block"), [(80, 3, 16), (80, 2, 32), (80, 9, 16), (151936, 32, 1024)]
+)
+def test_split_plan_covers_the_row_with_non_empty_chunks(vocab: int, splits: int, block: int) -> None:
+    from spec_backend.sampling.triton_kernels_split import split_plan
+
+    used, chunk, block_s = split_plan(vocab, splits, block)
+    assert 1 <= used <= splits and chunk % block == 0
+    assert (used - 1) * chunk < vocab <= used * chunk  # every chunk holds ids, together all of them
+    assert block_s >= used and block_s & (block_s - 1) == 0

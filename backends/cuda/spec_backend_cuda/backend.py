@@ -121,4 +121,6 @@ class CudaBackend(Backend):
 
     def sampler_tuning(self) -> SamplerTuning:
         # One program per row (no grid cap: CUDA launches any grid); float64 uniforms drawn in-kernel.
+        # vocab_splits stays 1 (one program per row, measured on an H100) until the split kernels are
+        # measured there too: bench_sampler_bandwidth.py --vocab-splits 1,8,32 (gpu_suite.sh does).
         return SamplerTuning(vocab_block=VOCAB_BLOCK, max_grid=None, device_uniforms=True)
