@@ -46,6 +46,8 @@ sys.path.insert(0, str(ROOT))  # run from a bare checkout (the GPU machine has n
 sys.path.insert(0, str(ROOT / "backends" / "cuda"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
+
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
 
 #: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
@@ -61,18 +63,8 @@ LLAMA_1B = {
     "rope_theta": 500000.0,
 }
 
-#: SmolLM2-135M-Instruct's shape (the bundled model's config).
-SMOLLM2 = {
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-    "rope_theta": 100000.0,
-}
+#: SmolLM2-135M-Instruct's shape (the bundled model's config), as the drafter-cost benchmark builds it
+SMOLLM2 = {**SMOLLM2_SHAPE, "max_position_embeddings": 8192, "rope_theta": 100000.0}
 
 
 @dataclass
