@@ -1,8 +1,8 @@
 """GPU tier: the embedded engine on the CUDA backend — greedy speculative output equals greedy plain
 output token for token, and equals the CPU reference backend in float32.
 
-The engine runs its target forwards eagerly (it does not use the graph runner yet); the graph runner is
-covered by test_gpu_graphs.py.
+The default ``CudaBackend()`` captures the engine's decode step in CUDA graphs; the graph runner itself is
+covered by test_gpu_graphs.py, every drafter with graphs by test_gpu_drafters.py.
 """
 
 from __future__ import annotations
