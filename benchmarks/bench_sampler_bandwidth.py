@@ -20,7 +20,9 @@ FLy rescue, window 2).
 
 Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` with its tuning, or each
 ``--vocab-blocks`` value, and ``x<n>`` for each ``--vocab-splits`` n > 1: rows shared by n programs);
-``torch`` — the reference backend's ``TorchSamplerOps`` on the same device.
+``torch`` — the reference backend's ``TorchSamplerOps`` on the same device. The triton ops verify
+point-mass drafts (``greedy``, ``standard``, ``block``) in one fused pass over the logits
+(``triton_kernels_fused``); ``--composed`` adds each variant with that pass off, for comparison.
 On CPU the triton kernels would run interpreted (minutes): they are skipped unless ``--with-triton``.
 On a GPU each triton column has a ``/graph`` twin: the same call captured once in a CUDA graph and timed
 by its replays (first input set only), i.e. the device time without the host's launch overhead.
@@ -175,9 +177,15 @@ def make_inputs(batch: int, k: int, vocab: int, device: str, rotate_bytes: int) 
 
 
 def implementations(
-    device: str, blocks: list[int] | None, with_triton: bool, splits: list[int] | None = None
+    device: str,
+    blocks: list[int] | None,
+    with_triton: bool,
+    splits: list[int] | None = None,
+    composed: bool = False,
 ) -> dict[str, SamplerOps]:
-    """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared) per tile and split count."""
+    """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared) per tile and split count;
+    with ``composed`` each also as ``.../composed``: point-mass drafts verified by the composed ops
+    (softmax, scan, residual race) instead of the fused pass (``SamplerTuning.point_mass=False``)."""
     from spec_backend.sampling.torch_ops import TorchSamplerOps
 
     impls: dict[str, SamplerOps] = {"torch": TorchSamplerOps()}
@@ -191,7 +199,10 @@ def implementations(
     for block in blocks or [tuning.vocab_block]:
         for split in splits or [tuning.vocab_splits]:
             cfg = replace(tuning, vocab_block=block, vocab_splits=split)
-            impls[f"triton/{block}" + (f"x{split}" if split > 1 else "")] = TritonSamplerOps(cfg)
+            name = f"triton/{block}" + (f"x{split}" if split > 1 else "")
+            impls[name] = TritonSamplerOps(cfg)
+            if composed:
+                impls[name + "/composed"] = TritonSamplerOps(replace(cfg, point_mass=False))
     return impls
 
 
@@ -259,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         "--vocab-splits", default="", help="comma-separated programs per row to sweep (1: one per row)"
     )
     parser.add_argument("--with-triton", action="store_true", help="on CPU: run the interpreted kernels")
+    parser.add_argument(
+        "--composed", action="store_true", help="also each triton variant without the fused point-mass pass"
+    )
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args(argv)
     device = args.device
@@ -285,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         [int(b) for b in args.vocab_blocks.split(",") if b] or None,
         args.with_triton,
         [int(v) for v in args.vocab_splits.split(",") if v] or None,
+        args.composed,
     )
     header = f"{'B':>4} {'K':>2} {'mode':<13} {'input MiB':>9} {'floor µs':>9}"
     names = [*impls, *(f"{n}/graph" for n in impls if graphs and n != "torch")]

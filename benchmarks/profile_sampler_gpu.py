@@ -30,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="triton", help="triton or torch")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")
+    parser.add_argument("--vocab-splits", type=int, default=0, help="programs per row (0: the backend's)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    impls = implementations("cuda", None, with_triton=True)
+    impls = implementations(
+        "cuda", None, with_triton=True, splits=[args.vocab_splits] if args.vocab_splits else None
+    )
     name = next(n for n in impls if n.startswith(args.impl))
     mode = MODES[args.mode]
     inputs = make_inputs(args.batch, args.k, VOCAB, "cuda", rotate_bytes=0)

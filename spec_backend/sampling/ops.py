@@ -146,4 +146,31 @@ class SamplerOps(Protocol):
         ...
 
 
-__all__ = ["SamplerOps"]
+@runtime_checkable
+class PointMassOps(Protocol):
+    """Optional, beside ``SamplerOps``: the whole verification of a batch of point-mass drafts (no draft
+    probabilities, no top-k / top-p) in one call, for the rules whose ``VerifyRule.point_mass`` is set.
+    The sampler uses it when ``fuses_point_mass()`` is True and otherwise composes the ``SamplerOps``;
+    both give the same tokens (up to float32 near-ties, see ``triton_kernels_fused``)."""
+
+    def fuses_point_mass(self) -> bool:
+        """Whether ``point_mass_sample`` may be used (e.g. off for a tuning that disables it)."""
+        ...
+
+    def point_mass_sample(
+        self,
+        logits: torch.Tensor,  # [N, V] raw logits
+        layout: tuple[torch.Tensor, ...],  # draft_ids [T], target_rows [T], bonus_rows [B], request [T],
+        # slot [T], cu_num_draft_tokens [B] (draft ids outside [0, V) are null drafts)
+        temperature: torch.Tensor,  # [B] (0: greedy)
+        seeds: torch.Tensor,  # [B] int64 >= 0
+        positions: torch.Tensor,  # [B] int64 absolute position of each request's first draft
+        max_spec_len: int,
+        rule: str,  # a VerifyRule.point_mass value: "token" or "block"
+        sampled: bool,  # any request has temperature > 0
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32, the sampler's output
+        """The sampler's output for point-mass drafts under ``rule``."""
+        ...
+
+
+__all__ = ["PointMassOps", "SamplerOps"]

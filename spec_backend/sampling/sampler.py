@@ -49,6 +49,7 @@ from spec_backend.sampling.layout import VerifyStep
 from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
+from spec_backend.sampling.point_mass import point_mass_output
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
@@ -229,11 +230,13 @@ class RejectionSampler:
         logits: torch.Tensor,  # [T + B, V]
         sampling: SamplingMetadata,
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-        step = VerifyStep.of(
-            metadata,
-            logits.shape[1],
-            *self._seeds_and_positions(sampling, metadata.batch_size, logits.device),
+        seeds, positions = self._seeds_and_positions(sampling, metadata.batch_size, logits.device)
+        fused = point_mass_output(
+            self.ops, self.rule, metadata, draft_probs, logits, sampling, seeds, positions
         )
+        if fused is not None:
+            return fused
+        step = VerifyStep.of(metadata, logits.shape[1], seeds, positions)
         greedy_rows = sampling.temperature == 0  # [B]
         argmax = None if sampling.all_random else self.ops.argmax(logits)  # [N]
         probs = None

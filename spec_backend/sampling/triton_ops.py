@@ -347,6 +347,30 @@ class TritonSamplerOps:
             )
         return out
 
+    # ------------------------------------------------------------------ point-mass drafts, fused
+    def fuses_point_mass(self) -> bool:
+        """``ops.PointMassOps``: with the tuning's ``point_mass`` and float64 on the device (the accept
+        uniforms are drawn inside the kernel)."""
+        return self.tuning.point_mass and self.f64
+
+    def point_mass_sample(
+        self,
+        logits: torch.Tensor,
+        layout: tuple[torch.Tensor, ...],
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        positions: torch.Tensor,
+        max_spec_len: int,
+        rule: str,
+        sampled: bool,
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
+        if rule not in ("token", "block"):
+            raise ValueError(f"point_mass_sample: rule must be 'token' or 'block', got {rule!r}")
+        return _rowops.point_mass(
+            self._launch, self.tuning, logits, layout, temperature, seeds, positions, max_spec_len,
+            rule == "block", sampled,
+        )  # fmt: skip
+
     # ------------------------------------------------------------------ recovered / bonus tokens
     def sample_residual(
         self,

@@ -11,6 +11,7 @@ import torch
 
 from spec_backend.sampling import rng
 from spec_backend.sampling import triton_kernels as _k
+from spec_backend.sampling import triton_kernels_fused as _kf
 from spec_backend.sampling import triton_kernels_split as _ks
 from spec_backend.sampling import triton_kernels_verify as _kv
 from spec_backend.sampling.tuning import SamplerTuning
@@ -95,4 +96,47 @@ def residual(
     return out
 
 
-__all__ = ["Launch", "residual", "rows", "softmax"]
+def point_mass(
+    launch: Launch,
+    tuning: SamplerTuning,
+    logits: torch.Tensor,  # [N, V]
+    layout: tuple[
+        torch.Tensor, ...
+    ],  # draft_ids [T], target_rows [T], bonus_rows [B], request [T], slot [T], cu [B]
+    temperature: torch.Tensor,  # [B]
+    seeds: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B] int64
+    max_spec_len: int,
+    block: bool,
+    sampled: bool,
+) -> torch.Tensor:  # [B, max_spec_len + 1] int32
+    """The whole verification of point-mass drafts (``triton_kernels_fused``): two launches."""
+    logits = rows(logits)
+    draft_ids, target_rows, bonus_rows, request, slot, cu = (t.contiguous() for t in layout)
+    batch, total, vocab, device = cu.shape[0], draft_ids.shape[0], logits.shape[1], logits.device
+    out = torch.empty(batch, max_spec_len + 1, dtype=torch.int32, device=device)  # [B, S + 1]
+    if batch == 0:
+        return out
+    if total == 0:  # stand-ins, never read
+        draft_ids, target_rows, request, slot = bonus_rows, bonus_rows, bonus_rows, bonus_rows
+    splits, chunk, block_s = _ks.split_plan(vocab, tuning.vocab_splits, tuning.vocab_block)
+    items = (total + batch) * splits
+    stats = torch.empty(3, items, dtype=torch.float32, device=device)  # [3, E * splits] max, sum, key
+    index = torch.empty(2, items, dtype=torch.int32, device=device)  # [2, E * splits] argmax, race
+    common = (
+        *(logits, logits.stride(0), draft_ids, target_rows, bonus_rows, request, slot, cu),
+        *(temperature.contiguous(), seeds.contiguous(), positions.contiguous()),
+        *(stats[0], stats[1], stats[2], index[0], index[1]),
+    )
+    launch(
+        _kf.point_mass_rows_kernel, items, *common, total, total + batch, vocab, splits, chunk,
+        SAMPLED=sampled, STREAM=rng.STREAM_SAMPLE, BLOCK_V=tuning.vocab_block,
+    )  # fmt: skip
+    launch(
+        _kf.point_mass_finish_kernel, batch, *common, out, total, batch, vocab, max_spec_len, splits,
+        SAMPLED=sampled, BLOCK=block, ACCEPT=rng.STREAM_ACCEPT, BLOCK_S=block_s,
+    )  # fmt: skip
+    return out
+
+
+__all__ = ["Launch", "point_mass", "residual", "rows", "softmax"]

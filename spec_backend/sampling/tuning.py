@@ -30,7 +30,9 @@ class SamplerTuning:
     vocabulary row in the row-wide kernels (temperature softmax, residual sampling), each over a
     contiguous chunk, their partial results combined by a second launch
     (``spec_backend.sampling.triton_kernels_split``): more parallelism when there are few rows; 1 keeps
-    one program per row. The sampled tokens are the same for every value.
+    one program per row. The sampled tokens are the same for every value. ``point_mass``: verify batches
+    of point-mass drafts in one pass over the logits (``triton_kernels_fused``) where the ops can; False
+    composes the ``SamplerOps`` kernels (the same tokens, see ``ops.PointMassOps``).
     """
 
     vocab_block: int = 1024
@@ -38,6 +40,7 @@ class SamplerTuning:
     device_uniforms: bool = True
     group_elements: int | None = None
     vocab_splits: int = 1
+    point_mass: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.vocab_splits, bool) or not isinstance(self.vocab_splits, int):

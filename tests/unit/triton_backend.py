@@ -21,6 +21,15 @@ from spec_backend.sampling.triton_ops import TritonSamplerOps
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _to(value: Any, device: torch.device) -> Any:
+    """Tensors (also inside tuples) moved to ``device``; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    return value
+
+
 class OnDevice:
     """Runs each op of ``ops`` on ``DEVICE``: tensor arguments are copied there, results back to CPU."""
 
@@ -33,8 +42,8 @@ class OnDevice:
             return fn
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
-            return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+            out = fn(*(_to(a, DEVICE) for a in args), **kwargs)
+            return _to(out, torch.device("cpu"))
 
         return run
 
