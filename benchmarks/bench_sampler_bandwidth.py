@@ -258,7 +258,7 @@ def check_targets(
                 )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -274,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         "--composed", action="store_true", help="also each triton variant without the fused point-mass pass"
     )
     parser.add_argument("--iters", type=int, default=30)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():

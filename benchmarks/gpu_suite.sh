@@ -5,7 +5,7 @@
 #
 #   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
 #
-# Knobs (environment): PYTEST_SECONDS, SAMPLER_SECONDS, ENGINE_SECONDS (0 skips a stage) cap the stages;
+# Knobs (environment): PYTEST_TARGETS (test paths), PYTEST_SECONDS, SAMPLER_SECONDS, ENGINE_SECONDS (0 skips a stage) cap the stages;
 # SAMPLER_ITERS, SAMPLER_SPLITS (vocab splits to sweep), SAMPLER_ARGS (more bench flags, e.g.
 # "--composed --modes standard,block"), PROFILE_SPLITS (a kernel profile per split count), ENGINE_MODELS,
 # ENGINE_TOKENS.
@@ -59,8 +59,8 @@ cat "$OUT/env.txt"
 stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
     --vocab-splits "${SAMPLER_SPLITS:-1,8,32}" ${SAMPLER_ARGS:-}
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
-stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs backends/cuda/tests \
-    tests/unit/test_triton_sampler.py tests/unit/test_triton_point_mass.py
+stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
+    ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_point_mass.py}
 [ -n "${PROFILE_SPLITS:-}" ] && for n in ${PROFILE_SPLITS//,/ }; do
     stage "profile-x$n.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n"
 done

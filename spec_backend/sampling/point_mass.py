@@ -2,8 +2,9 @@
 
 Glossary: *point-mass drafts* are draft tokens without draft probabilities (``draft_probs=None``: q is 1
 at the draft and 0 elsewhere). For them the rules whose ``VerifyRule.point_mass`` is set decide from p(x)
-alone, so an ops with ``PointMassOps`` verifies the whole batch in one pass over the logits instead of
-composing softmax, scan and residual race (see ``triton_kernels_fused``).
+alone, so an ops with ``PointMassOps`` verifies the whole batch without writing the [N, V] probabilities
+(one read of the logits, then the residual race over the final rows only) instead of composing softmax,
+scan and residual race (see ``triton_kernels_fused``).
 """
 
 from __future__ import annotations

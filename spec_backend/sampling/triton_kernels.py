@@ -234,6 +234,20 @@ def softmax_store(src, dst, t, m, s, start, end, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def scaled_logits(src, offs, mask, t):  # -> float32 logits / t (-inf where masked); t = 1 skips the divide
+    z = tl.load(src + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    if t != 1.0:  # div_rn(z, 1) == z: the same values, without the IEEE division's cost
+        z = tl.math.div_rn(z, t)
+    return z
+
+
+@triton.jit
+def row_probs(src, offs, mask, t, m, s):  # -> float32 exp(x / t − m) / s, ``softmax_store``'s values
+    z = scaled_logits(src, offs, mask, t)
+    return tl.math.div_rn(tl.where(z == float("-inf"), 0.0, tl.exp(z - m)), s)
+
+
+@triton.jit
 def row_temperature(temp_ptr, row):  # -> float32 temperature of the row (<= 0: greedy, treated as 1)
     t = tl.load(temp_ptr + row).to(tl.float32)
     return tl.where(t > 0, t, 1.0)
@@ -275,7 +289,9 @@ __all__ = [
     "request_span",
     "row_argmax",
     "row_key",
+    "row_probs",
     "row_temperature",
+    "scaled_logits",
     "softmax_stats",
     "softmax_store",
     "temperature_softmax_kernel",

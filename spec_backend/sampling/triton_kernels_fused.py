@@ -1,37 +1,34 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""Shared triton kernels of the rejection sampler, part 4: the whole verification of a batch of
-*point-mass* drafts (no draft probabilities, no top-k / top-p) in one read of the logits.
+"""Shared triton kernels of the rejection sampler, part 4: the verification of a batch of *point-mass*
+drafts (no draft probabilities, no top-k / top-p) without materialising the target probabilities.
 
-Why: with point-mass drafts every decision needs only p(x) of each draft, and the recovered / bonus token
-is an exponential race over p with the draft excluded. Both come from per-row statistics that one pass
-over the logits can gather, so the [N, V] probabilities need not exist: the composed path (softmax,
-verify scan, residual race) reads the logits twice, writes and re-reads the probabilities, and launches
-~30 small torch kernels around them (measured on an H200 at B=64, K=4: 6-11% of the bandwidth floor).
+Why: with point-mass drafts every decision needs only p(x) of each draft, so the composed path's
+[N, V] probabilities (written once, read again by the residual race) and its ~30 small torch kernels are
+not needed (measured on an H200 at B=64, K=4: 6-11 % of the bandwidth floor composed).
 
 Glossary: an *entry* is one logits row in verification order: entries 0..T-1 are the drafts (row
 ``target_rows[t]``, request ``request_index[t]``, slot ``slot_index[t]``), entries T..T+B-1 the bonus rows
 (request b, slot K_b). A *chunk* is one of ``splits`` contiguous vocabulary spans of a row (as in
-``triton_kernels_split``); a *work item* is (entry, chunk).
+``triton_kernels_split``); a *work item* is (entry, chunk). The *final entry* of a request is the one
+whose row the emitted (recovered or bonus) token is sampled from.
 
-Pass 1, ``point_mass_rows_kernel`` (one program per work item, persistent): z = logits / T (greedy rows:
-T = 1, so z is the raw logits), the online (max, sum-exp) of z exactly as ``softmax_stats`` computes it,
-the first index of the max (the argmax of greedy rows) and the race: argmax over v != x of
-z_v − log(E_v), E_v = −log(u_v), u_v the row's hashed noise (``STREAM_SAMPLE`` at the emitted token's
-position, i.e. the request's position + the entry's slot). That is the race of the reference,
-argmax_v p_v / E_v, taken in log space where it needs neither the row's max nor its sum.
+Four launches:
 
-Pass 2, ``point_mass_finish_kernel`` (one program per request): combines each entry's chunks in chunk
-order (the statistics exactly as ``softmax_normalise_kernel`` does, so p(x) = exp(z_x − M) / S is the
-composed path's float32 value), runs the greedy chain, the token-level chain (accept while u < p(x)) or
-Sun et al.'s block scan (``BLOCK``), and writes the output row: accepted drafts, the recovered or bonus
-token (the race winner of the entry where the chain stopped), placeholders.
+1. ``point_mass_stats_kernel`` (per work item): z = logits / T (greedy rows: T = 1, so z is the raw
+   logits), the online (max, sum-exp) of z exactly as ``softmax_stats`` computes it, and the first index
+   of the max (the greedy token). One read of every row: the floor.
+2. ``point_mass_decide_kernel`` (per request): combines each entry's chunks in chunk order (as
+   ``softmax_normalise_kernel`` does, so p(x) = exp(z_x − M) / S is the composed path's float32 value),
+   runs the greedy chain, the token-level chain (accept while u < p(x)) or Sun et al.'s block scan
+   (``BLOCK``), and writes the final entry's row, draft, weight b, position and statistics.
+3. ``residual_partials_kernel`` with ``FROM_LOGITS`` (per request and chunk): the composed path's
+   residual race over the final entry's row, with p made on the fly from the logits and the statistics:
+   the same keys as the composed path, so the same token. Greedy requests skip it. Reads B rows again.
+4. ``point_mass_output_kernel`` (per request): combines the race chunks and writes the output row.
 
-Exactness against the composed path: the accept decisions and the greedy tokens are bit-identical. The
-race is compared in log space (z − log E rather than p / E), and the block scan takes the residual mass
-of a point-mass row as b·(1 − p(x)) (b for a null draft) instead of a blocked float32 sum, so a token or
-a block decision can differ only at a float32 near-tie (relative gap below ~2^-22). A row whose draft
-has p(x) = 1 in float32 samples its residual from the other entries' (underflowed) weights where the
-reference falls back to p; that row is never rejected by the token-level rule (u < 1).
+Exactness against the composed path: the same tokens, except that the block scan takes the residual
+mass of a point-mass row as b·(1 − p(x)) (b for a null draft) rather than a blocked float32 sum of
+max(b·p − q, 0), so a block decision can differ at a float32 near-tie (relative gap ~1e-6).
 """
 
 from __future__ import annotations
@@ -45,8 +42,9 @@ from spec_backend.sampling.triton_kernels import (
     request_span,
     row_key,
     row_temperature,
-    vocab_uniform,
+    scaled_logits,
 )
+from spec_backend.sampling.triton_kernels_split import combined_race
 
 
 @triton.jit
@@ -69,7 +67,7 @@ def entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V):
 
 
 @triton.jit
-def point_mass_rows_kernel(
+def point_mass_stats_kernel(
     logits_ptr,  # [N, V] float
     stride,
     draft_ptr,  # [T] int (a stand-in when T = 0)
@@ -79,84 +77,63 @@ def point_mass_rows_kernel(
     slot_ptr,  # [T] int64
     cu_ptr,  # [B] int
     temp_ptr,  # [B] float (<= 0: greedy, T = 1)
-    seed_ptr,  # [B] int64
-    pos_ptr,  # [B] int64
     max_ptr,  # [E * splits] float32 out: chunk max of z
     sum_ptr,  # [E * splits] float32 out: chunk sum of exp(z - chunk max)
-    key_ptr,  # [E * splits] float32 out: chunk's best race key (x excluded)
     amax_ptr,  # [E * splits] int32 out: first index of the chunk max
-    win_ptr,  # [E * splits] int32 out: the race key's index
     T,
     E,
     V,
     splits,
     chunk,
-    SAMPLED: tl.constexpr,  # any request samples (False: argmax only)
-    STREAM: tl.constexpr,
+    SAMPLED: tl.constexpr,  # any request samples (False: the argmax only)
     BLOCK_V: tl.constexpr,
 ):
-    """Pass 1 (see the module docstring). Traffic: every logits row read once, 20 bytes per item."""
+    """Launch 1 (see the module docstring). Traffic: every logits row read once, 12 bytes per item."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for item in tl.range(pid, E * splits, nprog):
         e = item // splits
         start = (item % splits) * chunk
-        row, req, slot, x = entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V)
+        row, req, _, _ = entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V)
         src = logits_ptr + row * stride
         t = row_temperature(temp_ptr, req)
-        key = row_key(tl.load(seed_ptr + req), tl.load(pos_ptr + req) + slot, STREAM)
         m = tl.full([], float("-inf"), tl.float32)
         s = tl.zeros([], tl.float32)
         amax = tl.zeros([], tl.int32)
-        best = tl.full([], float("-inf"), tl.float32)
-        win = tl.zeros([], tl.int32)
         for v0 in range(start, tl.minimum(start + chunk, V), BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
-            z = tl.math.div_rn(tl.load(src + offs, mask=offs < V, other=float("-inf")).to(tl.float32), t)
+            z = scaled_logits(src, offs, offs < V, t)
             bm, bi = tl.max(z, axis=0, return_indices=True, return_indices_tie_break_left=True)
             amax = tl.where(bm > m, v0 + bi, amax)
             new_m = tl.maximum(m, bm)
             if SAMPLED:
                 ez = tl.where(z == float("-inf"), 0.0, tl.exp(z - new_m))
                 s = s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(ez, axis=0)
-                g = z - tl.log(-tl.log(vocab_uniform(key, offs)))
-                g = tl.where(offs == x, float("-inf"), g)
-                gm, gi = tl.max(g, axis=0, return_indices=True, return_indices_tie_break_left=True)
-                win = tl.where(gm > best, v0 + gi, win)
-                best = tl.maximum(best, gm)
             m = new_m
         tl.store(max_ptr + item, m)
         tl.store(sum_ptr + item, s)
-        tl.store(key_ptr + item, best)
         tl.store(amax_ptr + item, amax)
-        tl.store(win_ptr + item, win)
 
 
 @triton.jit
 def entry_result(
     e, T, logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr,
-    max_ptr, sum_ptr, key_ptr, amax_ptr, win_ptr, V, splits, BLOCK_S: tl.constexpr,
+    max_ptr, sum_ptr, amax_ptr, V, splits, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """Entry e's chunks combined: (draft id or -1, p(x) float32 (0 for -1), race token, argmax)."""
+    """Entry e's chunks combined: (logits row, draft id or -1, p(x) float32 (0 for -1), argmax, M, S)."""
     row, req, _, x = entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V)
     parts = tl.arange(0, BLOCK_S)
     ok = parts < splits
-    items = e * splits + parts
-    pm = tl.load(max_ptr + items, mask=ok, other=float("-inf"))
-    ps = tl.load(sum_ptr + items, mask=ok, other=0.0)
-    pk = tl.load(key_ptr + items, mask=ok, other=float("-inf"))
+    pm = tl.load(max_ptr + e * splits + parts, mask=ok, other=float("-inf"))
+    ps = tl.load(sum_ptr + e * splits + parts, mask=ok, other=0.0)
     m = tl.max(pm, axis=0)
     s = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - m)), axis=0)  # softmax_normalise's
     _, cm = tl.max(pm, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    best, ck = tl.max(pk, axis=0, return_indices=True, return_indices_tie_break_left=True)
     amax = tl.load(amax_ptr + e * splits + cm).to(tl.int64)
-    win = tl.load(win_ptr + e * splits + ck).to(tl.int64)
     t = row_temperature(temp_ptr, req)
-    zx = tl.math.div_rn(tl.load(logits_ptr + row * stride + tl.maximum(x, 0)).to(tl.float32), t)
-    ex = tl.where(zx == float("-inf"), 0.0, tl.exp(zx - m))
-    px = tl.where(x >= 0, tl.math.div_rn(ex, s), 0.0)
-    token = tl.where(best > float("-inf"), win, tl.where(x >= 0, x.to(tl.int64), amax))
-    return x, px, token, amax
+    zx = scaled_logits(logits_ptr + row * stride, tl.maximum(x, 0), True, t)
+    px = tl.where(x >= 0, tl.math.div_rn(tl.where(zx == float("-inf"), 0.0, tl.exp(zx - m)), s), 0.0)
+    return row, x, px, amax, m, s
 
 
 @triton.jit
@@ -180,14 +157,36 @@ def block_hit(weight, rho, p_next, last, u):
 
 
 @triton.jit
-def point_mass_finish_kernel(
+def sampled_step(weight, f_weight, alive, count, px, p_next, j, n, u, BLOCK: tl.constexpr):
+    """Slot j of a sampled request: the block scan (``block_hit``) or the token-level chain (accept while
+    u < p(x)). Returns (b_j, b of the final entry, chain alive, accepted count, whether the final entry
+    moves to slot j + 1)."""
+    if BLOCK:
+        weight, hit = block_hit(weight, px.to(tl.float64), p_next, j + 1 == n, u)
+        count = tl.where(hit, j + 1, count)
+        f_weight = tl.where(hit, weight, f_weight)
+    else:
+        hit = alive & (u < px.to(tl.float64))
+        count += hit.to(tl.int64)
+        alive = hit
+    return weight, f_weight, alive, count, hit
+
+
+@triton.jit
+def point_mass_decide_kernel(
     logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, seed_ptr,
-    pos_ptr, max_ptr, sum_ptr, key_ptr, amax_ptr, win_ptr,
-    out_ptr,  # [B, S + 1] int32
-    T, B, V, S, splits,
+    pos_ptr, max_ptr, sum_ptr, amax_ptr,
+    count_ptr,  # [B] int64 out: accepted drafts
+    frow_ptr,  # [B] int64 out: the final entry's logits row
+    fdraft_ptr,  # [B] int64 out: the final entry's draft index (-1: bonus)
+    scale_ptr,  # [B] float32 out: the residual weight b (1 for the token-level rule)
+    fpos_ptr,  # [B] int64 out: the emitted token's position
+    stats_ptr,  # [3, B] float32 out: temperature (0 for greedy: no race), M, S of the final entry
+    token_ptr,  # [B] int64 out: the greedy token (argmax of the final entry)
+    T, B, V, splits,
     SAMPLED: tl.constexpr, BLOCK: tl.constexpr, ACCEPT: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2 (see the module docstring). Grid: min(B, max_grid), persistent over requests."""
+    """Launch 2 (see the module docstring). Grid: min(B, max_grid), persistent over requests."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for b in tl.range(pid, B, nprog):
@@ -195,49 +194,83 @@ def point_mass_finish_kernel(
         greedy = tl.load(temp_ptr + b) <= 0
         seed = tl.load(seed_ptr + b)
         pos = tl.load(pos_ptr + b)
-        x, px, cand, amax = entry_result(
+        row, x, px, amax, m, s = entry_result(
             tl.where(n > 0, start, T + b), T, logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr,
-            slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, key_ptr, amax_ptr, win_ptr, V, splits, BLOCK_S,
+            slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, V, splits, BLOCK_S,
         )  # fmt: skip
         g_alive = tl.full([], 1, tl.int1)
         g_count = tl.zeros([], tl.int64)
-        g_token = tl.zeros([], tl.int64)
+        g_amax = amax
         r_alive = tl.full([], 1, tl.int1)
         r_count = tl.zeros([], tl.int64)
-        r_token = cand  # block: tau = 0 samples at slot 0
+        f_row, f_m, f_s = row, m, s  # the sampled requests' final entry (block: tau = 0 -> slot 0)
         weight = tl.full([], 1.0, tl.float64)
+        f_weight = weight
         for j in range(0, n):
-            nx, npx, ncand, namax = entry_result(
+            n_row, nx, npx, namax, nm, ns = entry_result(
                 tl.where(j + 1 < n, start + j + 1, T + b), T, logits_ptr, stride, draft_ptr, trow_ptr,
-                brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, key_ptr, amax_ptr, win_ptr,
-                V, splits, BLOCK_S,
+                brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, V, splits,
+                BLOCK_S,
             )  # fmt: skip
-            ok = g_alive & (x.to(tl.int64) == amax)
-            g_token = tl.where(g_alive & ~ok, amax, g_token)
-            g_count += ok.to(tl.int64)
-            g_alive = ok
+            ok = g_alive & (x.to(tl.int64) == amax)  # the greedy chain
+            g_count, g_amax, g_alive = g_count + ok.to(tl.int64), tl.where(ok, namax, g_amax), ok
             if SAMPLED:
                 u = accept_uniform(seed, pos, tl.zeros([], tl.int64) + j, ACCEPT)  # counter = slot
-                if BLOCK:
-                    weight, hit = block_hit(weight, px.to(tl.float64), npx, j + 1 == n, u)
-                    r_count = tl.where(hit, j + 1, r_count)
-                    r_token = tl.where(hit, ncand, r_token)
-                else:
-                    ok = r_alive & (u < px.to(tl.float64))
-                    r_token = tl.where(r_alive & ~ok, cand, r_token)
-                    r_count += ok.to(tl.int64)
-                    r_alive = ok
-            x, px, cand, amax = nx, npx, ncand, namax
-        g_token = tl.where(g_alive, amax, g_token)  # the bonus entry's
-        if not BLOCK:
-            r_token = tl.where(r_alive, cand, r_token)
+                weight, f_weight, r_alive, r_count, hit = sampled_step(
+                    weight, f_weight, r_alive, r_count, px, npx, j, n, u, BLOCK
+                )
+                f_row, f_m, f_s = tl.where(hit, n_row, f_row), tl.where(hit, nm, f_m), tl.where(hit, ns, f_s)
+            x, px, amax = nx, npx, namax
         count = tl.where(greedy, g_count, r_count)
-        token = tl.where(greedy, g_token, r_token)
+        tl.store(count_ptr + b, count)
+        tl.store(token_ptr + b, g_amax)
+        tl.store(frow_ptr + b, f_row)  # greedy requests skip the race
+        tl.store(fdraft_ptr + b, tl.where(count < n, start + count, -1))
+        tl.store(scale_ptr + b, f_weight.to(tl.float32))
+        tl.store(fpos_ptr + b, pos + count)
+        tl.store(stats_ptr + b, tl.where(greedy, 0.0, row_temperature(temp_ptr, b)))
+        tl.store(stats_ptr + B + b, f_m)
+        tl.store(stats_ptr + 2 * B + b, f_s)
+
+
+@triton.jit
+def point_mass_output_kernel(
+    part_key_ptr,  # [B * splits, 2] float32: the race chunks (residual_partials_kernel)
+    part_idx_ptr,  # [B * splits, 2] int32
+    part_any_ptr,  # [B * splits] int32
+    count_ptr,  # [B] int64
+    token_ptr,  # [B] int64 greedy tokens
+    temp_ptr,  # [B] float
+    draft_ptr,  # [T] int
+    cu_ptr,  # [B] int
+    out_ptr,  # [B, S + 1] int32
+    B,
+    S,
+    splits,
+    BLOCK_S: tl.constexpr,
+):
+    """Launch 4: row b = accepted drafts, the emitted token, placeholders (-1)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for b in tl.range(pid, B, nprog):
+        start, _ = request_span(cu_ptr, b)
+        count = tl.load(count_ptr + b)
+        token = tl.load(token_ptr + b)
+        if tl.load(temp_ptr + b) > 0:
+            token = combined_race(part_key_ptr, part_idx_ptr, part_any_ptr, b, splits, BLOCK_S)
         for j in range(0, S + 1):
             d = tl.load(draft_ptr + start + j, mask=j < count, other=-1).to(tl.int64)
             value = tl.where(j < count, d, tl.where(j == count, token, -1))
             tl.store(out_ptr + tl.cast(b, tl.int64) * (S + 1) + j, value.to(tl.int32))
 
 
-__all__ = ["accept_uniform", "block_hit", "entry_of", "entry_result", "point_mass_finish_kernel",
-           "point_mass_rows_kernel"]  # fmt: skip
+__all__ = [
+    "accept_uniform",
+    "block_hit",
+    "entry_of",
+    "entry_result",
+    "point_mass_decide_kernel",
+    "point_mass_output_kernel",
+    "point_mass_stats_kernel",
+    "sampled_step",
+]

@@ -105,6 +105,7 @@ def residual_partials_kernel(
     part_key_ptr,  # [R * splits, 2] float32 out: best w/E and best p/E of the chunk
     part_idx_ptr,  # [R * splits, 2] int32 out: their first indices
     part_any_ptr,  # [R * splits] int32 out: any w > 0 in the chunk
+    stats_ptr,  # [3, R] float32 with FROM_LOGITS (see residual_races), else unread
     R,
     V,
     splits,
@@ -113,8 +114,11 @@ def residual_partials_kernel(
     HAS_Q: tl.constexpr,
     STREAM: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
 ):
-    """``sample_residual_kernel``'s two exponential races over one chunk of one output row."""
+    """``sample_residual_kernel``'s two exponential races over one chunk of one output row; with
+    ``FROM_LOGITS`` the probabilities are made from the logits and the row statistics on the fly
+    (``triton_kernels_fused``)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for item in tl.range(pid, R * splits, nprog):
@@ -122,8 +126,8 @@ def residual_partials_kernel(
         start = (item % splits) * chunk
         w_any, best_w, idx_w, best_p, idx_p = residual_races(
             tprobs_ptr, tp_stride, trow_ptr, dprobs_ptr, dp_stride, draft_ptr, drow_ptr, scale_ptr,
-            seed_ptr, pos_ptr, r, start, tl.minimum(start + chunk, V), V, HAS_DRAFTS, HAS_Q, STREAM,
-            BLOCK_V,
+            seed_ptr, pos_ptr, r, start, tl.minimum(start + chunk, V), V, stats_ptr, HAS_DRAFTS, HAS_Q,
+            STREAM, BLOCK_V, FROM_LOGITS, R,
         )  # fmt: skip
         tl.store(part_key_ptr + 2 * item, best_w)
         tl.store(part_key_ptr + 2 * item + 1, best_p)
@@ -142,22 +146,28 @@ def residual_combine_kernel(
     splits,
     BLOCK_S: tl.constexpr,  # next power of two >= splits
 ):
-    """Per output row: the first chunk holding the row's largest key wins (the unsplit kernel's first
-    index); the w race when any chunk had w > 0, else the p race."""
+    """Per output row: ``combined_race``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    parts = tl.arange(0, BLOCK_S)
     for r in tl.range(pid, R, nprog):
-        items = r * splits + parts
-        ok = parts < splits
-        kw = tl.load(part_key_ptr + 2 * items, mask=ok, other=-2.0)
-        kp = tl.load(part_key_ptr + 2 * items + 1, mask=ok, other=-2.0)
-        w_any = tl.max(tl.load(part_any_ptr + items, mask=ok, other=0), axis=0) > 0
-        _, cw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        _, cp = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        iw = tl.load(part_idx_ptr + 2 * (r * splits + cw))
-        ip = tl.load(part_idx_ptr + 2 * (r * splits + cp) + 1)
-        tl.store(out_ptr + r, tl.where(w_any, iw, ip).to(tl.int64))
+        tl.store(out_ptr + r, combined_race(part_key_ptr, part_idx_ptr, part_any_ptr, r, splits, BLOCK_S))
+
+
+@triton.jit
+def combined_race(part_key_ptr, part_idx_ptr, part_any_ptr, r, splits, BLOCK_S: tl.constexpr):
+    """Output row r's token from its chunks' races: the first chunk holding the row's largest key wins
+    (the unsplit kernel's first index); the w race when any chunk had w > 0, else the p race."""
+    parts = tl.arange(0, BLOCK_S)
+    items = r * splits + parts
+    ok = parts < splits
+    kw = tl.load(part_key_ptr + 2 * items, mask=ok, other=-2.0)
+    kp = tl.load(part_key_ptr + 2 * items + 1, mask=ok, other=-2.0)
+    w_any = tl.max(tl.load(part_any_ptr + items, mask=ok, other=0), axis=0) > 0
+    _, cw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    _, cp = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    iw = tl.load(part_idx_ptr + 2 * (r * splits + cw))
+    ip = tl.load(part_idx_ptr + 2 * (r * splits + cp) + 1)
+    return tl.where(w_any, iw, ip).to(tl.int64)
 
 
 def split_plan(vocab: int, splits: int, block: int) -> tuple[int, int, int]:
@@ -171,6 +181,7 @@ def split_plan(vocab: int, splits: int, block: int) -> tuple[int, int, int]:
 
 
 __all__ = [
+    "combined_race",
     "residual_combine_kernel",
     "residual_partials_kernel",
     "softmax_normalise_kernel",

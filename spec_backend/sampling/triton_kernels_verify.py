@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton_kernels import request_span, row_key, vocab_uniform
+from spec_backend.sampling.triton_kernels import request_span, row_key, row_probs, vocab_uniform
 
 
 @triton.jit
@@ -177,24 +177,14 @@ def residual_mass(
 
 @triton.jit
 def block_verify_kernel(
-    draft_ptr,  # [T] int
-    dprobs_ptr,  # [T, V] float
-    dp_stride,
-    tprobs_ptr,  # [N, V] float32
-    tp_stride,
-    trow_ptr,  # [T] int
+    draft_ptr, dprobs_ptr, dp_stride, tprobs_ptr, tp_stride, trow_ptr,  # [T], [T, V], [N, V] f32, [T]
     u_ptr,  # [T] float64 / float32: η of each slot
     thr_ptr,  # [T] float64 / float32
     cu_ptr,  # [B] int
     tau_ptr,  # [B] int64 out
     weight_ptr,  # [B] float64 / float32 out: b_τ
-    B,
-    V,
-    HAS_Q: tl.constexpr,
-    HAS_THR: tl.constexpr,
-    F64: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+    B, V, HAS_Q: tl.constexpr, HAS_THR: tl.constexpr, F64: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
     """Sun et al. 2024 Alg. 2 (``TorchSamplerOps.block_verify``). Grid: min(B, max_grid) programs,
     persistent over requests. Slot j (i = j + 1): b_i = min(1, b_{i-1}·ρ_i) (0 once 0);
     h_i = r_i / (r_i + 1 − b_i) for i < K with r_i = Σ_v max(b_i·p_{i+1} − q_{i+1}, 0) fused here as a
@@ -263,28 +253,29 @@ def synthetic_verify_kernel(
 
 
 @triton.jit
+def race_step(keys, v0, best, idx):  # one block of a first-index argmax race: -> (best key, its index)
+    mk, ik = tl.max(keys, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    return tl.maximum(mk, best), tl.where(mk > best, v0 + ik, idx)
+
+
+@triton.jit
 def residual_races(
-    tprobs_ptr,
-    tp_stride,
-    trow_ptr,
-    dprobs_ptr,
-    dp_stride,
-    draft_ptr,
-    drow_ptr,
-    scale_ptr,
-    seed_ptr,
+    tprobs_ptr, tp_stride, trow_ptr, dprobs_ptr, dp_stride, draft_ptr, drow_ptr, scale_ptr, seed_ptr,
     pos_ptr,
     r,  # output row
     start,  # first vocabulary id of the span
     end,  # one past the last
     V,
-    HAS_DRAFTS: tl.constexpr,
-    HAS_Q: tl.constexpr,
-    STREAM: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
+    stats_ptr,  # [3, R] float32 (FROM_LOGITS): temperature (0: skip the row), row max, row sum
+    HAS_DRAFTS: tl.constexpr, HAS_Q: tl.constexpr, STREAM: tl.constexpr, BLOCK_V: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,  # tprobs_ptr holds logits: p = row_probs(...), never stored
+    R,  # rows of stats (FROM_LOGITS)
+):  # fmt: skip
     """Output row r's two exponential races over vocabulary ids [start, end): returns (any w > 0, best
     w/E, its first index, best p/E, its first index). See ``sample_residual_kernel``."""
+    if FROM_LOGITS:
+        t, m, s = tl.load(stats_ptr + r), tl.load(stats_ptr + R + r), tl.load(stats_ptr + 2 * R + r)
+        end = tl.where(t > 0, end, start)
     row = tl.load(trow_ptr + r).to(tl.int64)
     d = tl.load(drow_ptr + r).to(tl.int64)
     has = d >= 0
@@ -305,7 +296,10 @@ def residual_races(
     for v0 in range(start, end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         mask = offs < V
-        p = tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if FROM_LOGITS:
+            p = row_probs(p_row, offs, mask, t, m, s)
+        else:
+            p = tl.load(p_row + offs, mask=mask, other=0.0).to(tl.float32)
         w = scale * p
         if HAS_DRAFTS:
             if HAS_Q:
@@ -315,14 +309,8 @@ def residual_races(
             w = tl.maximum(w - q, 0.0)
         w_any = w_any | (tl.max(tl.where(mask & (w > 0), 1, 0), axis=0) > 0)
         e = -tl.log(vocab_uniform(key, offs))
-        kw = tl.where(mask, tl.math.div_rn(w, e), -1.0)
-        kp = tl.where(mask, tl.math.div_rn(p, e), -1.0)
-        mw, iw = tl.max(kw, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        mp, ip = tl.max(kp, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        idx_w = tl.where(mw > best_w, v0 + iw, idx_w)
-        best_w = tl.maximum(mw, best_w)
-        idx_p = tl.where(mp > best_p, v0 + ip, idx_p)
-        best_p = tl.maximum(mp, best_p)
+        best_w, idx_w = race_step(tl.where(mask, tl.math.div_rn(w, e), -1.0), v0, best_w, idx_w)
+        best_p, idx_p = race_step(tl.where(mask, tl.math.div_rn(p, e), -1.0), v0, best_p, idx_p)
     return w_any, best_w, idx_w, best_p, idx_p
 
 
@@ -357,7 +345,7 @@ def sample_residual_kernel(
     for r in tl.range(pid, R, nprog):
         w_any, _, idx_w, _, idx_p = residual_races(
             tprobs_ptr, tp_stride, trow_ptr, dprobs_ptr, dp_stride, draft_ptr, drow_ptr, scale_ptr,
-            seed_ptr, pos_ptr, r, 0, V, V, HAS_DRAFTS, HAS_Q, STREAM, BLOCK_V,
+            seed_ptr, pos_ptr, r, 0, V, V, scale_ptr, HAS_DRAFTS, HAS_Q, STREAM, BLOCK_V, False, R,
         )  # fmt: skip
         tl.store(out_ptr + r, tl.where(w_any, idx_w, idx_p).to(tl.int64))
 
@@ -366,6 +354,7 @@ __all__ = [
     "block_verify_kernel",
     "draft_p_q",
     "draft_ratio",
+    "race_step",
     "residual_mass",
     "residual_races",
     "sample_residual_kernel",

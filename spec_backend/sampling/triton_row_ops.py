@@ -89,8 +89,8 @@ def residual(
     idx = torch.empty(count * splits, 2, dtype=torch.int32, device=device)  # [R * splits, 2]
     any_w = torch.empty(count * splits, dtype=torch.int32, device=device)  # [R * splits]
     launch(
-        _ks.residual_partials_kernel, count * splits, *args, keys, idx, any_w, count, vocab, splits, chunk,
-        **flags,
+        _ks.residual_partials_kernel, count * splits, *args, keys, idx, any_w, keys, count, vocab, splits,
+        chunk, **flags, FROM_LOGITS=False,
     )  # fmt: skip
     launch(_ks.residual_combine_kernel, count, keys, idx, any_w, out, count, splits, BLOCK_S=block_s)
     return out
@@ -110,8 +110,8 @@ def point_mass(
     block: bool,
     sampled: bool,
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-    """The whole verification of point-mass drafts (``triton_kernels_fused``): two launches."""
-    logits = rows(logits)
+    """The verification of point-mass drafts (``triton_kernels_fused``): four launches."""
+    logits, temperature = rows(logits), temperature.contiguous()
     draft_ids, target_rows, bonus_rows, request, slot, cu = (t.contiguous() for t in layout)
     batch, total, vocab, device = cu.shape[0], draft_ids.shape[0], logits.shape[1], logits.device
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int32, device=device)  # [B, S + 1]
@@ -119,22 +119,40 @@ def point_mass(
         return out
     if total == 0:  # stand-ins, never read
         draft_ids, target_rows, request, slot = bonus_rows, bonus_rows, bonus_rows, bonus_rows
-    splits, chunk, block_s = _ks.split_plan(vocab, tuning.vocab_splits, tuning.vocab_block)
+    tile = tuning.point_mass_block or tuning.vocab_block
+    splits, chunk, block_s = _ks.split_plan(vocab, tuning.vocab_splits, tile)
     items = (total + batch) * splits
-    stats = torch.empty(3, items, dtype=torch.float32, device=device)  # [3, E * splits] max, sum, key
-    index = torch.empty(2, items, dtype=torch.int32, device=device)  # [2, E * splits] argmax, race
-    common = (
-        *(logits, logits.stride(0), draft_ids, target_rows, bonus_rows, request, slot, cu),
-        *(temperature.contiguous(), seeds.contiguous(), positions.contiguous()),
-        *(stats[0], stats[1], stats[2], index[0], index[1]),
-    )
+    stats = torch.empty(2, items, dtype=torch.float32, device=device)  # [2, E * splits] max, sum
+    amax = torch.empty(items, dtype=torch.int32, device=device)  # [E * splits]
+    entries = (logits, logits.stride(0), draft_ids, target_rows, bonus_rows, request, slot, cu, temperature)
     launch(
-        _kf.point_mass_rows_kernel, items, *common, total, total + batch, vocab, splits, chunk,
-        SAMPLED=sampled, STREAM=rng.STREAM_SAMPLE, BLOCK_V=tuning.vocab_block,
+        _kf.point_mass_stats_kernel, items, *entries, stats[0], stats[1], amax, total, total + batch, vocab,
+        splits, chunk, SAMPLED=sampled, BLOCK_V=tile,
     )  # fmt: skip
+    counts, final_rows, final_drafts, final_pos, tokens = torch.empty(
+        5, batch, dtype=torch.int64, device=device
+    )
+    final = torch.empty(4, batch, dtype=torch.float32, device=device)  # [4, B] scale, then [3, B] stats
     launch(
-        _kf.point_mass_finish_kernel, batch, *common, out, total, batch, vocab, max_spec_len, splits,
-        SAMPLED=sampled, BLOCK=block, ACCEPT=rng.STREAM_ACCEPT, BLOCK_S=block_s,
+        _kf.point_mass_decide_kernel, batch, *entries, seeds.contiguous(), positions.contiguous(), stats[0],
+        stats[1], amax, counts, final_rows, final_drafts, final[0], final_pos, final[1:], tokens, total,
+        batch, vocab, splits, SAMPLED=sampled, BLOCK=block, ACCEPT=rng.STREAM_ACCEPT, BLOCK_S=block_s,
+    )  # fmt: skip
+    race = splits if sampled else 1  # all greedy: no race, one (empty) chunk per request
+    # every race item is written by residual_partials_kernel; nothing reads them when no request samples
+    keys = torch.empty(batch * race, 2, dtype=torch.float32, device=device)  # [B * splits, 2]
+    idx = torch.empty(batch * race, 2, dtype=torch.int32, device=device)  # [B * splits, 2]
+    any_w = torch.empty(batch * race, dtype=torch.int32, device=device)  # [B * splits]
+    if sampled:
+        launch(
+            _ks.residual_partials_kernel, batch * splits, logits, logits.stride(0), final_rows, logits, 0,
+            draft_ids, final_drafts, final[0], seeds.contiguous(), final_pos, keys, idx, any_w, final[1:],
+            batch, vocab, splits, chunk, HAS_DRAFTS=total > 0, HAS_Q=False, STREAM=rng.STREAM_SAMPLE,
+            BLOCK_V=tile, FROM_LOGITS=True,
+        )  # fmt: skip
+    launch(
+        _kf.point_mass_output_kernel, batch, keys, idx, any_w, counts, tokens, temperature, draft_ids, cu,
+        out, batch, max_spec_len, race, BLOCK_S=block_s if sampled else 1,
     )  # fmt: skip
     return out
 

@@ -34,6 +34,7 @@ TUNINGS = {
     "plain": SamplerTuning(vocab_block=32),
     "split": SamplerTuning(vocab_block=16, vocab_splits=3),
     "capped": SamplerTuning(vocab_block=32, max_grid=2, vocab_splits=2),
+    "tile": SamplerTuning(vocab_block=64, vocab_splits=2, point_mass_block=16),  # 5 tiles in 2 chunks
 }
 RULES = ("standard", "block-lossless")
 

@@ -120,8 +120,16 @@ class CudaBackend(Backend):
         return ops
 
     def sampler_tuning(self) -> SamplerTuning:
-        # No grid cap (CUDA launches any grid); float64 uniforms drawn in-kernel. Rows shared by up to 32
-        # programs: measured on an H200 (docs/benchmarks.md), graph-replayed standard verification at
-        # V=151936 took 158 us with 32 splits against 520 us with one program per row at B=1, K=4, and
-        # 401 against 725 us at B=64, K=4; 8 splits were within 5 % of 32.
-        return SamplerTuning(vocab_block=VOCAB_BLOCK, max_grid=None, device_uniforms=True, vocab_splits=32)
+        # No grid cap (CUDA launches any grid); float64 uniforms drawn in-kernel. Measured on an H200
+        # (docs/benchmarks.md, "CUDA (H200), second round"): rows shared by up to 32 programs took 158 us
+        # against 520 us with one program per row (composed standard verification, graph-replayed,
+        # V=151936, B=1, K=4) and 401 against 725 us at B=64, K=4; 8 splits were within 5 % of 32. The
+        # fused point-mass path is faster with 1024-wide tiles at every measured B and K (149 against
+        # 188 us at B=64, K=4); the composed +q modes keep 4096 (block+q: 558 against 776 us).
+        return SamplerTuning(
+            vocab_block=VOCAB_BLOCK,
+            max_grid=None,
+            device_uniforms=True,
+            vocab_splits=32,
+            point_mass_block=1024,
+        )
