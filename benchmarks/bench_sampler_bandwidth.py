@@ -21,7 +21,7 @@ FLy rescue, window 2).
 Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` with its tuning, or each
 ``--vocab-blocks`` value, and ``x<n>`` for each ``--vocab-splits`` n > 1: rows shared by n programs);
 ``torch`` — the reference backend's ``TorchSamplerOps`` on the same device. The triton ops verify
-point-mass drafts (``greedy``, ``standard``, ``block``) in one fused pass over the logits
+``greedy``, ``standard``, ``block`` and ``standard+q`` without materialising the target probabilities
 (``triton_kernels_fused``); ``--composed`` adds each variant with that pass off, for comparison.
 On CPU the triton kernels would run interpreted (minutes): they are skipped unless ``--with-triton``.
 On a GPU each triton column has a ``/graph`` twin: the same call captured once in a CUDA graph and timed
@@ -184,8 +184,8 @@ def implementations(
     composed: bool = False,
 ) -> dict[str, SamplerOps]:
     """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared) per tile and split count;
-    with ``composed`` each also as ``.../composed``: point-mass drafts verified by the composed ops
-    (softmax, scan, residual race) instead of the fused pass (``SamplerTuning.point_mass=False``)."""
+    with ``composed`` each also as ``.../composed``: the modes of the fused path verified by the composed ops
+    (softmax, scan, residual race) instead of the fused pass (``SamplerTuning.fused_verify=False``)."""
     from spec_backend.sampling.torch_ops import TorchSamplerOps
 
     impls: dict[str, SamplerOps] = {"torch": TorchSamplerOps()}
@@ -202,7 +202,7 @@ def implementations(
             name = f"triton/{block}" + (f"x{split}" if split > 1 else "")
             impls[name] = TritonSamplerOps(cfg)
             if composed:
-                impls[name + "/composed"] = TritonSamplerOps(replace(cfg, point_mass=False))
+                impls[name + "/composed"] = TritonSamplerOps(replace(cfg, fused_verify=False))
     return impls
 
 
@@ -271,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--with-triton", action="store_true", help="on CPU: run the interpreted kernels")
     parser.add_argument(
-        "--composed", action="store_true", help="also each triton variant without the fused point-mass pass"
+        "--composed", action="store_true", help="also each triton variant without the fused verification"
     )
     parser.add_argument("--iters", type=int, default=30)
     return parser

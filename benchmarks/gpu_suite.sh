@@ -60,7 +60,7 @@ stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwid
     --vocab-splits "${SAMPLER_SPLITS:-1,8,32}" ${SAMPLER_ARGS:-}
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
-    ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_point_mass.py}
+    ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
 [ -n "${PROFILE_SPLITS:-}" ] && for n in ${PROFILE_SPLITS//,/ }; do
     stage "profile-x$n.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n"
 done

@@ -14,9 +14,10 @@ spec's ``RULES`` / ``LOSSLESS_RULES`` (``spec_backend.testing``). Each ``VerifyR
 * ``kernel`` — which ``SamplerOps`` method verifies the drafts (a function of the ops, never a getattr by
   name); None for ``synthetic``, whose accept counts come from configured rates
   (``SamplerOps.synthetic_verify``), not from comparing drafts with the target;
-* ``point_mass`` — for point-mass drafts the rule's decisions need only p(x) of each draft, and an ops
-  with ``PointMassOps`` runs the whole verification fused: ``"token"`` (the token-level chain) or
-  ``"block"`` (Sun et al.'s scan); None where the rule needs more (thresholds, rates, rescues).
+* ``fused`` — whether an ops with ``FusedVerifyOps`` may run the whole verification without the target
+  probabilities, requests without top-k / top-p: ``"token"`` (the token-level chain, which needs only
+  p(x) and q(x) per draft: with or without draft probabilities) or ``"block"`` (Sun et al.'s scan:
+  point-mass drafts only); None where the rule needs more (thresholds, rates, rescues).
 
 Greedy requests (temperature 0) are not a rule: they are verified by argmax inside every rule except
 ``synthetic``. This module imports no torch kernels and nothing from ``spec_backend.config`` at run
@@ -120,7 +121,7 @@ class VerifyRule:
     block: BlockMode | None
     entropy: bool
     kernel: KernelSelector | None
-    point_mass: Literal["token", "block"] | None = None
+    fused: Literal["token", "block"] | None = None
 
     def selects(self, config: VerifyFlags, method: str) -> bool:
         """Whether ``method`` with ``config`` runs this rule (``block_verify_mode`` counts only with
@@ -154,15 +155,15 @@ def _rule(
     method: SamplerMethod = "standard",
     block: BlockMode | None = None,
     entropy: bool = False,
-    point_mass: Literal["token", "block"] | None = None,
+    fused: Literal["token", "block"] | None = None,
 ) -> VerifyRule:
-    return VerifyRule(name, spec_rule, lossless, method, block, entropy, kernel, point_mass)
+    return VerifyRule(name, spec_rule, lossless, method, block, entropy, kernel, fused)
 
 
 #: Every rule, in the order the conformance suite and the docs list them.
 REGISTRY: tuple[VerifyRule, ...] = (
-    _rule("standard", "standard", True, token_level, point_mass="token"),
-    _rule("block-lossless", "block", True, lossless_block, block="lossless", point_mass="block"),
+    _rule("standard", "standard", True, token_level, fused="token"),
+    _rule("block-lossless", "block", True, lossless_block, block="lossless", fused="block"),
     _rule("block-cumulative", "cumulative", False, cumulative_block, block="cumulative"),
     _rule("entropy", "entropy", False, token_level, entropy=True),
     _rule("block-lossless+entropy", "block+entropy", False, lossless_block, block="lossless", entropy=True),

@@ -147,30 +147,32 @@ class SamplerOps(Protocol):
 
 
 @runtime_checkable
-class PointMassOps(Protocol):
-    """Optional, beside ``SamplerOps``: the whole verification of a batch of point-mass drafts (no draft
-    probabilities, no top-k / top-p) in one call, for the rules whose ``VerifyRule.point_mass`` is set.
-    The sampler uses it when ``fuses_point_mass()`` is True and otherwise composes the ``SamplerOps``;
-    both give the same tokens (up to float32 near-ties, see ``triton_kernels_fused``)."""
+class FusedVerifyOps(Protocol):
+    """Optional, beside ``SamplerOps``: the whole verification of a batch in one call, without the [N, V]
+    target probabilities, for the rules whose ``VerifyRule.fused`` is set and requests without top-k /
+    top-p: ``"token"`` with or without draft probabilities, ``"block"`` for point-mass drafts only. The
+    sampler uses it when ``fuses_verify()`` is True and otherwise composes the ``SamplerOps``; both give
+    the same tokens (the block scan up to float32 near-ties, see ``triton_kernels_fused``)."""
 
-    def fuses_point_mass(self) -> bool:
-        """Whether ``point_mass_sample`` may be used (e.g. off for a tuning that disables it)."""
+    def fuses_verify(self) -> bool:
+        """Whether ``fused_verify`` may be used (e.g. off for a tuning that disables it)."""
         ...
 
-    def point_mass_sample(
+    def fused_verify(
         self,
         logits: torch.Tensor,  # [N, V] raw logits
+        draft_probs: torch.Tensor | None,  # [T, V] (None: point-mass drafts)
         layout: tuple[torch.Tensor, ...],  # draft_ids [T], target_rows [T], bonus_rows [B], request [T],
         # slot [T], cu_num_draft_tokens [B] (draft ids outside [0, V) are null drafts)
         temperature: torch.Tensor,  # [B] (0: greedy)
         seeds: torch.Tensor,  # [B] int64 >= 0
         positions: torch.Tensor,  # [B] int64 absolute position of each request's first draft
         max_spec_len: int,
-        rule: str,  # a VerifyRule.point_mass value: "token" or "block"
+        rule: str,  # a VerifyRule.fused value: "token" or "block"
         sampled: bool,  # any request has temperature > 0
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32, the sampler's output
-        """The sampler's output for point-mass drafts under ``rule``."""
+        """The sampler's output under ``rule``."""
         ...
 
 
-__all__ = ["PointMassOps", "SamplerOps"]
+__all__ = ["FusedVerifyOps", "SamplerOps"]

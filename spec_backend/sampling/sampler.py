@@ -44,12 +44,12 @@ from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.config.sampler_methods import SamplerMethod
 from spec_backend.sampling import rng
 from spec_backend.sampling.fly import fly_rescues
+from spec_backend.sampling.fused_verify import fused_output
 from spec_backend.sampling.grouping import merge_outputs, split_batch
 from spec_backend.sampling.layout import VerifyStep
 from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
-from spec_backend.sampling.point_mass import point_mass_output
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
@@ -231,9 +231,7 @@ class RejectionSampler:
         sampling: SamplingMetadata,
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
         seeds, positions = self._seeds_and_positions(sampling, metadata.batch_size, logits.device)
-        fused = point_mass_output(
-            self.ops, self.rule, metadata, draft_probs, logits, sampling, seeds, positions
-        )
+        fused = fused_output(self.ops, self.rule, metadata, draft_probs, logits, sampling, seeds, positions)
         if fused is not None:
             return fused
         step = VerifyStep.of(metadata, logits.shape[1], seeds, positions)

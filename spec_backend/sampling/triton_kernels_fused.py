@@ -1,8 +1,10 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""Shared triton kernels of the rejection sampler, part 4: the verification of a batch of *point-mass*
-drafts (no draft probabilities, no top-k / top-p) without materialising the target probabilities.
+"""Shared triton kernels of the rejection sampler, part 4: the verification of a batch without
+materialising the target probabilities (requests without top-k / top-p): the token-level rule with or
+without draft probabilities, Sun et al.'s lossless block rule for *point-mass* drafts (no draft
+probabilities: q is 1 at the draft).
 
-Why: with point-mass drafts every decision needs only p(x) of each draft, so the composed path's
+Why: then every decision needs only p(x) (and q(x)) of each draft, so the composed path's
 [N, V] probabilities (written once, read again by the residual race) and its ~30 small torch kernels are
 not needed (measured on an H200 at B=64, K=4: 6-11 % of the bandwidth floor composed).
 
@@ -14,17 +16,19 @@ whose row the emitted (recovered or bonus) token is sampled from.
 
 Four launches:
 
-1. ``point_mass_stats_kernel`` (per work item): z = logits / T (greedy rows: T = 1, so z is the raw
+1. ``fused_stats_kernel`` (per work item): z = logits / T (greedy rows: T = 1, so z is the raw
    logits), the online (max, sum-exp) of z exactly as ``softmax_stats`` computes it, and the first index
    of the max (the greedy token). One read of every row: the floor.
-2. ``point_mass_decide_kernel`` (per request): combines each entry's chunks in chunk order (as
+2. ``fused_decide_kernel`` (per request): combines each entry's chunks in chunk order (as
    ``softmax_normalise_kernel`` does, so p(x) = exp(z_x − M) / S is the composed path's float32 value),
-   runs the greedy chain, the token-level chain (accept while u < p(x)) or Sun et al.'s block scan
+   runs the greedy chain, the token-level chain (accept while u < ρ = p(x)/q(x), ``draft_ratio``'s ρ) or
+   Sun et al.'s block scan
    (``BLOCK``), and writes the final entry's row, draft, weight b, position and statistics.
 3. ``residual_partials_kernel`` with ``FROM_LOGITS`` (per request and chunk): the composed path's
-   residual race over the final entry's row, with p made on the fly from the logits and the statistics:
+   residual race over the final entry's row (max(b·p − q, 0); q = the draft's row, or 1 at the draft for a
+   point mass), with p made on the fly from the logits and the statistics:
    the same keys as the composed path, so the same token. Greedy requests skip it. Reads B rows again.
-4. ``point_mass_output_kernel`` (per request): combines the race chunks and writes the output row.
+4. ``fused_output_kernel`` (per request): combines the race chunks and writes the output row.
 
 Exactness against the composed path: the same tokens, except that the block scan takes the residual
 mass of a point-mass row as b·(1 − p(x)) (b for a null draft) rather than a blocked float32 sum of
@@ -67,7 +71,7 @@ def entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V):
 
 
 @triton.jit
-def point_mass_stats_kernel(
+def fused_stats_kernel(
     logits_ptr,  # [N, V] float
     stride,
     draft_ptr,  # [T] int (a stand-in when T = 0)
@@ -118,9 +122,10 @@ def point_mass_stats_kernel(
 @triton.jit
 def entry_result(
     e, T, logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr,
-    max_ptr, sum_ptr, amax_ptr, V, splits, BLOCK_S: tl.constexpr,
+    max_ptr, sum_ptr, amax_ptr, dprobs_ptr, dp_stride, V, splits, BLOCK_S: tl.constexpr, HAS_Q: tl.constexpr,
 ):  # fmt: skip
-    """Entry e's chunks combined: (logits row, draft id or -1, p(x) float32 (0 for -1), argmax, M, S)."""
+    """Entry e's chunks combined: (logits row, draft id or -1, p(x) float32 (0 for -1), the float64 ratio
+    ρ = p(x)/q(x) of ``draft_ratio`` (p(x) for a point mass, 0 where p(x) = 0), argmax, M, S)."""
     row, req, _, x = entry_of(e, T, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, V)
     parts = tl.arange(0, BLOCK_S)
     ok = parts < splits
@@ -133,7 +138,12 @@ def entry_result(
     t = row_temperature(temp_ptr, req)
     zx = scaled_logits(logits_ptr + row * stride, tl.maximum(x, 0), True, t)
     px = tl.where(x >= 0, tl.math.div_rn(tl.where(zx == float("-inf"), 0.0, tl.exp(zx - m)), s), 0.0)
-    return row, x, px, amax, m, s
+    rho = px.to(tl.float64)
+    if HAS_Q:
+        t_q = tl.minimum(e, T - 1).to(tl.int64)
+        qx = tl.load(dprobs_ptr + t_q * dp_stride + tl.maximum(x, 0), mask=(x >= 0) & (e < T), other=0.0)
+        rho = tl.where(rho > 0, rho / qx.to(tl.float64), 0.0)
+    return row, x, px, rho, amax, m, s
 
 
 @triton.jit
@@ -157,25 +167,26 @@ def block_hit(weight, rho, p_next, last, u):
 
 
 @triton.jit
-def sampled_step(weight, f_weight, alive, count, px, p_next, j, n, u, BLOCK: tl.constexpr):
+def sampled_step(weight, f_weight, alive, count, rho, p_next, j, n, u, BLOCK: tl.constexpr):
     """Slot j of a sampled request: the block scan (``block_hit``) or the token-level chain (accept while
-    u < p(x)). Returns (b_j, b of the final entry, chain alive, accepted count, whether the final entry
+    u < ρ). Returns (b_j, b of the final entry, chain alive, accepted count, whether the final entry
     moves to slot j + 1)."""
     if BLOCK:
-        weight, hit = block_hit(weight, px.to(tl.float64), p_next, j + 1 == n, u)
+        weight, hit = block_hit(weight, rho, p_next, j + 1 == n, u)
         count = tl.where(hit, j + 1, count)
         f_weight = tl.where(hit, weight, f_weight)
     else:
-        hit = alive & (u < px.to(tl.float64))
+        hit = alive & (u < rho)
         count += hit.to(tl.int64)
         alive = hit
     return weight, f_weight, alive, count, hit
 
 
 @triton.jit
-def point_mass_decide_kernel(
+def fused_decide_kernel(
     logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, seed_ptr,
     pos_ptr, max_ptr, sum_ptr, amax_ptr,
+    dprobs_ptr, dp_stride,  # [T, V] float draft probabilities (HAS_Q; the token-level rule only)
     count_ptr,  # [B] int64 out: accepted drafts
     frow_ptr,  # [B] int64 out: the final entry's logits row
     fdraft_ptr,  # [B] int64 out: the final entry's draft index (-1: bonus)
@@ -183,7 +194,7 @@ def point_mass_decide_kernel(
     fpos_ptr,  # [B] int64 out: the emitted token's position
     stats_ptr,  # [3, B] float32 out: temperature (0 for greedy: no race), M, S of the final entry
     token_ptr,  # [B] int64 out: the greedy token (argmax of the final entry)
-    T, B, V, splits,
+    T, B, V, splits, HAS_Q: tl.constexpr,
     SAMPLED: tl.constexpr, BLOCK: tl.constexpr, ACCEPT: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     """Launch 2 (see the module docstring). Grid: min(B, max_grid), persistent over requests."""
@@ -192,11 +203,11 @@ def point_mass_decide_kernel(
     for b in tl.range(pid, B, nprog):
         start, n = request_span(cu_ptr, b)
         greedy = tl.load(temp_ptr + b) <= 0
-        seed = tl.load(seed_ptr + b)
-        pos = tl.load(pos_ptr + b)
-        row, x, px, amax, m, s = entry_result(
+        seed, pos = tl.load(seed_ptr + b), tl.load(pos_ptr + b)
+        row, x, _, rho, amax, m, s = entry_result(
             tl.where(n > 0, start, T + b), T, logits_ptr, stride, draft_ptr, trow_ptr, brow_ptr, req_ptr,
-            slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, V, splits, BLOCK_S,
+            slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, dprobs_ptr, dp_stride, V, splits,
+            BLOCK_S, HAS_Q,
         )  # fmt: skip
         g_alive = tl.full([], 1, tl.int1)
         g_count = tl.zeros([], tl.int64)
@@ -207,20 +218,20 @@ def point_mass_decide_kernel(
         weight = tl.full([], 1.0, tl.float64)
         f_weight = weight
         for j in range(0, n):
-            n_row, nx, npx, namax, nm, ns = entry_result(
+            n_row, nx, npx, nrho, namax, nm, ns = entry_result(
                 tl.where(j + 1 < n, start + j + 1, T + b), T, logits_ptr, stride, draft_ptr, trow_ptr,
-                brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, V, splits,
-                BLOCK_S,
+                brow_ptr, req_ptr, slot_ptr, cu_ptr, temp_ptr, max_ptr, sum_ptr, amax_ptr, dprobs_ptr,
+                dp_stride, V, splits, BLOCK_S, HAS_Q,
             )  # fmt: skip
             ok = g_alive & (x.to(tl.int64) == amax)  # the greedy chain
             g_count, g_amax, g_alive = g_count + ok.to(tl.int64), tl.where(ok, namax, g_amax), ok
             if SAMPLED:
                 u = accept_uniform(seed, pos, tl.zeros([], tl.int64) + j, ACCEPT)  # counter = slot
                 weight, f_weight, r_alive, r_count, hit = sampled_step(
-                    weight, f_weight, r_alive, r_count, px, npx, j, n, u, BLOCK
+                    weight, f_weight, r_alive, r_count, rho, npx, j, n, u, BLOCK
                 )
                 f_row, f_m, f_s = tl.where(hit, n_row, f_row), tl.where(hit, nm, f_m), tl.where(hit, ns, f_s)
-            x, px, amax = nx, npx, namax
+            x, rho, amax = nx, nrho, namax
         count = tl.where(greedy, g_count, r_count)
         tl.store(count_ptr + b, count)
         tl.store(token_ptr + b, g_amax)
@@ -234,7 +245,7 @@ def point_mass_decide_kernel(
 
 
 @triton.jit
-def point_mass_output_kernel(
+def fused_output_kernel(
     part_key_ptr,  # [B * splits, 2] float32: the race chunks (residual_partials_kernel)
     part_idx_ptr,  # [B * splits, 2] int32
     part_any_ptr,  # [B * splits] int32
@@ -269,8 +280,8 @@ __all__ = [
     "block_hit",
     "entry_of",
     "entry_result",
-    "point_mass_decide_kernel",
-    "point_mass_output_kernel",
-    "point_mass_stats_kernel",
+    "fused_decide_kernel",
+    "fused_output_kernel",
+    "fused_stats_kernel",
     "sampled_step",
 ]

@@ -19,6 +19,8 @@ op                     implementation
 ``standard_verify``    triton scan               ``cumulative_verify``  triton scan
 ``block_verify``       triton scan with the residual-mass vocabulary pass fused
 ``synthetic_verify``   triton                    ``sample_residual``    triton, noise hashed in registers
+``fused_verify``       ``ops.FusedVerifyOps``: the whole verification in four launches without the [N, V]
+                       probabilities (``triton_kernels_fused``), when ``SamplerTuning.fused_verify``
 =====================  ===================================================================================
 
 Float64: with ``device_uniforms=False`` (Ascend) no triton kernel touches float64: the float64 protocol
@@ -348,14 +350,15 @@ class TritonSamplerOps:
         return out
 
     # ------------------------------------------------------------------ point-mass drafts, fused
-    def fuses_point_mass(self) -> bool:
-        """``ops.PointMassOps``: with the tuning's ``point_mass`` and float64 on the device (the accept
+    def fuses_verify(self) -> bool:
+        """``ops.FusedVerifyOps``: with the tuning's ``fused_verify`` and float64 on the device (the accept
         uniforms are drawn inside the kernel)."""
-        return self.tuning.point_mass and self.f64
+        return self.tuning.fused_verify and self.f64
 
-    def point_mass_sample(
+    def fused_verify(
         self,
         logits: torch.Tensor,
+        draft_probs: torch.Tensor | None,
         layout: tuple[torch.Tensor, ...],
         temperature: torch.Tensor,
         seeds: torch.Tensor,
@@ -364,11 +367,9 @@ class TritonSamplerOps:
         rule: str,
         sampled: bool,
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-        if rule not in ("token", "block"):
-            raise ValueError(f"point_mass_sample: rule must be 'token' or 'block', got {rule!r}")
-        return _rowops.point_mass(
-            self._launch, self.tuning, logits, layout, temperature, seeds, positions, max_spec_len,
-            rule == "block", sampled,
+        return _rowops.fused_verify(
+            self._launch, self.tuning, logits, draft_probs, layout, temperature, seeds, positions,
+            max_spec_len, rule, sampled,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ recovered / bonus tokens

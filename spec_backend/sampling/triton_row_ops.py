@@ -96,22 +96,55 @@ def residual(
     return out
 
 
-def point_mass(
+def _draft_rows(draft_probs: torch.Tensor | None, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The draft probabilities [T, V] for the kernels and their row stride; without them the logits as a
+    stand-in that is never read, stride 0."""
+    if draft_probs is None:
+        return logits, 0
+    q = rows(draft_probs)
+    return q, q.stride(0)
+
+
+def _race_buffers(items: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``residual_partials_kernel``'s outputs, keys [items, 2] float32, indices [items, 2] int32, any w > 0
+    [items] int32: uninitialised, since the kernel writes every item (and none is read when no request
+    samples)."""
+    keys = torch.empty(items, 2, dtype=torch.float32, device=device)
+    return (
+        keys,
+        torch.empty(items, 2, dtype=torch.int32, device=device),
+        torch.empty_like(keys[:, 0], dtype=torch.int32),
+    )
+
+
+def _is_block_rule(rule: str, with_q: bool) -> bool:
+    """``fused_verify``'s rule: True for "block", False for "token"; ValueError for anything else."""
+    if rule not in ("token", "block") or (rule == "block" and with_q):
+        raise ValueError(
+            "fused_verify: rule must be 'token' (with or without draft_probs) or 'block' (point-mass "
+            f"drafts only), got rule={rule!r} with draft_probs {'given' if with_q else 'None'}"
+        )
+    return rule == "block"
+
+
+def fused_verify(
     launch: Launch,
     tuning: SamplerTuning,
     logits: torch.Tensor,  # [N, V]
-    layout: tuple[
-        torch.Tensor, ...
-    ],  # draft_ids [T], target_rows [T], bonus_rows [B], request [T], slot [T], cu [B]
+    draft_probs: torch.Tensor | None,  # [T, V] (the token-level rule only)
+    layout: tuple[torch.Tensor, ...],  # draft_ids [T], target_rows [T], bonus_rows [B], request [T], ...
     temperature: torch.Tensor,  # [B]
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64
     max_spec_len: int,
-    block: bool,
+    rule: str,  # "token" or "block" (point-mass drafts only)
     sampled: bool,
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-    """The verification of point-mass drafts (``triton_kernels_fused``): four launches."""
+    """The verification without materialised probabilities (``triton_kernels_fused``): four launches;
+    ``layout`` is (draft_ids [T], target_rows [T], bonus_rows [B], request [T], slot [T], cu [B])."""
+    block = _is_block_rule(rule, draft_probs is not None)
     logits, temperature = rows(logits), temperature.contiguous()
+    q, q_stride = _draft_rows(draft_probs, logits)
     draft_ids, target_rows, bonus_rows, request, slot, cu = (t.contiguous() for t in layout)
     batch, total, vocab, device = cu.shape[0], draft_ids.shape[0], logits.shape[1], logits.device
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int32, device=device)  # [B, S + 1]
@@ -119,14 +152,14 @@ def point_mass(
         return out
     if total == 0:  # stand-ins, never read
         draft_ids, target_rows, request, slot = bonus_rows, bonus_rows, bonus_rows, bonus_rows
-    tile = tuning.point_mass_block or tuning.vocab_block
+    tile = tuning.fused_block or tuning.vocab_block
     splits, chunk, block_s = _ks.split_plan(vocab, tuning.vocab_splits, tile)
     items = (total + batch) * splits
     stats = torch.empty(2, items, dtype=torch.float32, device=device)  # [2, E * splits] max, sum
     amax = torch.empty(items, dtype=torch.int32, device=device)  # [E * splits]
     entries = (logits, logits.stride(0), draft_ids, target_rows, bonus_rows, request, slot, cu, temperature)
     launch(
-        _kf.point_mass_stats_kernel, items, *entries, stats[0], stats[1], amax, total, total + batch, vocab,
+        _kf.fused_stats_kernel, items, *entries, stats[0], stats[1], amax, total, total + batch, vocab,
         splits, chunk, SAMPLED=sampled, BLOCK_V=tile,
     )  # fmt: skip
     counts, final_rows, final_drafts, final_pos, tokens = torch.empty(
@@ -134,27 +167,25 @@ def point_mass(
     )
     final = torch.empty(4, batch, dtype=torch.float32, device=device)  # [4, B] scale, then [3, B] stats
     launch(
-        _kf.point_mass_decide_kernel, batch, *entries, seeds.contiguous(), positions.contiguous(), stats[0],
-        stats[1], amax, counts, final_rows, final_drafts, final[0], final_pos, final[1:], tokens, total,
-        batch, vocab, splits, SAMPLED=sampled, BLOCK=block, ACCEPT=rng.STREAM_ACCEPT, BLOCK_S=block_s,
+        _kf.fused_decide_kernel, batch, *entries, seeds.contiguous(), positions.contiguous(), stats[0],
+        stats[1], amax, q, q_stride, counts, final_rows, final_drafts, final[0], final_pos, final[1:], tokens,
+        total, batch, vocab, splits, SAMPLED=sampled, BLOCK=block, ACCEPT=rng.STREAM_ACCEPT, BLOCK_S=block_s,
+        HAS_Q=draft_probs is not None,
     )  # fmt: skip
     race = splits if sampled else 1  # all greedy: no race, one (empty) chunk per request
-    # every race item is written by residual_partials_kernel; nothing reads them when no request samples
-    keys = torch.empty(batch * race, 2, dtype=torch.float32, device=device)  # [B * splits, 2]
-    idx = torch.empty(batch * race, 2, dtype=torch.int32, device=device)  # [B * splits, 2]
-    any_w = torch.empty(batch * race, dtype=torch.int32, device=device)  # [B * splits]
+    keys, idx, any_w = _race_buffers(batch * race, device)
     if sampled:
         launch(
-            _ks.residual_partials_kernel, batch * splits, logits, logits.stride(0), final_rows, logits, 0,
+            _ks.residual_partials_kernel, batch * splits, logits, logits.stride(0), final_rows, q, q_stride,
             draft_ids, final_drafts, final[0], seeds.contiguous(), final_pos, keys, idx, any_w, final[1:],
-            batch, vocab, splits, chunk, HAS_DRAFTS=total > 0, HAS_Q=False, STREAM=rng.STREAM_SAMPLE,
-            BLOCK_V=tile, FROM_LOGITS=True,
+            batch, vocab, splits, chunk, HAS_DRAFTS=total > 0, HAS_Q=total > 0 and draft_probs is not None,
+            STREAM=rng.STREAM_SAMPLE, BLOCK_V=tile, FROM_LOGITS=True,
         )  # fmt: skip
     launch(
-        _kf.point_mass_output_kernel, batch, keys, idx, any_w, counts, tokens, temperature, draft_ids, cu,
+        _kf.fused_output_kernel, batch, keys, idx, any_w, counts, tokens, temperature, draft_ids, cu,
         out, batch, max_spec_len, race, BLOCK_S=block_s if sampled else 1,
     )  # fmt: skip
     return out
 
 
-__all__ = ["Launch", "point_mass", "residual", "rows", "softmax"]
+__all__ = ["Launch", "fused_verify", "residual", "rows", "softmax"]

@@ -30,10 +30,11 @@ class SamplerTuning:
     vocabulary row in the row-wide kernels (temperature softmax, residual sampling), each over a
     contiguous chunk, their partial results combined by a second launch
     (``spec_backend.sampling.triton_kernels_split``): more parallelism when there are few rows; 1 keeps
-    one program per row. The sampled tokens are the same for every value. ``point_mass``: verify batches
-    of point-mass drafts in one pass over the logits (``triton_kernels_fused``) where the ops can; False
-    composes the ``SamplerOps`` kernels (the same tokens, see ``ops.PointMassOps``). ``point_mass_block``:
-    the vocabulary tile of that path's kernels (None: ``vocab_block``); a power of two.
+    one program per row. The sampled tokens are the same for every value. ``fused_verify``: verify without
+    materialising the target probabilities (``triton_kernels_fused``: the token-level rule, and lossless
+    block verification of point-mass drafts) where the ops can; False composes the ``SamplerOps`` kernels
+    (the same tokens, see ``ops.FusedVerifyOps``). ``fused_block``: the vocabulary tile of that path's
+    kernels (None: ``vocab_block``); a power of two.
     """
 
     vocab_block: int = 1024
@@ -41,19 +42,19 @@ class SamplerTuning:
     device_uniforms: bool = True
     group_elements: int | None = None
     vocab_splits: int = 1
-    point_mass: bool = True
-    point_mass_block: int | None = None
+    fused_verify: bool = True
+    fused_block: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.vocab_splits, bool) or not isinstance(self.vocab_splits, int):
             raise ValueError(f"vocab_splits must be an int >= 1, got {self.vocab_splits!r}")
         if self.vocab_splits < 1:
             raise ValueError(f"vocab_splits must be an int >= 1, got {self.vocab_splits}")
-        tile = self.point_mass_block
+        tile = self.fused_block
         if tile is not None and (
             isinstance(tile, bool) or not isinstance(tile, int) or tile < 1 or tile & (tile - 1)
         ):
-            raise ValueError(f"point_mass_block must be None or a power of two >= 1, got {tile!r}")
+            raise ValueError(f"fused_block must be None or a power of two >= 1, got {tile!r}")
         if self.group_elements is not None and self.group_elements < 1:
             raise ValueError(f"group_elements must be None or >= 1, got {self.group_elements}")
 

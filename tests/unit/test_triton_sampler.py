@@ -272,10 +272,8 @@ def test_tuning_is_validated() -> None:
         with pytest.raises(ValueError, match="vocab_splits must be an int >= 1"):
             SamplerTuning(vocab_splits=bad)  # type: ignore[arg-type]
     for tile in (0, 48, 1.0, True):
-        with pytest.raises(
-            ValueError, match=f"point_mass_block must be None or a power of two >= 1, got {tile}"
-        ):
-            SamplerTuning(point_mass_block=tile)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=f"fused_block must be None or a power of two >= 1, got {tile}"):
+            SamplerTuning(fused_block=tile)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="power of two"):
         TritonSamplerOps(SamplerTuning(vocab_block=100))
     with pytest.raises(ValueError, match="max_grid"):

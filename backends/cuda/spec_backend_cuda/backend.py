@@ -131,5 +131,5 @@ class CudaBackend(Backend):
             max_grid=None,
             device_uniforms=True,
             vocab_splits=32,
-            point_mass_block=1024,
+            fused_block=1024,
         )

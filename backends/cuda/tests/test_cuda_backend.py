@@ -52,7 +52,7 @@ def test_sampler_tuning_and_ops() -> None:
     backend = CudaBackend()
     tuning = backend.sampler_tuning()
     assert tuning.vocab_block == VOCAB_BLOCK == 4096 and tuning.max_grid is None and tuning.device_uniforms
-    assert (tuning.vocab_splits, tuning.point_mass, tuning.point_mass_block) == (32, True, 1024)  # measured
+    assert (tuning.vocab_splits, tuning.fused_verify, tuning.fused_block) == (32, True, 1024)  # measured
     ops = backend.sampler_ops()
     assert isinstance(ops, TritonSamplerOps) and ops.tuning == tuning
 

@@ -2,7 +2,7 @@
 and the torch reference, token for token.
 
 The fused path replaces softmax + scan + residual race for ``draft_probs=None`` with the rules whose
-``VerifyRule.point_mass`` is set (standard, block-lossless). Its race is compared in log space and its
+``VerifyRule.fused`` is set (standard, block-lossless). Its race is compared in log space and its
 block residual mass is b·(1 − p(x)) rather than a blocked sum, so equality with the reference holds on
 inputs without float32 near-ties, which seeded random inputs are (as in ``test_triton_sampler``). The
 inputs cover what the kernels branch on: greedy and sampled requests in one batch, temperatures != 1,
@@ -26,7 +26,7 @@ from spec_backend.backends.base import SamplerTuning
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
-from spec_backend.sampling.ops import PointMassOps
+from spec_backend.sampling.ops import FusedVerifyOps
 from spec_backend.sampling.triton_ops import TritonSamplerOps
 
 V = 80
@@ -34,7 +34,7 @@ TUNINGS = {
     "plain": SamplerTuning(vocab_block=32),
     "split": SamplerTuning(vocab_block=16, vocab_splits=3),
     "capped": SamplerTuning(vocab_block=32, max_grid=2, vocab_splits=2),
-    "tile": SamplerTuning(vocab_block=64, vocab_splits=2, point_mass_block=16),  # 5 tiles in 2 chunks
+    "tile": SamplerTuning(vocab_block=64, vocab_splits=2, fused_block=16),  # 5 tiles in 2 chunks
 }
 RULES = ("standard", "block-lossless")
 
@@ -51,7 +51,7 @@ class Counting(TritonReferenceBackend):
         class Spy:
             def __getattr__(self, name: str) -> Any:
                 fn = getattr(ops, name)
-                if name != "point_mass_sample":
+                if name != "fused_verify":
                     return fn
 
                 def counted(*args: Any) -> Any:
@@ -136,12 +136,48 @@ def test_fused_equals_reference(rule: str, tuning: str) -> None:
     assert accepted >= 6 and rejected >= 6  # both outcomes occur: the comparison is not vacuous
 
 
+def draft_probs_for(md: SpecDecodeMetadata, logits: torch.Tensor, seed: int) -> torch.Tensor:
+    """q [T, V] sharper than the target rows (its top tokens get more than p: the residual max(p − q, 0)
+    then differs from p without the draft), zero at some tokens, and drafts drawn from it (written into
+    ``md``); placeholders keep their -1."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    target = torch.softmax(logits[md.target_logits_indices.long()], dim=-1)  # [T, V]
+    noise = torch.softmax(torch.randn(target.shape, generator=gen) * 3, dim=-1)  # [T, V]
+    sharp = target**2 / (target**2).sum(dim=-1, keepdim=True)  # [T, V]
+    q = 0.8 * sharp + 0.2 * noise
+    q[:, :7] = 0.0  # tokens the drafter never proposes: p/q = inf would accept them
+    q = q / q.sum(dim=-1, keepdim=True)
+    drafts = torch.multinomial(q, 1, generator=gen).squeeze(1).to(torch.int32)  # [T]
+    md.draft_token_ids.copy_(torch.where(md.draft_token_ids < 0, md.draft_token_ids, drafts))
+    return q
+
+
+@pytest.mark.parametrize("tuning", list(TUNINGS))
+def test_fused_with_draft_probabilities_equals_reference(tuning: str) -> None:
+    """The token-level rule with draft probabilities (ρ = p(x)/q(x), residual max(p − q, 0)): the same
+    tokens as the reference, sampled and greedy requests mixed; block-lossless with q composes."""
+    backend = Counting(TUNINGS[tuning])
+    accepted, rejected = 0, 0
+    for seed in range(3):
+        md, logits, _ = batch(seed, KS, 0.5)
+        q = draft_probs_for(md, logits, seed)
+        sampling = sampling_for(KS, seed)
+        expected = make_sampler("standard", ReferenceBackend())(md, q, logits, sampling)
+        got = make_sampler("standard", backend)(md, q, logits, sampling)
+        assert torch.equal(got, expected), (seed, got, expected)
+        counts = (got >= 0).sum(dim=1) - 1  # [B]
+        accepted += int(counts.sum())
+        rejected += int((counts < torch.tensor(KS)).sum())
+    assert backend.calls == 3
+    assert accepted >= 6 and rejected >= 6
+
+
 def test_fused_equals_composed_triton_ops() -> None:
-    """The same tokens with ``point_mass=False`` (softmax, scan and residual race composed)."""
+    """The same tokens with ``fused_verify=False`` (softmax, scan and residual race composed)."""
     md, logits, _ = batch(7, KS, 0.7)
     sampling = sampling_for(KS, 7)
     for rule in RULES:
-        composed = TritonReferenceBackend(dataclasses.replace(TUNINGS["split"], point_mass=False))
+        composed = TritonReferenceBackend(dataclasses.replace(TUNINGS["split"], fused_verify=False))
         fused = make_sampler(rule, TritonReferenceBackend(TUNINGS["split"]))(md, None, logits, sampling)
         assert torch.equal(fused, make_sampler(rule, composed)(md, None, logits, sampling))
 
@@ -171,11 +207,12 @@ def test_fused_path_only_where_it_applies() -> None:
     for tuning, dprobs, sampling, mode, fused in [
         (TUNINGS["plain"], None, plain, "standard", 1),
         (TUNINGS["plain"], None, plain, "block-lossless", 1),
-        (TUNINGS["plain"], q, plain, "standard", 0),  # draft probabilities
+        (TUNINGS["plain"], q, plain, "standard", 1),  # the token-level chain takes draft probabilities
+        (TUNINGS["plain"], q, plain, "block-lossless", 0),  # block residual masses need whole q rows
         (TUNINGS["plain"], None, top_k, "standard", 0),  # top-k needs a sort
         (TUNINGS["plain"], None, plain, "entropy", 0),  # thresholds
         (TUNINGS["plain"], None, plain, "block-cumulative", 0),
-        (dataclasses.replace(TUNINGS["plain"], point_mass=False), None, plain, "standard", 0),
+        (dataclasses.replace(TUNINGS["plain"], fused_verify=False), None, plain, "standard", 0),
         (dataclasses.replace(TUNINGS["plain"], device_uniforms=False), None, plain, "standard", 0),
     ]:
         backend = Counting(tuning)
@@ -185,15 +222,18 @@ def test_fused_path_only_where_it_applies() -> None:
 
 
 def test_triton_ops_declare_the_fused_capability() -> None:
-    assert isinstance(TritonSamplerOps(), PointMassOps)
-    assert TritonSamplerOps(SamplerTuning(device_uniforms=True)).fuses_point_mass()
-    assert not TritonSamplerOps(SamplerTuning(device_uniforms=False)).fuses_point_mass()
-    assert not TritonSamplerOps(SamplerTuning(point_mass=False)).fuses_point_mass()
+    assert isinstance(TritonSamplerOps(), FusedVerifyOps)
+    assert TritonSamplerOps(SamplerTuning(device_uniforms=True)).fuses_verify()
+    assert not TritonSamplerOps(SamplerTuning(device_uniforms=False)).fuses_verify()
+    assert not TritonSamplerOps(SamplerTuning(fused_verify=False)).fuses_verify()
     ops = TritonSamplerOps(TUNINGS["plain"])
-    with pytest.raises(ValueError, match="rule must be 'token' or 'block', got 'cumulative'"):
-        ops.point_mass_sample(
-            torch.zeros(1, V), (), torch.zeros(1), torch.zeros(1), torch.zeros(1), 0, "cumulative", True
-        )
+    args = ((), torch.zeros(1), torch.zeros(1), torch.zeros(1), 0)
+    with pytest.raises(ValueError, match="got rule='cumulative' with draft_probs None"):
+        ops.fused_verify(torch.zeros(1, V), None, *args, "cumulative", True)
+    with pytest.raises(
+        ValueError, match=r"'block' \(point-mass drafts only\), got rule='block' with draft_probs given"
+    ):
+        ops.fused_verify(torch.zeros(1, V), torch.zeros(1, V), *args, "block", True)
 
 
 def test_fused_sampler_keeps_seeded_results_across_batch_order() -> None:
