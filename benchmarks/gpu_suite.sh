@@ -6,9 +6,10 @@
 #   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
 #
 # Knobs (environment): PYTEST_TARGETS (test paths), PYTEST_SECONDS, SAMPLER_SECONDS, ENGINE_SECONDS (0 skips a stage) cap the stages;
-# SAMPLER_ITERS, SAMPLER_SPLITS (vocab splits to sweep), SAMPLER_ARGS (more bench flags, e.g.
-# "--composed --modes standard,block"), PROFILE_SPLITS (a kernel profile per split count), ENGINE_MODELS,
-# ENGINE_TOKENS.
+# SAMPLER_ITERS, SAMPLER_SPLITS (vocab splits to sweep, default 32), SAMPLER_ARGS (more bench flags,
+# default "--composed": the fused verification beside the composed kernels in the same run; e.g.
+# "--composed --vocab-blocks 1024,4096 --modes standard,block"), PROFILE_SPLITS (a kernel profile per
+# split count, comma-separated, default 32; empty: none), ENGINE_MODELS, ENGINE_TOKENS.
 #
 # The GPU machine has torch, triton and transformers but no network: wheels of the other dependencies
 # (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, stevedore), downloaded
@@ -56,12 +57,13 @@ EOF
 } >>"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-stage sampler.txt "${SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
-    --vocab-splits "${SAMPLER_SPLITS:-1,8,32}" ${SAMPLER_ARGS:-}
+stage sampler.txt "${SAMPLER_SECONDS:-200}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
+    --vocab-splits "${SAMPLER_SPLITS:-32}" ${SAMPLER_ARGS---composed}
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
     ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
-[ -n "${PROFILE_SPLITS:-}" ] && for n in ${PROFILE_SPLITS//,/ }; do
+PROFILE=${PROFILE_SPLITS-32}
+[ -n "$PROFILE" ] && for n in ${PROFILE//,/ }; do
     stage "profile-x$n.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n"
 done
 stage engine.txt "${ENGINE_SECONDS:-$BUDGET}" $PY benchmarks/bench_engine_gpu.py --models "${ENGINE_MODELS:-smollm2-random,random-1b}" \
