@@ -78,6 +78,15 @@ def request_span(cu_ptr, b):  # -> (first draft index, number of drafts) of requ
 
 # --------------------------------------------------------------------------- uniforms
 @triton.jit
+def uniform_f64(seed, position, counter, STREAM: tl.constexpr):  # int64s -> float64 in [0, 1)
+    """``rng.uniform_f64``: 27 + 26 random bits of two hashed words, exact in float64."""
+    key = row_key(seed, position, STREAM)
+    hi = (random_u32(key, 2 * counter) >> 5).to(tl.int64)  # 27 bits
+    lo = (random_u32(key, 2 * counter + 1) >> 6).to(tl.int64)  # 26 bits
+    return ((hi << 26) | lo).to(tl.float64) * TWO_POW_M53
+
+
+@triton.jit
 def uniforms_kernel(
     seed_ptr,  # [M] int64
     pos_ptr,  # [M] int
@@ -98,11 +107,7 @@ def uniforms_kernel(
         seed = tl.load(seed_ptr + offs, mask=mask, other=0).to(tl.int64)
         pos = tl.load(pos_ptr + offs, mask=mask, other=0).to(tl.int64)
         ctr = tl.load(ctr_ptr + offs, mask=mask, other=0).to(tl.int64)
-        key = row_key(seed, pos, STREAM)
-        hi = (random_u32(key, 2 * ctr) >> 5).to(tl.int64)  # 27 bits
-        lo = (random_u32(key, 2 * ctr + 1) >> 6).to(tl.int64)  # 26 bits
-        bits = (hi << 26) | lo
-        tl.store(out_ptr + offs, bits.to(tl.float64) * TWO_POW_M53, mask=mask)
+        tl.store(out_ptr + offs, uniform_f64(seed, pos, ctr, STREAM), mask=mask)
 
 
 # --------------------------------------------------------------------------- argmax / greedy
@@ -214,12 +219,17 @@ def softmax_stats(src, t, start, end, V, BLOCK_V: tl.constexpr):  # -> (max, sum
     s = tl.zeros([], tl.float32)
     for v0 in range(start, end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        x = tl.math.div_rn(tl.load(src + offs, mask=offs < V, other=float("-inf")).to(tl.float32), t)
+        x = scaled_logits(src, offs, offs < V, t)
         new_m = tl.maximum(m, tl.max(x, axis=0))
-        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_m))
-        s = s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(e, axis=0)
+        s = online_sum(s, m, new_m, x)
         m = new_m
     return m, s
+
+
+@triton.jit
+def online_sum(s, m, new_m, x):  # -> the running sum-exp after one block x, the max moving m -> new_m
+    e = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_m))
+    return s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(e, axis=0)
 
 
 @triton.jit
@@ -227,10 +237,7 @@ def softmax_store(src, dst, t, m, s, start, end, V, BLOCK_V: tl.constexpr):
     """Write exp(x / t − m) / s for vocabulary ids [start, end) of one row."""
     for v0 in range(start, end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        mask = offs < V
-        x = tl.math.div_rn(tl.load(src + offs, mask=mask, other=float("-inf")).to(tl.float32), t)
-        e = tl.where(x == float("-inf"), 0.0, tl.exp(x - m))
-        tl.store(dst + offs, tl.math.div_rn(e, s), mask=mask)
+        tl.store(dst + offs, row_probs(src, offs, offs < V, t, m, s), mask=offs < V)
 
 
 @triton.jit
@@ -285,6 +292,7 @@ __all__ = [
     "greedy_fused_kernel",
     "greedy_verify_kernel",
     "mix32",
+    "online_sum",
     "random_u32",
     "request_span",
     "row_argmax",
@@ -295,6 +303,7 @@ __all__ = [
     "softmax_stats",
     "softmax_store",
     "temperature_softmax_kernel",
+    "uniform_f64",
     "uniforms_kernel",
     "vocab_uniform",
 ]

@@ -41,14 +41,14 @@ import triton
 import triton.language as tl
 
 from spec_backend.sampling.triton_kernels import (
-    TWO_POW_M53,
-    random_u32,
+    online_sum,
     request_span,
-    row_key,
+    row_probs,
     row_temperature,
     scaled_logits,
+    uniform_f64,
 )
-from spec_backend.sampling.triton_kernels_split import combined_race
+from spec_backend.sampling.triton_kernels_split import combine_stats, combined_race
 
 
 @triton.jit
@@ -111,8 +111,7 @@ def fused_stats_kernel(
             amax = tl.where(bm > m, v0 + bi, amax)
             new_m = tl.maximum(m, bm)
             if SAMPLED:
-                ez = tl.where(z == float("-inf"), 0.0, tl.exp(z - new_m))
-                s = s * tl.where(m == new_m, 1.0, tl.exp(m - new_m)) + tl.sum(ez, axis=0)
+                s = online_sum(s, m, new_m, z)  # softmax_stats' update
             m = new_m
         tl.store(max_ptr + item, m)
         tl.store(sum_ptr + item, s)
@@ -131,27 +130,17 @@ def entry_result(
     ok = parts < splits
     pm = tl.load(max_ptr + e * splits + parts, mask=ok, other=float("-inf"))
     ps = tl.load(sum_ptr + e * splits + parts, mask=ok, other=0.0)
-    m = tl.max(pm, axis=0)
-    s = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - m)), axis=0)  # softmax_normalise's
+    m, s = combine_stats(pm, ps)  # softmax_normalise_kernel's
     _, cm = tl.max(pm, axis=0, return_indices=True, return_indices_tie_break_left=True)
     amax = tl.load(amax_ptr + e * splits + cm).to(tl.int64)
     t = row_temperature(temp_ptr, req)
-    zx = scaled_logits(logits_ptr + row * stride, tl.maximum(x, 0), True, t)
-    px = tl.where(x >= 0, tl.math.div_rn(tl.where(zx == float("-inf"), 0.0, tl.exp(zx - m)), s), 0.0)
+    px = tl.where(x >= 0, row_probs(logits_ptr + row * stride, tl.maximum(x, 0), True, t, m, s), 0.0)
     rho = px.to(tl.float64)
     if HAS_Q:
         t_q = tl.minimum(e, T - 1).to(tl.int64)
         qx = tl.load(dprobs_ptr + t_q * dp_stride + tl.maximum(x, 0), mask=(x >= 0) & (e < T), other=0.0)
         rho = tl.where(rho > 0, rho / qx.to(tl.float64), 0.0)
     return row, x, px, rho, amax, m, s
-
-
-@triton.jit
-def accept_uniform(seed, position, counter, STREAM: tl.constexpr):  # -> float64, ``rng.uniform_f64``
-    key = row_key(seed, position, STREAM)
-    hi = (random_u32(key, 2 * counter) >> 5).to(tl.int64)
-    lo = (random_u32(key, 2 * counter + 1) >> 6).to(tl.int64)
-    return ((hi << 26) | lo).to(tl.float64) * TWO_POW_M53
 
 
 @triton.jit
@@ -226,7 +215,7 @@ def fused_decide_kernel(
             ok = g_alive & (x.to(tl.int64) == amax)  # the greedy chain
             g_count, g_amax, g_alive = g_count + ok.to(tl.int64), tl.where(ok, namax, g_amax), ok
             if SAMPLED:
-                u = accept_uniform(seed, pos, tl.zeros([], tl.int64) + j, ACCEPT)  # counter = slot
+                u = uniform_f64(seed, pos, tl.zeros([], tl.int64) + j, ACCEPT)  # counter = slot
                 weight, f_weight, r_alive, r_count, hit = sampled_step(
                     weight, f_weight, r_alive, r_count, rho, npx, j, n, u, BLOCK
                 )
@@ -276,7 +265,6 @@ def fused_output_kernel(
 
 
 __all__ = [
-    "accept_uniform",
     "block_hit",
     "entry_of",
     "entry_result",

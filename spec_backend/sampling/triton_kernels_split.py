@@ -81,12 +81,18 @@ def softmax_normalise_kernel(
         start = (item % splits) * chunk
         pm = tl.load(max_ptr + row * splits + parts, mask=parts < splits, other=float("-inf"))
         ps = tl.load(sum_ptr + row * splits + parts, mask=parts < splits, other=0.0)
-        m = tl.max(pm, axis=0)
-        s = tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - m)), axis=0)
+        m, s = combine_stats(pm, ps)
         src = logits_ptr + tl.cast(row, tl.int64) * l_stride
         dst = out_ptr + tl.cast(row, tl.int64) * o_stride
         t = row_temperature(temp_ptr, row)
         softmax_store(src, dst, t, m, s, start, tl.minimum(start + chunk, V), V, BLOCK_V)
+
+
+@triton.jit
+def combine_stats(pm, ps):  # chunk maxima, chunk sums [BLOCK_S] (-inf / 0 past the chunks) -> (max, sum)
+    """A row's (max, sum-exp) from its chunks', reduced in one fixed order (the same S wherever used)."""
+    m = tl.max(pm, axis=0)
+    return m, tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - m)), axis=0)
 
 
 # --------------------------------------------------------------------------- residual sampling
@@ -181,6 +187,7 @@ def split_plan(vocab: int, splits: int, block: int) -> tuple[int, int, int]:
 
 
 __all__ = [
+    "combine_stats",
     "combined_race",
     "residual_combine_kernel",
     "residual_partials_kernel",

@@ -85,9 +85,7 @@ def residual(
     if splits == 1:
         launch(_kv.sample_residual_kernel, count, *args, out, count, vocab, **flags)
         return out
-    keys = torch.empty(count * splits, 2, dtype=torch.float32, device=device)  # [R * splits, 2]
-    idx = torch.empty(count * splits, 2, dtype=torch.int32, device=device)  # [R * splits, 2]
-    any_w = torch.empty(count * splits, dtype=torch.int32, device=device)  # [R * splits]
+    keys, idx, any_w = _race_buffers(count * splits, device)  # [R * splits, 2], [R * splits, 2], [R * splits]
     launch(
         _ks.residual_partials_kernel, count * splits, *args, keys, idx, any_w, keys, count, vocab, splits,
         chunk, **flags, FROM_LOGITS=False,
