@@ -16,6 +16,7 @@ FLy rescue, window 2).
     python benchmarks/bench_sampler_bandwidth.py                        # on a GPU: the full grid
     python benchmarks/bench_sampler_bandwidth.py --modes standard,block+q --vocab-blocks 1024,4096
     python benchmarks/bench_sampler_bandwidth.py --modes standard,block+q --vocab-splits 1,8,32
+    python benchmarks/bench_sampler_bandwidth.py --modes standard --fused-blocks 512,1024,2048
     python benchmarks/bench_sampler_bandwidth.py --device cpu --quick   # dry path (torch only on CPU)
 
 Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` with its tuning, or each
@@ -182,10 +183,12 @@ def implementations(
     with_triton: bool,
     splits: list[int] | None = None,
     composed: bool = False,
+    fused_blocks: list[int] | None = None,
 ) -> dict[str, SamplerOps]:
-    """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared) per tile and split count;
-    with ``composed`` each also as ``.../composed``: the modes of the fused path verified by the composed ops
-    (softmax, scan, residual race) instead of the fused pass (``SamplerTuning.fused_verify=False``)."""
+    """``torch``, and ``triton/<block>`` (``x<splits>`` when rows are shared, ``f<tile>`` per swept
+    ``fused_blocks`` tile of the fused path) per tile and split count; with ``composed`` each also as
+    ``.../composed``: the modes of the fused path verified by the composed ops (softmax, scan, residual
+    race) instead of the fused pass (``SamplerTuning.fused_verify=False``)."""
     from spec_backend.sampling.torch_ops import TorchSamplerOps
 
     impls: dict[str, SamplerOps] = {"torch": TorchSamplerOps()}
@@ -200,7 +203,9 @@ def implementations(
         for split in splits or [tuning.vocab_splits]:
             cfg = replace(tuning, vocab_block=block, vocab_splits=split)
             name = f"triton/{block}" + (f"x{split}" if split > 1 else "")
-            impls[name] = TritonSamplerOps(cfg)
+            for tile in fused_blocks or [None]:
+                fused = name + (f"f{tile}" if tile else "")
+                impls[fused] = TritonSamplerOps(replace(cfg, fused_block=tile) if tile else cfg)
             if composed:
                 impls[name + "/composed"] = TritonSamplerOps(replace(cfg, fused_verify=False))
     return impls
@@ -273,6 +278,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--composed", action="store_true", help="also each triton variant without the fused verification"
     )
+    parser.add_argument(
+        "--fused-blocks", default="", help="comma-separated tiles of the fused verification to sweep"
+    )
     parser.add_argument("--iters", type=int, default=30)
     return parser
 
@@ -305,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         args.with_triton,
         [int(v) for v in args.vocab_splits.split(",") if v] or None,
         args.composed,
+        [int(b) for b in args.fused_blocks.split(",") if b] or None,
     )
     header = f"{'B':>4} {'K':>2} {'mode':<13} {'input MiB':>9} {'floor µs':>9}"
     names = [*impls, *(f"{n}/graph" for n in impls if graphs and n != "torch")]

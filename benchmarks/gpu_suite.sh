@@ -8,8 +8,9 @@
 # Knobs (environment): PYTEST_TARGETS (test paths), PYTEST_SECONDS, SAMPLER_SECONDS, ENGINE_SECONDS (0 skips a stage) cap the stages;
 # SAMPLER_ITERS, SAMPLER_SPLITS (vocab splits to sweep, default 32), SAMPLER_ARGS (more bench flags,
 # default "--composed": the fused verification beside the composed kernels in the same run; e.g.
-# "--composed --vocab-blocks 1024,4096 --modes standard,block"), PROFILE_SPLITS (a kernel profile per
-# split count, comma-separated, default 32; empty: none), ENGINE_MODELS, ENGINE_TOKENS.
+# "--composed --vocab-blocks 1024,4096 --modes standard,block"; "--fused-blocks 512,1024" sweeps the fused
+# path's tile), PROFILE_SPLITS (a kernel profile per split count, comma-separated, default 32; empty:
+# none), PROFILE_MODES (space-separated modes to profile, default "standard"), ENGINE_MODELS, ENGINE_TOKENS.
 #
 # The GPU machine has torch, triton and transformers but no network: wheels of the other dependencies
 # (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, stevedore), downloaded
@@ -64,7 +65,9 @@ stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -
     ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
 PROFILE=${PROFILE_SPLITS-32}
 [ -n "$PROFILE" ] && for n in ${PROFILE//,/ }; do
-    stage "profile-x$n.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n"
+    for mode in ${PROFILE_MODES:-standard}; do
+        stage "profile-x$n-$mode.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n" --mode "$mode"
+    done
 done
 stage engine.txt "${ENGINE_SECONDS:-$BUDGET}" $PY benchmarks/bench_engine_gpu.py --models "${ENGINE_MODELS:-smollm2-random,random-1b}" \
     --max-tokens "${ENGINE_TOKENS:-64}"
