@@ -5,7 +5,9 @@ Prompt sets (chat template, ``--max-tokens`` new tokens, ``--n`` prompts each), 
 * ``code-edit`` — the e2e benchmark's copy-heavy prompts (n-gram drafting's home ground);
 * ``chat`` — handwritten open questions whose answers copy nothing from the prompt;
 * ``instruct`` — instruction prompts on the topics held out of training (``training.prompts``);
-* ``source`` — the user turns of corpus chats from files held out of training (``training.corpus``).
+* ``source`` — the user turns of corpus chats from files held out of training (``training.corpus``);
+* ``instruct-trained`` (only when named in ``--sets``) — instruction prompts on the *training* topics:
+  against ``instruct`` it separates what the head failed to learn from what it fails to generalise.
 
 Tables (one engine per system, a warm-up request first, wall time over new tokens):
 
@@ -40,6 +42,11 @@ CHAT = [
     "Suggest a name for a friendly robot and explain why.",
     "How do I stay motivated when learning a new language?",
 ]
+
+
+#: the default prompt sets, none trained on; ``TRAINED`` is the control set drawn from the training topics
+SETS = ("code-edit", "chat", "instruct", "source")
+TRAINED = "instruct-trained"
 
 
 @dataclass
@@ -146,7 +153,7 @@ def sampled_table(llms: dict[str, Any], sets: dict[str, list[str]], max_tokens: 
     print(f"\ntemperature 0.8 (seeds 7..{6 + seeds}), batch 1, sampled drafts\n")
     print("| set | system | tok/s | vs plain | acceptance length | per-seed sd | per position |")
     print("|---|---|---:|---:|---:|---:|---|")
-    for set_name in ("chat", "instruct"):
+    for set_name in [name for name in ("chat", "instruct") if name in sets]:
         runs: dict[str, list[Result]] = {}
         for name in ("plain", "eagle3 K=3 standard", "eagle3 K=3 block"):
             runs[name] = [
@@ -178,7 +185,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--n", type=int, default=8, help="prompts per set")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=3, help="seeded runs per prompt at temperature 0.8")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="seeded runs per prompt at temperature 0.8 (0: no such table)"
+    )
+    parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, from {[*SETS, TRAINED]}")
     parser.add_argument(
         "--head-quantization",
         default="int4",
@@ -197,19 +207,26 @@ def main() -> None:
     ks = sorted({int(k) for k in args.ks.split(",")} | {3})
     quantization = None if args.head_quantization == "none" else args.head_quantization
     llms = engines(args.head, ks, quantization)
-    sets = {
-        "code-edit": code_edit_prompts(args.n),
-        "chat": CHAT[: args.n],
-        "instruct": instruction_prompts(held_out=True)[: args.n],
-        "source": source_prompts(args.n),
+    chosen = args.sets.split(",")
+    unknown = sorted(set(chosen) - {*SETS, TRAINED})
+    if unknown:
+        parser.error(f"unknown --sets {unknown}; allowed: {[*SETS, TRAINED]}")
+    makers = {
+        "code-edit": lambda: code_edit_prompts(args.n),
+        "chat": lambda: CHAT[: args.n],
+        "instruct": lambda: instruction_prompts(held_out=True)[: args.n],
+        "source": lambda: source_prompts(args.n),
+        TRAINED: lambda: instruction_prompts(held_out=False)[: args.n],
     }
+    sets = {name: makers[name]() for name in chosen}
     print(
         f"SmolLM2-135M-Instruct (bundled GGUF; Q4_1 layers packed as int4 unless SPEC_BACKEND_INT4=0), "
         f"head {args.head} ({args.head_quantization} weights), {args.max_tokens} new tokens, "
         f"{args.n} prompts per set, {args.threads} threads, torch {torch.__version__}"
     )
     greedy_tables(llms, sets, args.max_tokens)
-    sampled_table(llms, sets, args.max_tokens, args.seeds)
+    if args.seeds > 0:
+        sampled_table(llms, sets, args.max_tokens, args.seeds)
 
 
 if __name__ == "__main__":
