@@ -45,6 +45,7 @@ class TrainConfig:
     norm_before_fc: bool = False  # an RMSNorm over the concatenated features before ``fc``
     init_from_target: bool = False  # start from the target layer that reads the last aux feature
     bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
+    init_head: str | None = None  # a trained head's folder (speculators format) to continue training from
 
 
 @torch.no_grad()
@@ -114,6 +115,31 @@ def lr_factor(total_steps: int, warmup: int = 20) -> Callable[[int], float]:
     return factor
 
 
+@torch.no_grad()
+def load_head_weights(head: Eagle3Head, folder: str, d2t: torch.Tensor) -> None:
+    """Start ``head`` from the weights of a head this trainer saved (``model.safetensors`` in
+    ``folder``): every tensor the head trains must be there with its shape, and the draft vocabulary
+    (``d2t``) must be this run's — another vocabulary would put each LM-head row on another token."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"init_head: no model.safetensors in {folder!r} (a speculators-format head)")
+    saved = load_file(path)
+    if "d2t" not in saved or not torch.equal(saved["d2t"].to(torch.int64), d2t.to(torch.int64)):
+        raise ValueError(
+            f"init_head {folder!r} has another draft vocabulary than this run's ({d2t.numel()} ids from "
+            "this training data): train it with the same --draft-vocab and data, or start afresh"
+        )
+    own = {n: t for n, t in head.state_dict().items() if not n.startswith("embed.")}
+    wrong = [f"{n} {tuple(saved[n].shape)} (head {tuple(t.shape)})" for n, t in own.items()
+             if n in saved and saved[n].shape != t.shape]  # fmt: skip
+    missing = sorted(set(own) - set(saved))
+    if wrong or missing:
+        raise ValueError(f"init_head {folder!r} does not fit this head: missing {missing}, shapes {wrong}")
+    head.load_state_dict({n: saved[n].to(t.dtype) for n, t in own.items()}, strict=False)
+
+
 class Eagle3Trainer:
     """Trains one EAGLE-3 head for the target at ``target_dir`` (float32, on the target's device)."""
 
@@ -151,6 +177,8 @@ class Eagle3Trainer:
             head.d2t.copy_(config.d2t)
         if config.init_from_target:
             copy_target_layer(self.head, self.target, config.aux_layer_ids[-1])
+        if config.init_head is not None:
+            load_head_weights(self.head, config.init_head, config.d2t)
         self.head.target_ids = self.ids
         layers = int(text.num_hidden_layers)
         ids = config.state_ids or (*config.aux_layer_ids, layers)
@@ -297,4 +325,12 @@ class Eagle3Trainer:
         return out_dir
 
 
-__all__ = ["Eagle3Trainer", "TrainConfig", "copy_target_layer", "epoch_order", "lr_factor", "ttt_mask"]
+__all__ = [
+    "Eagle3Trainer",
+    "TrainConfig",
+    "copy_target_layer",
+    "epoch_order",
+    "load_head_weights",
+    "lr_factor",
+    "ttt_mask",
+]

@@ -42,6 +42,7 @@ class PipelineConfig:
     chat_tokens: int = 160
     bf16: bool = True
     init_from_target: bool = True
+    init_head: str | None = None  # continue from a trained head (speculators folder, same draft vocabulary)
 
 
 def _target_sizes(target: str) -> tuple[int, int]:
@@ -160,6 +161,7 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
         steps,
         init_from_target=config.init_from_target,
         bf16=config.bf16,
+        init_head=config.init_head,
     )
     trainer = Eagle3Trainer(config.target, settings)
     state_path = os.path.join(config.work_dir, f"trainer-{_training_key(config)}.pt")
@@ -172,7 +174,16 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
 
 
 DATA_FIELDS = ("target", "num_sequences", "max_len", "seed", "packages", "chats", "chat_tokens", "prompts")
-TRAINING_FIELDS = ("draft_vocab_size", "ttt_steps", "epochs", "lr", "seed", "bf16", "init_from_target")
+TRAINING_FIELDS = (
+    "draft_vocab_size",
+    "ttt_steps",
+    "epochs",
+    "lr",
+    "seed",
+    "bf16",
+    "init_from_target",
+    "init_head",
+)
 
 
 def _prepare_work(config: PipelineConfig) -> None:
@@ -238,6 +249,12 @@ def add_parser(sub: Any) -> None:
         help="start the head as the target layer that reads the last auxiliary feature",
     )
     p.add_argument("--chat-tokens", type=int, default=160, help="longest answer to one instruction prompt")
+    p.add_argument(
+        "--init-head",
+        default=None,
+        help="continue from a head this command wrote (its --out folder; same --draft-vocab and data): "
+        "--epochs more epochs with a fresh schedule from --lr",
+    )
     p.set_defaults(func=_cmd)
 
 
@@ -257,6 +274,7 @@ def _cmd(args: argparse.Namespace) -> int:
         chat_tokens=args.chat_tokens,
         bf16=args.bf16,
         init_from_target=args.init_from_target,
+        init_head=args.init_head,
     )
     print(f"wrote {run(config)}")
     return 0

@@ -158,3 +158,32 @@ def test_a_head_started_from_the_target_reproduces_the_targets_next_layer(
         assert close == expected_close
     with pytest.raises(ValueError, match="copy_target_layer needs fc"):
         Eagle3Trainer(target, TrainConfig(AUX, d2t, t2d, norm_before_fc=True, init_from_target=True))
+
+
+def test_training_continues_from_a_saved_head(
+    pipeline: tuple[str, list[str], list[list[int]]], tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    target, files, _ = pipeline
+    d2t, t2d = draft_vocabulary(torch.arange(128), 96)
+    config = TrainConfig(AUX, d2t, t2d, ttt_steps=1, lr=3e-3, seed=0)
+    trained = Eagle3Trainer(target, config)
+    trained.train(files[:4], epochs=1)
+    folder = trained.save(str(tmp_path / "head"))  # float32: the weights come back exactly
+
+    def weights(trainer: Eagle3Trainer) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in trainer.head.state_dict().items() if not n.startswith("embed.")}
+
+    resumed, fresh = (
+        weights(Eagle3Trainer(target, replace(config, init_head=folder))),
+        weights(Eagle3Trainer(target, config)),
+    )
+    want = weights(trained)
+    assert resumed.keys() == want.keys() and all(torch.equal(resumed[n], want[n]) for n in want)
+    assert not all(torch.equal(fresh[n], want[n]) for n in want)  # negative control: training moved them
+    other, _ = draft_vocabulary(torch.arange(128).flip(0), 96)  # the 96 lowest ids
+    with pytest.raises(ValueError, match="another draft vocabulary"):
+        Eagle3Trainer(target, replace(config, d2t=other, init_head=folder))
+    with pytest.raises(FileNotFoundError, match=r"no model\.safetensors"):
+        Eagle3Trainer(target, replace(config, init_head=str(tmp_path)))
