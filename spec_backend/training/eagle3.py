@@ -115,6 +115,11 @@ def lr_factor(total_steps: int, warmup: int = 20) -> Callable[[int], float]:
     return factor
 
 
+def head_tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """The head's own state (the target's shared embedding left out): what is saved and restored."""
+    return {n: t for n, t in head.state_dict().items() if not n.startswith("embed.")}
+
+
 @torch.no_grad()
 def load_head_weights(head: Eagle3Head, folder: str, d2t: torch.Tensor) -> None:
     """Start ``head`` from the weights of a head this trainer saved (``model.safetensors`` in
@@ -131,7 +136,7 @@ def load_head_weights(head: Eagle3Head, folder: str, d2t: torch.Tensor) -> None:
             f"init_head {folder!r} has another draft vocabulary than this run's ({d2t.numel()} ids from "
             "this training data): train it with the same --draft-vocab and data, or start afresh"
         )
-    own = {n: t for n, t in head.state_dict().items() if not n.startswith("embed.")}
+    own = head_tensors(head)
     wrong = [f"{n} {tuple(saved[n].shape)} (head {tuple(t.shape)})" for n, t in own.items()
              if n in saved and saved[n].shape != t.shape]  # fmt: skip
     missing = sorted(set(own) - set(saved))
@@ -175,10 +180,10 @@ class Eagle3Trainer:
             head.lm_head.weight.copy_(self.target.get_output_embeddings().weight[self.ids])
             head.norm.weight.copy_(self._final_norm().weight)
             head.d2t.copy_(config.d2t)
-        if config.init_from_target:
-            copy_target_layer(self.head, self.target, config.aux_layer_ids[-1])
-        if config.init_head is not None:
+        if config.init_head is not None:  # every trained tensor comes from the head: no layer to copy
             load_head_weights(self.head, config.init_head, config.d2t)
+        elif config.init_from_target:
+            copy_target_layer(self.head, self.target, config.aux_layer_ids[-1])
         self.head.target_ids = self.ids
         layers = int(text.num_hidden_layers)
         ids = config.state_ids or (*config.aux_layer_ids, layers)
@@ -272,7 +277,7 @@ class Eagle3Trainer:
 
     def checkpoint(self, path: str, epoch: int) -> None:
         """Save the head (without the target's embedding) and the optimiser after ``epoch`` epochs."""
-        head = {n: t for n, t in self.head.state_dict().items() if not n.startswith("embed.")}
+        head = head_tensors(self.head)
         optimizer, scheduler = self.optimizer.state_dict(), self.scheduler.state_dict()
         torch.save({"head": head, "optimizer": optimizer, "scheduler": scheduler, "epoch": epoch}, path)
 
@@ -294,8 +299,7 @@ class Eagle3Trainer:
         os.makedirs(out_dir, exist_ok=True)
         tensors = {
             n: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous()
-            for n, t in self.head.state_dict().items()
-            if not n.startswith("embed.")
+            for n, t in head_tensors(self.head).items()
         }
         tensors["t2d"] = self.config.t2d.clone()
         save_file(tensors, os.path.join(out_dir, "model.safetensors"))
@@ -330,6 +334,7 @@ __all__ = [
     "TrainConfig",
     "copy_target_layer",
     "epoch_order",
+    "head_tensors",
     "load_head_weights",
     "lr_factor",
     "ttt_mask",

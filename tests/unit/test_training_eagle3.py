@@ -22,7 +22,14 @@ from engine_fixtures import one_thread  # noqa: F401 - autouse
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.training.data import extract
-from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, epoch_order, lr_factor, ttt_mask
+from spec_backend.training.eagle3 import (
+    Eagle3Trainer,
+    TrainConfig,
+    epoch_order,
+    head_tensors,
+    lr_factor,
+    ttt_mask,
+)
 from spec_backend.training.vocab import draft_vocabulary
 
 AUX = (1, 2, 3)
@@ -172,14 +179,9 @@ def test_training_continues_from_a_saved_head(
     trained.train(files[:4], epochs=1)
     folder = trained.save(str(tmp_path / "head"))  # float32: the weights come back exactly
 
-    def weights(trainer: Eagle3Trainer) -> dict[str, torch.Tensor]:
-        return {n: t for n, t in trainer.head.state_dict().items() if not n.startswith("embed.")}
-
-    resumed, fresh = (
-        weights(Eagle3Trainer(target, replace(config, init_head=folder))),
-        weights(Eagle3Trainer(target, config)),
-    )
-    want = weights(trained)
+    resumed = head_tensors(Eagle3Trainer(target, replace(config, init_head=folder)).head)
+    fresh = head_tensors(Eagle3Trainer(target, config).head)
+    want = head_tensors(trained.head)
     assert resumed.keys() == want.keys() and all(torch.equal(resumed[n], want[n]) for n in want)
     assert not all(torch.equal(fresh[n], want[n]) for n in want)  # negative control: training moved them
     other, _ = draft_vocabulary(torch.arange(128).flip(0), 96)  # the 96 lowest ids
