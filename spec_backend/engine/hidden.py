@@ -98,5 +98,11 @@ class HiddenCapture:
         aux = torch.stack([rows(f"aux{i}") for i in ids], dim=1) if ids else None  # [N, n, H]
         return final, aux
 
+    def padded(self) -> torch.Tensor:  # [B, Q, n_aux, H]
+        """This forward's aux states for every row of the padded batch (a trainer reads whole
+        sequences, not the engine's valid rows)."""
+        store, self._store = self._store, {}
+        return torch.stack([store[f"aux{i}"] for i in self.request.aux_layer_ids], dim=2)
+
 
 __all__ = ["HiddenCapture", "decoder_layers", "decoder_of"]

@@ -145,17 +145,24 @@ def load_head_weights(head: Eagle3Head, folder: str, d2t: torch.Tensor) -> None:
     head.load_state_dict({n: saved[n].to(t.dtype) for n, t in own.items()}, strict=False)
 
 
-class Eagle3Trainer:
-    """Trains one EAGLE-3 head for the target at ``target_dir`` (float32, on the target's device)."""
+def _batched(tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence (``[T]``, ``[T, n, H]``) as a batch of one; a batch (``[B, T]``, ...) unchanged."""
+    return (tokens[None], hidden[None]) if tokens.dim() == 1 else (tokens, hidden)
 
-    def __init__(self, target_dir: str, config: TrainConfig) -> None:
+
+class Eagle3Trainer:
+    """Trains one EAGLE-3 head for the target at ``target_dir``: loaded float32 on the CPU, or the
+    already loaded ``target`` (any dtype and device; the head trains in float32 on its device)."""
+
+    def __init__(self, target_dir: str, config: TrainConfig, target: Any | None = None) -> None:
         from spec_backend.engine.loader import load_model, resolve_model
 
         torch.manual_seed(config.seed)
         self.target_dir, self.config = target_dir, config
-        self.target: Any = load_model(
-            resolve_model(target_dir), "sdpa", torch.float32, torch.device("cpu")
-        ).eval()
+        if target is None:
+            target = load_model(resolve_model(target_dir), "sdpa", torch.float32, torch.device("cpu"))
+        self.target: Any = target.eval()
+        self.device: torch.device = next(self.target.parameters()).device
         text = self.target.config.get_text_config()
         layer = copy.deepcopy(text)
         layer.num_hidden_layers = 1
@@ -173,8 +180,8 @@ class Eagle3Trainer:
         )
         embed = self.target.get_input_embeddings()
         embed.weight.requires_grad_(False)
-        self.head = Eagle3Head(spec, embed, None)
-        self.ids = torch.arange(config.d2t.numel()) + config.d2t  # [Vd] target ids
+        self.head = Eagle3Head(spec, embed, None).to(self.device)
+        self.ids = (torch.arange(config.d2t.numel()) + config.d2t).to(self.device)  # [Vd] target ids
         head: Any = self.head
         with torch.no_grad():  # start from the target's own LM head rows and final norm
             head.lm_head.weight.copy_(self.target.get_output_embeddings().weight[self.ids])
@@ -194,9 +201,15 @@ class Eagle3Trainer:
         self.columns = ([ids.index(i) for i in config.aux_layer_ids], ids.index(layers))
         params = [p for n, p in self.head.named_parameters() if not n.startswith("embed.")]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.total_steps))
+        self._factor = lr_factor(config.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._factor(s))
         # [Vd, H] the target's LM-head rows of the draft vocabulary (the teacher needs no other logits)
-        self.teacher_rows = self.target.get_output_embeddings().weight[self.ids].detach()
+        self.teacher_rows = self.target.get_output_embeddings().weight[self.ids].detach().float()
+
+    def reschedule(self, total_steps: int) -> None:
+        """Plan the cosine decay for ``total_steps`` optimiser steps from now on (the steps already taken
+        keep counting): a run with a time budget sets it once it has measured its speed."""
+        self._factor = lr_factor(total_steps)
 
     def _final_norm(self) -> Any:
         from spec_backend.engine.hidden import decoder_of
@@ -205,47 +218,63 @@ class Eagle3Trainer:
 
     @torch.no_grad()
     def teacher(self, last: torch.Tensor) -> torch.Tensor:  # [T, H] pre-norm -> [T, Vd] probabilities
-        with torch.autocast("cpu", enabled=False):  # float32 targets, also under bf16 training
-            logits = torch.nn.functional.linear(self._final_norm()(last), self.teacher_rows)  # [T, Vd]
-        return torch.softmax(logits.float(), dim=-1)
+        with torch.autocast(self.device.type, enabled=False):  # float32 targets, also under bf16 training
+            logits = torch.nn.functional.linear(self._final_norm()(last).float(), self.teacher_rows)
+        return torch.softmax(logits, dim=-1)  # [..., Vd]
 
     def unroll(self, tokens: torch.Tensor, hidden: torch.Tensor) -> Iterator[torch.Tensor]:
-        """The head's draft logits ``[T, Vd]`` at each TTT step for one sequence (``tokens [T]``,
-        ``hidden [T, n, H]``, columns ``state_ids``): row ``t`` of step ``j`` predicts token
-        ``t + 2 + j``; each step reads the previous step's outputs and argmax drafts."""
+        """The head's draft logits ``[B, T, Vd]`` at each TTT step for sequences ``tokens [B, T]``
+        (or one, ``[T]``) with ``hidden [B, T, n, H]`` (columns ``state_ids``): row ``t`` of step ``j``
+        predicts token ``t + 2 + j``; each step reads the previous step's outputs and argmax drafts.
+        Right padding is harmless: a row sees no later row of step 0 and only itself in later steps."""
         from transformers import DynamicCache
 
-        length = tokens.numel()
+        tokens, hidden = _batched(tokens, hidden)
+        batch, length = tokens.shape
         aux, _ = self.columns
-        g = self.head.combine(hidden[:, aux].flatten(1).float())[None]  # [1, T, H]
-        ids = torch.cat([tokens[1:], tokens[-1:]])[None]  # [1, T] row t reads token t + 1
-        positions = torch.arange(length)[None]  # [1, T]
+        g = self.head.combine(hidden[:, :, aux].flatten(2).float())  # [B, T, H]
+        ids = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)  # [B, T] row t reads token t + 1
+        positions = torch.arange(length, device=tokens.device).expand(batch, length)  # [B, T]
         cache = DynamicCache()
         for step in range(self.config.ttt_steps):
-            g = self.head(ids, g, positions + step, cache, None, attention_mask=ttt_mask(length, step))
-            logits = self.head.draft_logits(g[0])  # [T, Vd] float
+            mask = ttt_mask(length, step, tokens.device)
+            g = self.head(ids, g, positions + step, cache, None, attention_mask=mask)
+            logits = self.head.draft_logits(g)  # [B, T, Vd] float
             yield logits
-            ids = self.ids[logits.argmax(-1)][None]  # the head's own drafts, as target ids
+            ids = self.ids[logits.argmax(-1)]  # [B, T] the head's own drafts, as target ids
 
-    def loss(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Mean TTT loss of one sequence: ``tokens [T]``, ``hidden [T, n, H]`` (columns: ``state_ids``)."""
-        length, steps = tokens.numel(), self.config.ttt_steps
-        if length < steps + 2:
-            raise ValueError(f"a training sequence needs at least {steps + 2} tokens, got {length}")
-        teacher = self.teacher(hidden[:, self.columns[1]].float())  # [T, Vd]
-        total = torch.zeros(())
+    def loss(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Mean TTT loss of one sequence (``tokens [T]``, ``hidden [T, n, H]``, columns ``state_ids``)
+        or of a right-padded batch (``[B, T]``, ``[B, T, n, H]``, true ``lengths [B]``): the mean over
+        steps and sequences of each sequence's mean KL over its rows."""
+        tokens, hidden = _batched(tokens, hidden)
+        steps, length = self.config.ttt_steps, tokens.shape[1]
+        if lengths is None:
+            lengths = torch.full((tokens.shape[0],), length, device=tokens.device)
+        if int(lengths.min()) < steps + 2:
+            raise ValueError(
+                f"a training sequence needs at least {steps + 2} tokens, got {int(lengths.min())}"
+            )
+        teacher = self.teacher(hidden[:, :, self.columns[1]])  # [B, T, Vd]
+        rows = torch.arange(length, device=tokens.device)  # [T]
+        total = torch.zeros((), device=tokens.device)
         for step, logits in enumerate(self.unroll(tokens, hidden)):
-            log_q = torch.log_softmax(logits, dim=-1)  # [T, Vd]
-            rows = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
-            p = teacher[1 + step :]  # [rows, Vd]
-            total = total + (p * (torch.log(p.clamp_min(1e-30)) - log_q[:rows])).sum(-1).mean()
+            log_q = torch.log_softmax(logits, dim=-1)  # [B, T, Vd]
+            span = length - 1 - step  # row t predicts token t + 2 + step: teacher row t + 1 + step
+            p = teacher[:, 1 + step :]  # [B, span, Vd]
+            kl = (p * (torch.log(p.clamp_min(1e-30)) - log_q[:, :span])).sum(-1)  # [B, span]
+            valid = rows[None, :span] < (lengths[:, None] - 1 - step)  # [B, span]
+            kl = torch.where(valid, kl, 0.0)
+            total = total + (kl.sum(1) / valid.sum(1)).mean()
         return total / steps
 
-    def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> float:
-        """One optimiser step on one sequence; returns its loss."""
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor | None = None) -> float:
+        """One optimiser step on one sequence or a padded batch (``loss``); returns its loss."""
         self.optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.bf16):
-            loss = self.loss(tokens, hidden)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            loss = self.loss(tokens, hidden, lengths)
         loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
         self.scheduler.step()
@@ -285,7 +314,7 @@ class Eagle3Trainer:
         """Load a ``checkpoint`` if ``path`` exists; returns the epochs it had completed (0 if none)."""
         if not os.path.exists(path):
             return 0
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location=self.device)
         self.head.load_state_dict(state["head"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         if "scheduler" in state:
@@ -298,7 +327,7 @@ class Eagle3Trainer:
 
         os.makedirs(out_dir, exist_ok=True)
         tensors = {
-            n: (t.to(dtype) if t.is_floating_point() else t).detach().contiguous()
+            n: (t.to(dtype) if t.is_floating_point() else t).detach().cpu().contiguous()
             for n, t in head_tensors(self.head).items()
         }
         tensors["t2d"] = self.config.t2d.clone()

@@ -227,7 +227,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target from offline text")
     p.add_argument("--target", default="smollm2", help="target model (folder, GGUF or smollm2)")
     p.add_argument("--out", required=True, help="output folder (speculators format)")
-    p.add_argument("--work", required=True, help="working folder (extracted states, checkpoints; resumable)")
+    p.add_argument(
+        "--work", help="working folder (extracted states, checkpoints; resumable); not with --online"
+    )
     p.add_argument("--sequences", type=int, default=0, help="chats cut from installed packages' sources")
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size")
@@ -235,7 +237,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (cosine decay to a tenth)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chats", type=int, default=6000, help="instruction prompts the target answers")
+    p.add_argument(
+        "--chats",
+        type=int,
+        default=6000,
+        help="instruction prompts the target answers (--online: of the variants; 0: all)",
+    )
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
@@ -255,10 +262,39 @@ def add_parser(sub: Any) -> None:
         help="continue from a head this command wrote (its --out folder; same --draft-vocab and data): "
         "--epochs more epochs with a fresh schedule from --lr",
     )
+    online = p.add_argument_group(
+        "online (training.online: answers and states in the training process, batched)"
+    )
+    online.add_argument("--online", action="store_true", help="no work folder: for a GPU (--device cuda)")
+    online.add_argument("--device", default="cpu", help="where the target and the head run")
+    online.add_argument("--variants", type=int, default=4, help="dressings of each instruction prompt")
+    online.add_argument("--samples", type=int, default=1, help="sampled answers per prompt besides greedy")
+    online.add_argument("--batch", type=int, default=64, help="sequences per optimiser step")
+    online.add_argument("--gen-batch", type=int, default=1024, help="prompts answered at once")
+    online.add_argument("--answers", default=None, help="also keep the answers trained on in this file")
+    online.add_argument("--budget", type=float, default=0.0, help="wall-clock seconds for the run (0: none)")
     p.set_defaults(func=_cmd)
 
 
+def _cmd_online(args: argparse.Namespace) -> int:
+    from spec_backend.training.online import OnlineConfig
+    from spec_backend.training.online import run as run_online
+
+    config = OnlineConfig(
+        args.target, args.out, args.device, prompts=args.chats, variants=args.variants, samples=args.samples,
+        answer_tokens=args.chat_tokens, batch=args.batch, epochs=args.epochs, lr=args.lr,
+        draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt, seed=args.seed, budget_s=args.budget,
+        max_len=args.max_len, gen_batch=args.gen_batch, answers_path=args.answers,
+    )  # fmt: skip
+    print(f"wrote {run_online(config)}")
+    return 0
+
+
 def _cmd(args: argparse.Namespace) -> int:
+    if args.online:
+        return _cmd_online(args)
+    if args.work is None:
+        raise ValueError("train-eagle3 needs --work (the folder for extracted states), or --online")
     config = PipelineConfig(
         args.target,
         args.out,

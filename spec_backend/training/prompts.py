@@ -183,17 +183,19 @@ def _held_out(subject: str) -> bool:
     return _hash(subject) % 10 == 0
 
 
-def _dressed(prompt: str) -> str:
-    """The prompt with an opening and a closing chosen by its hash (most get neither)."""
-    h = _hash(prompt)
+def _dressed(prompt: str, variant: int = 0) -> str:
+    """The prompt with an opening and a closing chosen by its hash (most get neither); ``variant``
+    ``k > 0`` draws another pair by the hash of the prompt and ``k``."""
+    h = _hash(prompt if variant == 0 else f"{prompt}#{variant}")
     return OPENINGS[h % len(OPENINGS)] + prompt + CLOSINGS[(h // len(OPENINGS)) % len(CLOSINGS)]
 
 
-def prompt_items(held_out: bool = False) -> list[tuple[str, str]]:
+def prompt_items(held_out: bool = False, variant: int = 0) -> list[tuple[str, str]]:
     """``(subject, prompt)`` for every family's templates crossed with its subjects of one split, in a
-    stable shuffled order (a hash of the prompt), so the first ``n`` already mix families and phrasings."""
+    stable shuffled order (a hash of the prompt), so the first ``n`` already mix families and phrasings.
+    ``variant`` picks the openings and closings (0: the prompts every release has asked)."""
     items = [
-        (subject, _dressed(template.format(s=subject)))
+        (subject, _dressed(template.format(s=subject), variant))
         for templates, subjects in FAMILIES.values()
         for subject in subjects
         if _held_out(subject) == held_out
@@ -207,4 +209,15 @@ def instruction_prompts(held_out: bool = False) -> list[str]:
     return [prompt for _, prompt in prompt_items(held_out)]
 
 
-__all__ = ["FAMILIES", "instruction_prompts", "prompt_items"]
+def prompt_variants(variants: int, held_out: bool = False) -> list[str]:
+    """``instruction_prompts`` followed by their ``variants - 1`` other dressings, each prompt once
+    (a dressing drawn twice, or a prompt that gets no opening or closing again, is not repeated)."""
+    if variants < 1:
+        raise ValueError(f"variants must be at least 1, got {variants}")
+    seen: dict[str, None] = {}
+    for variant in range(variants):
+        seen.update(dict.fromkeys(prompt for _, prompt in prompt_items(held_out, variant)))
+    return list(seen)
+
+
+__all__ = ["FAMILIES", "instruction_prompts", "prompt_items", "prompt_variants"]
