@@ -58,6 +58,19 @@ class OnlineConfig:
     max_len: int = 512
     answers_path: str | None = None  # where to keep the answers trained on (safetensors), if anywhere
 
+    def __post_init__(self) -> None:
+        counts = {"variants": self.variants, "answer_tokens": self.answer_tokens, "gen_batch": self.gen_batch,
+                  "batch": self.batch, "epochs": self.epochs, "draft_vocab_size": self.draft_vocab_size,
+                  "ttt_steps": self.ttt_steps, "max_len": self.max_len}  # fmt: skip
+        low = [f"{k} must be at least 1, got {v}" for k, v in counts.items() if v < 1]
+        low += [f"{k} must be at least 0, got {v}" for k, v in
+                (("prompts", self.prompts), ("samples", self.samples), ("eval_prompts", self.eval_prompts),
+                 ("budget_s", self.budget_s)) if v < 0]  # fmt: skip
+        if not 0 < self.answer_share <= 1:
+            low.append(f"answer_share must be in (0, 1], got {self.answer_share}")
+        if low:
+            raise ValueError("; ".join(low))
+
 
 def encode_chats(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
     """Each prompt as one user turn through the chat template (unchanged without one), tokenized as the

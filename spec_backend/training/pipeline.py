@@ -273,6 +273,9 @@ def add_parser(sub: Any) -> None:
     online.add_argument("--gen-batch", type=int, default=1024, help="prompts answered at once")
     online.add_argument("--answers", default=None, help="also keep the answers trained on in this file")
     online.add_argument("--budget", type=float, default=0.0, help="wall-clock seconds for the run (0: none)")
+    online.add_argument(
+        "--answer-share", type=float, default=0.4, help="of the budget, for answering at most"
+    )
     p.set_defaults(func=_cmd)
 
 
@@ -285,6 +288,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
         answer_tokens=args.chat_tokens, batch=args.batch, epochs=args.epochs, lr=args.lr,
         draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt, seed=args.seed, budget_s=args.budget,
         max_len=args.max_len, gen_batch=args.gen_batch, answers_path=args.answers,
+        answer_share=args.answer_share,
     )  # fmt: skip
     print(f"wrote {run_online(config)}")
     return 0

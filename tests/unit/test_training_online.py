@@ -193,3 +193,12 @@ def test_the_step_plan_follows_the_pace_after_a_slow_start(monkeypatch: pytest.M
     assert trainer.plans[0] == 5000 and trainer.plans[1] < 200  # planned from the slow start at step 25
     assert 700 < len(losses) < 1000  # then from the real pace: ~25 + (100 - 32.5) / 0.1 steps
     assert trainer.plans[-1] - 1 <= len(losses) <= trainer.plans[-1]  # (or the deadline, one step early)
+
+
+def test_bad_settings_are_refused_with_the_value_and_what_is_allowed() -> None:
+    with pytest.raises(
+        ValueError, match=r"batch must be at least 1, got 0; samples must be at least 0, got -1"
+    ):
+        online.OnlineConfig("t", "o", batch=0, samples=-1)
+    with pytest.raises(ValueError, match=r"answer_share must be in \(0, 1\], got 1.5"):
+        online.OnlineConfig("t", "o", answer_share=1.5)
