@@ -46,6 +46,7 @@ class TrainConfig:
     init_from_target: bool = False  # start from the target layer that reads the last aux feature
     bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
     init_head: str | None = None  # a trained head's folder (speculators format) to continue training from
+    qat_int4: bool = False  # train through the int4 drafter's weight rounding (``training.quant``)
 
 
 @torch.no_grad()
@@ -272,10 +273,13 @@ class Eagle3Trainer:
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor | None = None) -> float:
         """One optimiser step on one sequence or a padded batch (``loss``); returns its loss."""
+        from spec_backend.training.quant import int4_linears, int4_weights
+
         self.optimizer.zero_grad()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
-            loss = self.loss(tokens, hidden, lengths)
-        loss.backward()  # type: ignore[no-untyped-call]
+        with int4_weights(int4_linears(self.head) if self.config.qat_int4 else []):  # QAT: round-trip weights
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+                loss = self.loss(tokens, hidden, lengths)
+            loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
         self.scheduler.step()
         return float(loss.detach())

@@ -17,7 +17,8 @@ Glossary:
         schedule ends in time. With a budget the amount of data and steps depends on the machine's
         speed; without one the run is the same for a seed on one machine.
     chain acceptance: on held-out greedy answers, 1 + how many of the head's K chained drafts equal the
-        answer's next tokens (what greedy verification accepts per step), averaged over answer rows.
+        answer's next tokens (what greedy verification accepts per step), averaged over answer rows;
+        scored before and after training, and after with the int4 drafter's weights (``training.quant``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class OnlineConfig:
     eval_prompts: int = 256
     max_len: int = 512
     answers_path: str | None = None  # where to keep the answers trained on (safetensors), if anywhere
+    qat_int4: bool = False  # quantization-aware training for the int4 drafter (``training.quant``)
 
     def __post_init__(self) -> None:
         counts = {"variants": self.variants, "answer_tokens": self.answer_tokens, "gen_batch": self.gen_batch,
@@ -257,15 +259,32 @@ def save_answers(path: str, seqs: Sequence[list[int]]) -> None:
     save_file({"tokens": flat, "lengths": torch.tensor([len(s) for s in seqs], dtype=torch.int32)}, path)
 
 
-def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
-    """Answer, train, score and save (module docstring); returns the output folder."""
+def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -> tuple[Any, Any]:
+    """The trainer (draft vocabulary from the answers' token counts, init from the target layer) and the
+    hooks that capture the target's states for it."""
     from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_dtype, resolve_model
     from spec_backend.models.eagle3 import default_aux_layer_ids
     from spec_backend.proposers.contract import HiddenStateRequest
     from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
-    from spec_backend.training.prompts import prompt_variants
     from spec_backend.training.vocab import draft_vocabulary
+
+    text = target.config.get_text_config()
+    layers, vocab = int(text.num_hidden_layers), int(text.vocab_size)
+    counts = torch.bincount(torch.tensor([t for s in seqs for t in s]), minlength=vocab)[:vocab]  # [V]
+    d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, vocab))
+    aux = default_aux_layer_ids(layers)
+    state_ids = tuple(sorted({*aux, layers}))
+    settings = TrainConfig(aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids, 0,
+                           init_from_target=True, bf16=True, qat_int4=config.qat_int4)  # fmt: skip
+    trainer = Eagle3Trainer(config.target, settings, target=target)
+    return trainer, HiddenCapture(target, HiddenStateRequest(aux_layer_ids=state_ids), layers)
+
+
+def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
+    """Answer, train, score and save (module docstring); returns the output folder."""
+    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_dtype, resolve_model
+    from spec_backend.training.prompts import prompt_variants
+    from spec_backend.training.quant import int4_linears, int4_weights
 
     start = time.monotonic()
     deadline = start + config.budget_s
@@ -286,32 +305,28 @@ def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     seqs = [s for s in seqs if len(s) >= config.ttt_steps + 2]
     if config.answers_path:
         save_answers(config.answers_path, seqs)
-    text = target.config.get_text_config()
-    layers, vocab = int(text.num_hidden_layers), int(text.vocab_size)
-    counts = torch.bincount(torch.tensor([t for s in seqs for t in s]), minlength=vocab)[:vocab]  # [V]
-    d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, vocab))
-    aux = default_aux_layer_ids(layers)
-    state_ids = tuple(sorted({*aux, layers}))
-    settings = TrainConfig(aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids, 0,
-                           init_from_target=True, bf16=True)  # fmt: skip
-    trainer = Eagle3Trainer(config.target, settings, target=target)
-    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=state_ids), layers)
+    trainer, capture = head_trainer(config, target, seqs)
     starts = [len(p) for p in held_out]
     before = chain_acceptance(trainer, capture, scored, starts, config.batch)
     losses = train_batches(trainer, capture, seqs, config, deadline - 30, say)
     after = chain_acceptance(trainer, capture, scored, starts, config.batch)
+    with int4_weights(int4_linears(trainer.head)):  # as `"quantization": "int4"` serves it
+        after_int4 = chain_acceptance(trainer, capture, scored, starts, config.batch)
     report = {
         "config": asdict(config), "answers": len(seqs), "tokens": sum(map(len, seqs)), "steps": len(losses),
         "loss_first_50": sum(losses[:50]) / max(1, len(losses[:50])),
         "loss_last_50": sum(losses[-50:]) / max(1, len(losses[-50:])),
-        "held_out_chain_before": before, "held_out_chain_after": after,
+        "held_out_chain_before": before, "held_out_chain_after": after, "held_out_chain_int4": after_int4,
         "seconds": time.monotonic() - start,
     }  # fmt: skip
-    say(f"held-out chain acceptance length {1 + sum(before):.3f} (untrained) -> {1 + sum(after):.3f}")
-    out = trainer.save(config.out_dir, dtype=torch.bfloat16)
+    say(
+        f"held-out chain acceptance length {1 + sum(before):.3f} (untrained) -> {1 + sum(after):.3f}"
+        f" ({1 + sum(after_int4):.3f} with int4 weights)"
+    )
+    out = str(trainer.save(config.out_dir, dtype=torch.bfloat16))
     with open(os.path.join(out, "training.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     return out
 
 
-__all__ = ["OnlineConfig", "answer", "chain_acceptance", "encode_chats", "run"]
+__all__ = ["OnlineConfig", "answer", "chain_acceptance", "encode_chats", "head_trainer", "run"]

@@ -288,7 +288,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
         answer_tokens=args.chat_tokens, batch=args.batch, epochs=args.epochs, lr=args.lr,
         draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt, seed=args.seed, budget_s=args.budget,
         max_len=args.max_len, gen_batch=args.gen_batch, answers_path=args.answers,
-        answer_share=args.answer_share,
+        answer_share=args.answer_share, qat_int4=args.qat_int4,
     )  # fmt: skip
     print(f"wrote {run_online(config)}")
     return 0

@@ -145,7 +145,7 @@ def test_online_run_trains_a_servable_head_that_drafts_better_than_untrained(
     from safetensors.torch import load_file
 
     report = json.loads(Path(out, "training.json").read_text())
-    assert report["answers"] == 96 and report["steps"] == 8 * 12
+    assert report["answers"] == 96 and report["steps"] == 8 * 12 and len(report["held_out_chain_int4"]) == 3
     assert report["loss_last_50"] < 0.8 * report["loss_first_50"]
     kept = load_file(str(tmp_path / "answers.safetensors"))
     assert kept["lengths"].numel() == 96 and int(kept["lengths"].sum()) == report["tokens"]
@@ -202,3 +202,64 @@ def test_bad_settings_are_refused_with_the_value_and_what_is_allowed() -> None:
         online.OnlineConfig("t", "o", batch=0, samples=-1)
     with pytest.raises(ValueError, match=r"answer_share must be in \(0, 1\], got 1.5"):
         online.OnlineConfig("t", "o", answer_share=1.5)
+
+
+def test_the_int4_round_trip_is_what_the_int4_drafter_computes_with() -> None:
+    from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
+    from spec_backend.training.quant import int4_round_trip
+
+    g = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(96, 48, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 96, generator=g) * 0.1)
+    found = quantize_int4(linear.weight)
+    assert found is not None
+    x = torch.randn(6, 96, generator=g)
+    with torch.no_grad():
+        served = Int4Linear(linear, *found)(x)  # int4 codes, activations rounded by the kernel
+        trip, plain = x @ int4_round_trip(linear.weight).T, linear(x)
+    # the served layer is far closer to the round trip (activation rounding only) than to the float layer
+    assert (served - trip).abs().max() < 0.25 * (served - plain).abs().max()
+    with pytest.raises(ValueError, match=r"multiple of 32, got \[4, 40\]"):
+        int4_round_trip(torch.zeros(4, 40))
+
+
+def test_int4_weights_round_trip_inside_and_restore_exactly(target: str) -> None:
+    from spec_backend.training.quant import int4_linears, int4_round_trip, int4_weights
+
+    trainer, _ = _trainer(target)
+    layers = int4_linears(trainer.head)
+    names = {n for n, m in trainer.head.named_modules() if m in layers}
+    assert {"fc", "lm_head", "layers.0.self_attn.q_proj", "layers.0.mlp.down_proj"} <= names
+    before = [m.weight.detach().clone() for m in layers]
+    with int4_weights(layers):
+        assert all(torch.equal(m.weight, int4_round_trip(w)) for m, w in zip(layers, before, strict=True))
+    assert all(torch.equal(m.weight, w) for m, w in zip(layers, before, strict=True))
+    assert not all(torch.equal(int4_round_trip(w), w) for w in before)  # the round trip changes them
+
+
+def test_quantization_aware_steps_take_the_round_trips_gradient_and_keep_float_weights(target: str) -> None:
+    """Straight-through estimator: a QAT step's loss and update are those of the same head with its
+    weights rounded, applied to the float weights (which stay off the int4 grid)."""
+    from dataclasses import replace
+
+    from spec_backend.training.quant import int4_linears, int4_round_trip
+
+    qat, capture = _trainer(target)
+    qat.config = replace(qat.config, qat_int4=True)
+    rounded, _ = _trainer(target)
+    with torch.no_grad():
+        for layer in int4_linears(rounded.head):
+            layer.weight.copy_(int4_round_trip(layer.weight))
+    tokens, lengths = online.padded([list(range(3, 40)), list(range(50, 70))], 0)
+    hidden = online.batch_states(qat.target, capture, tokens, lengths)
+    start = {n: p.detach().clone() for n, p in qat.head.named_parameters()}
+    assert qat.step(tokens, hidden, lengths) == pytest.approx(rounded.step(tokens, hidden, lengths), rel=1e-6)
+    qat_layers, rounded_layers = int4_linears(qat.head), int4_linears(rounded.head)
+    names = [n for n, m in qat.head.named_modules() if m in qat_layers]
+    for name, a, b in zip(names, qat_layers, rounded_layers, strict=True):
+        assert a.weight.grad is not None and b.weight.grad is not None
+        assert torch.allclose(a.weight.grad, b.weight.grad, rtol=1e-5, atol=1e-8)  # the round trip's gradient
+        moved = a.weight - start[f"{name}.weight"]  # applied by AdamW to the float weights (decay aside)
+        assert torch.allclose(moved, b.weight - int4_round_trip(start[f"{name}.weight"]), atol=1e-4)
+        assert not torch.equal(int4_round_trip(a.weight), a.weight)
