@@ -2,7 +2,8 @@
 for the bundled SmolLM2, with and without QAT (``training.quant``), scored by the chain metric
 (``training.online.chain_acceptance``) with float and int4 weights.
 
-    python benchmarks/probe_eagle3_qat.py --head ~/.cache/spec_backend/smollm2-eagle3-gpu1
+    python benchmarks/probe_eagle3_qat.py --head ~/.cache/spec_backend/smollm2-eagle3-gpu1 \
+        --answers 128 --steps 40 --batch 8 --save /tmp/qat-heads
 
 The target (float32, CPU) answers ``--answers`` training prompts greedily; each variant then takes
 ``--steps`` optimiser steps of ``--batch`` answers from the same start (the head's weights and draft
@@ -56,6 +57,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--save", default=None, help="write each fine-tuned head under this folder (for the bench)"
+    )
     args = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     source = resolve_model("smollm2")
@@ -89,6 +93,8 @@ def main() -> None:
             with int4_weights(int4_linears(trainer.head)):
                 int4 = online.chain_acceptance(trainer, capture, seqs, starts, 8)
             print(f"| {name} | {set_name} | {1 + sum(floats):.3f} | {1 + sum(int4):.3f} |", flush=True)
+        if args.save and steps:
+            trainer.save(os.path.join(args.save, "qat" if qat else "plain"), dtype=torch.bfloat16)
     print(f"({time.monotonic() - started:.0f}s)")
 
 
