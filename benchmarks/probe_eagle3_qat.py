@@ -27,13 +27,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 def trainer_for(head: str, target: Any, qat: bool, lr: float, steps: int) -> Any:
     from safetensors.torch import load_file
 
-    from spec_backend.models.eagle3 import default_aux_layer_ids
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
+    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
 
     saved = load_file(os.path.join(head, "model.safetensors"))
-    layers = int(target.config.get_text_config().num_hidden_layers)
-    aux = default_aux_layer_ids(layers)
-    ids = tuple(sorted({*aux, layers}))
+    aux, ids = layer_ids(int(target.config.get_text_config().num_hidden_layers))
     config = TrainConfig(aux, saved["d2t"].long(), saved["t2d"].bool(), 3, lr, 0, ids, steps,
                          bf16=True, init_head=head, qat_int4=qat)  # fmt: skip
     return Eagle3Trainer("smollm2", config, target=target)
@@ -46,6 +43,7 @@ def main() -> None:
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
     from spec_backend.proposers.contract import HiddenStateRequest
     from spec_backend.training import online
+    from spec_backend.training.eagle3 import layer_ids
     from spec_backend.training.prompts import instruction_prompts, prompt_variants
     from spec_backend.training.quant import int4_linears, int4_weights
 
@@ -76,8 +74,8 @@ def main() -> None:
     sets = {"instruct": answered(instruction_prompts(held_out=True)[: args.n], args.max_tokens),
             "chat": answered(CHAT[: args.n], args.max_tokens)}  # fmt: skip
     print(f"{len(train)} answers in {time.monotonic() - started:.0f}s", flush=True)
-    ids = tuple(sorted({*trainer_for(args.head, target, False, args.lr, 1).config.state_ids}))
-    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=ids), ids[-1])
+    layers = int(target.config.get_text_config().num_hidden_layers)
+    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
     print("| variant | set | float | int4 |\n|---|---|---:|---:|")
     for name, qat, steps in (
         ("as trained", False, 0),

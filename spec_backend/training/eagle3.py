@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import torch
 
-from spec_backend.models.eagle3 import Eagle3Head, Eagle3Spec
+from spec_backend.models.eagle3 import Eagle3Head, Eagle3Spec, default_aux_layer_ids
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,14 @@ class TrainConfig:
     bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
     init_head: str | None = None  # a trained head's folder (speculators format) to continue training from
     qat_int4: bool = False  # train through the int4 drafter's weight rounding (``training.quant``)
+
+
+def layer_ids(num_layers: int) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """The head's auxiliary layer ids for a target of ``num_layers`` layers and the ids of the states a
+    trainer reads (aux and ``L``, the last layer's pre-norm output; distinct, ascending: the default aux
+    ids repeat on small targets)."""
+    aux = default_aux_layer_ids(num_layers)
+    return aux, tuple(sorted({*aux, num_layers}))
 
 
 @torch.no_grad()
@@ -368,6 +376,7 @@ __all__ = [
     "copy_target_layer",
     "epoch_order",
     "head_tensors",
+    "layer_ids",
     "load_head_weights",
     "lr_factor",
     "ttt_mask",

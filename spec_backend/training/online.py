@@ -263,17 +263,15 @@ def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -
     """The trainer (draft vocabulary from the answers' token counts, init from the target layer) and the
     hooks that capture the target's states for it."""
     from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.models.eagle3 import default_aux_layer_ids
     from spec_backend.proposers.contract import HiddenStateRequest
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
+    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
     from spec_backend.training.vocab import draft_vocabulary
 
     text = target.config.get_text_config()
     layers, vocab = int(text.num_hidden_layers), int(text.vocab_size)
     counts = torch.bincount(torch.tensor([t for s in seqs for t in s]), minlength=vocab)[:vocab]  # [V]
     d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, vocab))
-    aux = default_aux_layer_ids(layers)
-    state_ids = tuple(sorted({*aux, layers}))
+    aux, state_ids = layer_ids(layers)
     settings = TrainConfig(aux, d2t, t2d, config.ttt_steps, config.lr, config.seed, state_ids, 0,
                            init_from_target=True, bf16=True, qat_int4=config.qat_int4)  # fmt: skip
     trainer = Eagle3Trainer(config.target, settings, target=target)

@@ -128,10 +128,9 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     import torch
 
     from spec_backend.engine.loader import load_tokenizer, resolve_model
-    from spec_backend.models.eagle3 import default_aux_layer_ids
     from spec_backend.training import corpus
     from spec_backend.training.data import load
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
+    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
     from spec_backend.training.vocab import draft_vocabulary
 
     _prepare_work(config)
@@ -142,8 +141,7 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     train, _ = corpus.split_corpus(tokenizer, config.num_sequences, 0, config.max_len, packages)
     train += _respond_all(config, log)  # after the corpus: extractions already made stay valid
     layers, vocab = _target_sizes(config.target)
-    aux = default_aux_layer_ids(layers)
-    state_ids = tuple(sorted({*aux, layers}))  # distinct ids (the default aux ids repeat on small targets)
+    aux, state_ids = layer_ids(layers)
     files = _extract_all(config, train, list(state_ids), log)
     counts = torch.zeros(vocab, dtype=torch.int64)  # [V] token frequencies of the training text
     for path in files:
