@@ -274,6 +274,9 @@ def add_parser(sub: Any) -> None:
     online.add_argument(
         "--answer-share", type=float, default=0.4, help="of the budget, for answering at most"
     )
+    online.add_argument(
+        "--qat-int4", action="store_true", help="train through the int4 drafter's rounding (training.quant)"
+    )
     p.set_defaults(func=_cmd)
 
 

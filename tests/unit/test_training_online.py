@@ -263,3 +263,20 @@ def test_quantization_aware_steps_take_the_round_trips_gradient_and_keep_float_w
         moved = a.weight - start[f"{name}.weight"]  # applied by AdamW to the float weights (decay aside)
         assert torch.allclose(moved, b.weight - int4_round_trip(start[f"{name}.weight"]), atol=1e-4)
         assert not torch.equal(int4_round_trip(a.weight), a.weight)
+
+
+def test_the_cli_hands_every_online_flag_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: ``--qat-int4`` reached the config but not the parser, so ``train-eagle3 --online``
+    failed on every call (``'Namespace' object has no attribute 'qat_int4'``)."""
+    from spec_backend.cli import main
+
+    seen: list[online.OnlineConfig] = []
+    monkeypatch.setattr(online, "run", lambda config: seen.append(config) or config.out_dir)
+    flags = ["--variants", "8", "--samples", "0", "--gen-batch", "512", "--batch", "32", "--budget", "60"]
+    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", "--device", "cuda", *flags]) == 0
+    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", "--qat-int4"]) == 0
+    first, second = seen
+    assert (first.device, first.variants, first.samples, first.gen_batch, first.batch, first.budget_s) == (
+        "cuda", 8, 0, 512, 32, 60.0
+    )
+    assert not first.qat_int4 and second.qat_int4
