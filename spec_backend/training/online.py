@@ -11,6 +11,8 @@ pipeline's (``Eagle3Trainer``).
 Glossary:
     variant: one dressing of an instruction prompt (``prompts.prompt_variants``): more distinct prompts
         than the 7,630 of the file pipeline, each answered greedily and ``samples`` times at 0.8.
+    self-written prompt: a request the target writes from the opening of a user turn
+        (``training.self_prompts``), asked besides the families' prompts (``self_prompts``).
     answer: a chat-formatted prompt's token ids followed by the target's response up to its end token.
     budget: wall-clock seconds for the whole run (a lent GPU is lent for minutes). Answering stops at
         ``answer_share`` of it; training plans its steps from its measured speed so that the cosine
@@ -32,6 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from spec_backend.training.prompts import CORE, FAMILIES
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class OnlineConfig:
     max_len: int = 512
     answers_path: str | None = None  # where to keep the answers trained on (safetensors), if anywhere
     qat_int4: bool = False  # quantization-aware training for the int4 drafter (``training.quant``)
+    families: tuple[str, ...] = CORE  # prompt families asked (``prompts.FAMILIES``)
+    self_prompts: int = 0  # prompts the target writes itself, asked besides the families' (``self_prompts``)
 
     def __post_init__(self) -> None:
         counts = {"variants": self.variants, "answer_tokens": self.answer_tokens, "gen_batch": self.gen_batch,
@@ -70,6 +76,10 @@ class OnlineConfig:
                  ("budget_s", self.budget_s)) if v < 0]  # fmt: skip
         if not 0 < self.answer_share <= 1:
             low.append(f"answer_share must be in (0, 1], got {self.answer_share}")
+        if self.self_prompts < 0:
+            low.append(f"self_prompts must be at least 0, got {self.self_prompts}")
+        if not self.families or set(self.families) - set(FAMILIES):
+            low.append(f"families must name some of {sorted(FAMILIES)}, got {list(self.families)}")
         if low:
             raise ValueError("; ".join(low))
 
@@ -251,6 +261,30 @@ def gather(
     return [s[: config.max_len] for s in out]
 
 
+def interleaved(first: Sequence[str], second: Sequence[str]) -> list[str]:
+    """Both lists merged in proportion, each in its order (``[a, a, b, a, a, b, ...]``), so a budget that
+    stops answering early has answered both kinds."""
+    keyed = [((i + 0.5) / len(first), 0, i) for i in range(len(first))]
+    keyed += [((j + 0.5) / len(second), 1, j) for j in range(len(second))]
+    return [(first, second)[which][k] for _, which, k in sorted(keyed)]
+
+
+def asked_prompts(config: OnlineConfig, target: Any, tokenizer: Any, say: Callable[[str], None]) -> list[str]:
+    """The families' variants (the first ``config.prompts``, or all) interleaved with the prompts the
+    target writes itself (``config.self_prompts``)."""
+    from spec_backend.training.prompts import prompt_variants
+    from spec_backend.training.self_prompts import self_prompts
+
+    asked = prompt_variants(config.variants, families=config.families)[: config.prompts or None]
+    if not config.self_prompts:
+        return asked
+    written, dropped = self_prompts(
+        target, tokenizer, config.self_prompts, seed=config.seed, batch=config.gen_batch
+    )
+    say(f"{len(written)} self-written prompts kept ({dropped} samples dropped), e.g. {written[:2]}")
+    return interleaved(asked, written)
+
+
 def save_answers(path: str, seqs: Sequence[list[int]]) -> None:
     """The answers as ``tokens int32 [sum of lengths]`` and ``lengths int32 [N]`` (safetensors)."""
     from safetensors.torch import save_file
@@ -296,7 +330,7 @@ def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     if tokenizer is None:
         raise ValueError(f"train-eagle3 --online needs a target with a tokenizer, {config.target!r} has none")
     target = load_model(source, "sdpa", resolve_dtype(config.dtype), torch.device(config.device))
-    prompts = encode_chats(tokenizer, prompt_variants(config.variants)[: config.prompts or None])
+    prompts = encode_chats(tokenizer, asked_prompts(config, target, tokenizer, say))
     held_out = encode_chats(tokenizer, prompt_variants(1, held_out=True)[: config.eval_prompts])
     scored = gather(target, held_out, OnlineConfig(**{**asdict(config), "samples": 0}), math.inf, say)
     seqs = gather(target, prompts, config, start + config.answer_share * config.budget_s, say)

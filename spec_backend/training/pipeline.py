@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spec_backend.training.prompts import CORE
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -277,6 +279,12 @@ def add_parser(sub: Any) -> None:
     online.add_argument(
         "--qat-int4", action="store_true", help="train through the int4 drafter's rounding (training.quant)"
     )
+    online.add_argument(
+        "--families", default=",".join(CORE), help="prompt families asked (training.prompts.FAMILIES)"
+    )
+    online.add_argument(
+        "--self-prompts", type=int, default=0, help="prompts the target writes itself, asked besides"
+    )
     p.set_defaults(func=_cmd)
 
 
@@ -289,7 +297,8 @@ def _cmd_online(args: argparse.Namespace) -> int:
         answer_tokens=args.chat_tokens, batch=args.batch, epochs=args.epochs, lr=args.lr,
         draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt, seed=args.seed, budget_s=args.budget,
         max_len=args.max_len, gen_batch=args.gen_batch, answers_path=args.answers,
-        answer_share=args.answer_share, qat_int4=args.qat_int4,
+        answer_share=args.answer_share, qat_int4=args.qat_int4, self_prompts=args.self_prompts,
+        families=tuple(name.strip() for name in args.families.split(",") if name.strip()),
     )  # fmt: skip
     print(f"wrote {run_online(config)}")
     return 0

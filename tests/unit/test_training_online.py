@@ -8,6 +8,7 @@ control, against the same batch with its padding counted); the chain metric agai
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,10 @@ def test_bad_settings_are_refused_with_the_value_and_what_is_allowed() -> None:
         online.OnlineConfig("t", "o", batch=0, samples=-1)
     with pytest.raises(ValueError, match=r"answer_share must be in \(0, 1\], got 1.5"):
         online.OnlineConfig("t", "o", answer_share=1.5)
+    with pytest.raises(
+        ValueError, match=r"self_prompts must be at least 0, got -2; families must name some of"
+    ):
+        online.OnlineConfig("t", "o", self_prompts=-2, families=("topic", "chit"))
 
 
 def test_the_int4_round_trip_is_what_the_int4_drafter_computes_with() -> None:
@@ -274,9 +279,44 @@ def test_the_cli_hands_every_online_flag_to_the_run(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(online, "run", lambda config: seen.append(config) or config.out_dir)
     flags = ["--variants", "8", "--samples", "0", "--gen-batch", "512", "--batch", "32", "--budget", "60"]
     assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", "--device", "cuda", *flags]) == 0
-    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", "--qat-int4"]) == 0
+    more = ["--qat-int4", "--families", "topic, why", "--self-prompts", "300"]
+    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", *more]) == 0
     first, second = seen
     assert (first.device, first.variants, first.samples, first.gen_batch, first.batch, first.budget_s) == (
-        "cuda", 8, 0, 512, 32, 60.0
+        "cuda",
+        8,
+        0,
+        512,
+        32,
+        60.0,
     )
-    assert not first.qat_int4 and second.qat_int4
+    assert (first.qat_int4, first.families, first.self_prompts) == (False, prompts.CORE, 0)
+    assert (second.qat_int4, second.families, second.self_prompts) == (True, ("topic", "why"), 300)
+
+
+def test_self_written_prompts_are_interleaved_with_the_families(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert online.interleaved(["a1", "a2", "a3", "a4"], ["b1", "b2"]) == ["a1", "b1", "a2", "a3", "b2", "a4"]
+    assert online.interleaved(["a1"], []) == ["a1"] and online.interleaved([], ["b1"]) == ["b1"]
+    from spec_backend.training import self_prompts
+
+    calls: list[tuple[int, int]] = []
+
+    def written(model: Any, tokenizer: Any, count: int, *, seed: int, batch: int) -> tuple[list[str], int]:
+        calls.append((count, batch))
+        return [f"written {i}" for i in range(count)], 1
+
+    monkeypatch.setattr(self_prompts, "self_prompts", written)
+    config = online.OnlineConfig(
+        "t", "o", prompts=6, variants=1, families=("why",), self_prompts=3, gen_batch=9
+    )
+    asked = online.asked_prompts(config, None, None, lambda m: None)
+    why = prompts.prompt_variants(1, families=["why"])[:6]
+    assert asked == online.interleaved(why, ["written 0", "written 1", "written 2"]) and calls == [(3, 9)]
+    plain = online.asked_prompts(dataclasses.replace(config, self_prompts=0), None, None, lambda m: None)
+    assert plain == why and calls == [(3, 9)]  # none written when none are asked for
+
+
+def test_an_online_run_refuses_self_prompts_without_a_chat_template(target: str, tmp_path: Path) -> None:
+    config = online.OnlineConfig(target, str(tmp_path / "o"), prompts=2, variants=1, self_prompts=2)
+    with pytest.raises(ValueError, match="chat template"):
+        online.run(config, lambda m: None)

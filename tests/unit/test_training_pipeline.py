@@ -92,33 +92,20 @@ def test_pipeline_trains_a_servable_head_and_resumes(tmp_path: Path, monkeypatch
     assert llm.metrics.total.num_draft_tokens > 0
 
 
-# The subjects of the benchmark's handwritten chat prompts (benchmarks/bench_eagle3_smollm2.py CHAT): no
-# training or held-out subject may mention them, or the "not trained on" chat set would be trained on.
-CHAT_SUBJECTS = (
-    "autumn",
-    "sleep",
-    "the sky",
-    "vegetarian",
-    "dinner",
-    "tuple",
-    "water cycle",
-    "robot",
-    "language",
-)
-
-
 def test_instruction_prompts_split_by_subject_and_answers_follow_the_prompt(tmp_path: Path) -> None:
-    train, held = prompts.prompt_items(), prompts.prompt_items(held_out=True)
+    every = list(prompts.FAMILIES)
+    train, held = prompts.prompt_items(families=every), prompts.prompt_items(held_out=True, families=every)
     families = prompts.FAMILIES.values()
     assert len(train) + len(held) == sum(len(templates) * len(subjects) for templates, subjects in families)
-    assert prompts.instruction_prompts() == [p for _, p in train] and len(set(train)) == len(train)  # stable
+    core = prompts.prompt_items()
+    assert prompts.instruction_prompts() == [p for _, p in core] and len(set(train)) == len(train)  # stable
     assert {s for s, _ in train} and {s for s, _ in held} and not {s for s, _ in train} & {s for s, _ in held}
     assert all(subject in prompt for subject, prompt in train + held)
-    first = [p for _, p in train[:48]]
+    first = [p for _, p in core[:48]]
     assert len({p.split()[0] for p in first}) > 8  # the first prompts already mix phrasings
     assert sum(p.endswith(c) for p in first for c in prompts.CLOSINGS if c) > 8  # and closings
     subjects = [s.lower() for _, (_, listed) in prompts.FAMILIES.items() for s in listed]
-    assert not [(s, c) for s in subjects for c in CHAT_SUBJECTS if c in s]
+    assert not [(s, c) for s in subjects for c in prompts.BENCHMARK_CHAT_SUBJECTS if c in s]
 
     target = make_tiny_model(tmp_path / "target", "llama", with_tokenizer=True)
     llm = LLM(target)

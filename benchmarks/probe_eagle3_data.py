@@ -1,0 +1,123 @@
+"""Which training answers lift a trained EAGLE-3 head on chat? The same head, fine-tuned for the same
+steps on answers to different prompts, scored by the chain metric (``training.online.chain_acceptance``)
+on the benchmark's chat prompts and held-out instruction prompts.
+
+    python benchmarks/probe_eagle3_data.py --head ~/.cache/spec_backend/smollm2-eagle3-6k-cont \
+        --answers 128 --steps 40 --batch 8 --arms families,chat-ceiling
+
+Arms (``--arms``), each answered by the float32 target on the CPU:
+
+* ``families``: the last ``--answers`` training prompts of ``training.prompts.prompt_variants(8)``
+  (what the head was trained on more of: the control), answered greedily;
+* ``chat-ceiling``: the benchmark's own chat prompts, answered at temperature 0.8 with ``--answers``
+  seeds spread over them. **Contaminated on purpose**: a diagnostic of how far the head can move on chat
+  when its data is chat, never a way to train a head that ships;
+* ``self``: prompts the target writes itself (``training.self_prompts``), answered greedily;
+* ``new``: the prompts of ``training.prompts.FAMILIES`` that the head's training never asked
+  (``--new-families``), answered greedily.
+
+Each arm starts from the head's weights and draft vocabulary and takes ``--steps`` optimiser steps of
+``--batch`` answers (lr ``--lr``, cosine), so the arms differ only in their answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def arm_prompts(
+    arm: str, answers: int, new_families: list[str], target: Any, tokenizer: Any
+) -> tuple[list[str], float]:
+    """The prompts one arm answers, and the temperature it answers them at."""
+    from bench_eagle3_smollm2 import CHAT
+
+    from spec_backend.training.prompts import prompt_variants
+    from spec_backend.training.self_prompts import self_prompts
+
+    if arm == "families":
+        return prompt_variants(8)[-answers:], 0.0
+    if arm == "chat-ceiling":
+        return [CHAT[i % len(CHAT)] for i in range(answers)], 0.8
+    if arm == "new":
+        return prompt_variants(1, families=new_families)[:answers], 0.0
+    if arm == "self":
+        asked, dropped = self_prompts(target, tokenizer, answers, seed=0)
+        print(f"self-written: {len(asked)} kept, {dropped} dropped; first: {asked[:3]}", flush=True)
+        return asked, 0.0
+    raise SystemExit(f"unknown arm {arm!r}: choose from families, chat-ceiling, new, self")
+
+
+def main() -> None:
+    from bench_eagle3_smollm2 import CHAT
+    from probe_eagle3_qat import trainer_for
+
+    from spec_backend.engine.hidden import HiddenCapture
+    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
+    from spec_backend.proposers.contract import HiddenStateRequest
+    from spec_backend.training import online
+    from spec_backend.training.eagle3 import layer_ids
+    from spec_backend.training.prompts import instruction_prompts
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--head", required=True)
+    p.add_argument("--arms", default="families,chat-ceiling")
+    p.add_argument("--new-families", default="", help="comma-separated family names for the new arm")
+    p.add_argument("--answers", type=int, default=128)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    args = p.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    source = resolve_model("smollm2")
+    tokenizer, target = load_tokenizer(source), load_model(source, "sdpa", torch.float32, torch.device("cpu"))
+    started = time.monotonic()
+    answered = _answerer(tokenizer, target)
+    sets = {"instruct": answered(instruction_prompts(held_out=True)[: args.n], args.max_tokens, 0.0),
+            "chat": answered(CHAT[: args.n], args.max_tokens, 0.0)}  # fmt: skip
+    layers = int(target.config.get_text_config().num_hidden_layers)
+    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
+    news = [f for f in args.new_families.split(",") if f]
+    print("| arm | answers (tokens) | instruct | chat |\n|---|---:|---:|---:|", flush=True)
+    for arm in ["as trained", *args.arms.split(",")]:
+        steps, train = 0, []
+        if arm != "as trained":
+            prompts, temperature = arm_prompts(arm, args.answers, news, target, tokenizer)
+            train, steps = answered(prompts, 160, temperature)[0], args.steps
+        trainer = trainer_for(args.head, target, False, args.lr, steps)
+        batches = online.epochs_of(train, args.batch, steps * args.batch // max(1, len(train)) + 1, 0)
+        for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
+            trainer.step(tokens, online.batch_states(target, capture, tokens, lengths), lengths)
+        scores = [1 + sum(online.chain_acceptance(trainer, capture, *sets[s], 8)) for s in sets]
+        size = f"{len(train)} ({sum(map(len, train))})"
+        print(f"| {arm} | {size} | {scores[0]:.3f} | {scores[1]:.3f} |", flush=True)
+    print(f"({time.monotonic() - started:.0f}s)")
+
+
+def _answerer(
+    tokenizer: Any, target: Any
+) -> Callable[[list[str], int, float], tuple[list[list[int]], list[int]]]:
+    from spec_backend.training import online
+
+    def answered(prompts: list[str], tokens: int, temperature: float) -> tuple[list[list[int]], list[int]]:
+        encoded = online.encode_chats(tokenizer, prompts)
+        seqs = []
+        for i, first in enumerate(range(0, len(encoded), 32)):
+            seqs += online.answer(target, encoded[first : first + 32], tokens, temperature, i, 2)
+        return seqs, [len(e) for e in encoded]
+
+    return answered
+
+
+if __name__ == "__main__":
+    main()
