@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train the EAGLE-3 head for the bundled SmolLM2 on a lent GPU (`train-eagle3 --online`), from a bare
 # checkout. Results go to $OUT (default ./gpu-results): train.log, env.txt and the head in head/
-# (speculators format, bf16, with training.json), its model.safetensors (~20 MB) cut into parts under
+# (speculators format, bf16, with training.json; chain-metric.md: its chain acceptance on the benchmark's
+# chat and held-out instruct prompts), its model.safetensors (~20 MB) cut into parts under
 # the 16 MiB a file may have to come back from the machine: `cat head/model.part-* > model.safetensors`.
 #
 #   OUT=/tmp/res BUDGET=520 bash benchmarks/gpu_train_eagle3.sh            # the run
@@ -59,5 +60,8 @@ timeout --kill-after=10 $((${BUDGET:-520} + 40)) $PY -m spec_backend.cli train-e
 echo "train exit ${PIPESTATUS[0]}" | tee -a "$OUT/train.log"
 if [ -f "$OUT/head/model.safetensors" ]; then
     sha256sum "$OUT/head/model.safetensors" | tee -a "$OUT/train.log"
+    # the chain metric on the benchmark's chat and held-out instruct prompts, float32 target, here
+    timeout 120 $PY benchmarks/probe_eagle3_data.py --head "$OUT/head" --arms '' --device "$DEVICE" 2>&1 \
+        | grep "^|" | tee "$OUT/chain-metric.md"
     split -b 10000000 -d "$OUT/head/model.safetensors" "$OUT/head/model.part-" && rm "$OUT/head/model.safetensors"
 fi

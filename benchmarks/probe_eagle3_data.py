@@ -5,7 +5,7 @@ on the benchmark's chat prompts and held-out instruction prompts.
     python benchmarks/probe_eagle3_data.py --head ~/.cache/spec_backend/smollm2-eagle3-6k-cont \
         --answers 128 --steps 40 --batch 8 --arms families,chat-ceiling
 
-Arms (``--arms``), each answered by the float32 target on the CPU:
+Arms (``--arms``), each answered by the float32 target (on ``--device``):
 
 * ``families``: the last ``--answers`` training prompts of ``training.prompts.prompt_variants(8)``
   (what the head was trained on more of: the control), answered greedily;
@@ -17,7 +17,8 @@ Arms (``--arms``), each answered by the float32 target on the CPU:
   (``--new-families``), answered greedily.
 
 Each arm starts from the head's weights and draft vocabulary and takes ``--steps`` optimiser steps of
-``--batch`` answers (lr ``--lr``, cosine), so the arms differ only in their answers.
+``--batch`` answers (lr ``--lr``, cosine), so the arms differ only in their answers. ``--arms ''`` scores
+the head alone (what ``benchmarks/gpu_train_eagle3.sh`` does after a run, there with ``--device cuda``).
 """
 
 from __future__ import annotations
@@ -77,10 +78,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--device", default="cpu", help="where the target (float32) and the head run")
     args = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    source = resolve_model("smollm2")
-    tokenizer, target = load_tokenizer(source), load_model(source, "sdpa", torch.float32, torch.device("cpu"))
+    source, device = resolve_model("smollm2"), torch.device(args.device)
+    tokenizer, target = load_tokenizer(source), load_model(source, "sdpa", torch.float32, device)
     started = time.monotonic()
     answered = _answerer(tokenizer, target)
     sets = {"instruct": answered(instruction_prompts(held_out=True)[: args.n], args.max_tokens, 0.0),
@@ -89,7 +91,7 @@ def main() -> None:
     capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
     news = [f for f in args.new_families.split(",") if f]
     print("| arm | answers (tokens) | instruct | chat |\n|---|---:|---:|---:|", flush=True)
-    for arm in ["as trained", *args.arms.split(",")]:
+    for arm in ["as trained", *[a for a in args.arms.split(",") if a]]:
         steps, train = 0, []
         if arm != "as trained":
             prompts, temperature = arm_prompts(arm, args.answers, news, target, tokenizer)
@@ -97,6 +99,7 @@ def main() -> None:
         trainer = trainer_for(args.head, target, False, args.lr, steps)
         batches = online.epochs_of(train, args.batch, steps * args.batch // max(1, len(train)) + 1, 0)
         for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
+            tokens, lengths = tokens.to(device), lengths.to(device)
             trainer.step(tokens, online.batch_states(target, capture, tokens, lengths), lengths)
         scores = [1 + sum(online.chain_acceptance(trainer, capture, *sets[s], 8)) for s in sets]
         size = f"{len(train)} ({sum(map(len, train))})"
