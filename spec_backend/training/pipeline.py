@@ -262,6 +262,11 @@ def add_parser(sub: Any) -> None:
         help="continue from a head this command wrote (its --out folder; same --draft-vocab and data): "
         "--epochs more epochs with a fresh schedule from --lr",
     )
+    _add_online_arguments(p)
+    p.set_defaults(func=_cmd)
+
+
+def _add_online_arguments(p: argparse.ArgumentParser) -> None:
     online = p.add_argument_group(
         "online (training.online: answers and states in the training process, batched)"
     )
@@ -285,7 +290,6 @@ def add_parser(sub: Any) -> None:
     online.add_argument(
         "--self-prompts", type=int, default=0, help="prompts the target writes itself, asked besides"
     )
-    p.set_defaults(func=_cmd)
 
 
 def _cmd_online(args: argparse.Namespace) -> int:
