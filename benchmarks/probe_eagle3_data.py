@@ -29,7 +29,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,26 +59,18 @@ def arm_prompts(
 
 
 def main() -> None:
-    from bench_eagle3_smollm2 import CHAT
-    from probe_eagle3_qat import trainer_for
+    from probe_eagle3_qat import answerer, capture_for, fine_tune, scored_sets, trainer_for
 
-    from spec_backend.engine.hidden import HiddenCapture
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
-    from spec_backend.proposers.contract import HiddenStateRequest
     from spec_backend.training import online
-    from spec_backend.training.eagle3 import layer_ids
-    from spec_backend.training.prompts import instruction_prompts
 
     args = _parser().parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     source, device = resolve_model("smollm2"), torch.device(args.device)
     tokenizer, target = load_tokenizer(source), load_model(source, "sdpa", torch.float32, device)
     started = time.monotonic()
-    answered = _answerer(tokenizer, target)
-    sets = {"instruct": answered(instruction_prompts(held_out=True)[: args.n], args.max_tokens, 0.0),
-            "chat": answered(CHAT[: args.n], args.max_tokens, 0.0)}  # fmt: skip
-    layers = int(target.config.get_text_config().num_hidden_layers)
-    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
+    answered = answerer(tokenizer, target)
+    sets, capture = scored_sets(answered, args.n, args.max_tokens), capture_for(target)
     if args.full_vocab:
         args.head = full_vocabulary_head(args.head, target, args.full_vocab)
     if args.by_confidence:
@@ -92,10 +83,7 @@ def main() -> None:
             prompts, temperature = arm_prompts(arm, args.answers, news, target, tokenizer)
             train, steps = answered(prompts, 160, temperature)[0], args.steps
         trainer = trainer_for(args.head, target, False, args.lr, steps)
-        batches = online.epochs_of(train, args.batch, steps * args.batch // max(1, len(train)) + 1, 0)
-        for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
-            tokens, lengths = tokens.to(device), lengths.to(device)
-            trainer.step(tokens, online.batch_states(target, capture, tokens, lengths), lengths)
+        fine_tune(trainer, capture, train, steps, args.batch)
         scores = [1 + sum(online.chain_acceptance(trainer, capture, *sets[s], 8)) for s in sets]
         size = f"{len(train)} ({sum(map(len, train))})"
         print(f"| {arm} | {size} | {scores[0]:.3f} | {scores[1]:.3f} |", flush=True)
@@ -191,21 +179,6 @@ def by_confidence(trainer: Any, capture: Any, sets: dict[str, tuple[list[list[in
             print(f"| {name} | {span} | {share:.3f} | {rate:.3f} | {missing:.3f} |")
         mean = f"all ({len(hit)} rows, mean p {float(conf.mean()):.3f})"
         print(f"| {name} | {mean} | 1.000 | {float(hit.mean()):.3f} | {float(oov.float().mean()):.3f} |")
-
-
-def _answerer(
-    tokenizer: Any, target: Any
-) -> Callable[[list[str], int, float], tuple[list[list[int]], list[int]]]:
-    from spec_backend.training import online
-
-    def answered(prompts: list[str], tokens: int, temperature: float) -> tuple[list[list[int]], list[int]]:
-        encoded = online.encode_chats(tokenizer, prompts)
-        seqs = []
-        for i, first in enumerate(range(0, len(encoded), 32)):
-            seqs += online.answer(target, encoded[first : first + 32], tokens, temperature, i, 2)
-        return seqs, [len(e) for e in encoded]
-
-    return answered
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,15 +37,58 @@ def trainer_for(head: str, target: Any, qat: bool, lr: float, steps: int) -> Any
     return Eagle3Trainer("smollm2", config, target=target)
 
 
-def main() -> None:
+Answered = Callable[[list[str], int, float], tuple[list[list[int]], list[int]]]
+
+
+def answerer(tokenizer: Any, target: Any) -> Answered:
+    """``answered(prompts, max_tokens, temperature)``: the target's answers (prompt and response) to
+    chat-formatted ``prompts``, 32 at a time (seed = batch number), and each prompt's length."""
+    from spec_backend.training import online
+
+    def answered(prompts: list[str], tokens: int, temperature: float) -> tuple[list[list[int]], list[int]]:
+        encoded = online.encode_chats(tokenizer, prompts)
+        seqs = []
+        for i, first in enumerate(range(0, len(encoded), 32)):
+            seqs += online.answer(target, encoded[first : first + 32], tokens, temperature, i, 2)
+        return seqs, [len(e) for e in encoded]
+
+    return answered
+
+
+def scored_sets(answered: Answered, n: int, max_tokens: int) -> dict[str, tuple[list[list[int]], list[int]]]:
+    """The first ``n`` held-out instruction prompts and the benchmark's chat prompts, answered greedily."""
     from bench_eagle3_smollm2 import CHAT
 
+    from spec_backend.training.prompts import instruction_prompts
+
+    held_out = instruction_prompts(held_out=True)[:n]
+    return {"instruct": answered(held_out, max_tokens, 0.0), "chat": answered(CHAT[:n], max_tokens, 0.0)}
+
+
+def capture_for(target: Any) -> Any:
+    """The hooks that capture the states a trainer reads (``training.eagle3.layer_ids``)."""
     from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
     from spec_backend.proposers.contract import HiddenStateRequest
-    from spec_backend.training import online
     from spec_backend.training.eagle3 import layer_ids
-    from spec_backend.training.prompts import instruction_prompts, prompt_variants
+
+    layers = int(target.config.get_text_config().num_hidden_layers)
+    return HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
+
+
+def fine_tune(trainer: Any, capture: Any, train: Sequence[list[int]], steps: int, batch: int) -> None:
+    """``steps`` optimiser steps on batches of ``batch`` answers, in a fixed order (seed 0) per epoch."""
+    from spec_backend.training import online
+
+    batches = online.epochs_of(train, batch, steps * batch // max(1, len(train)) + 1, 0)
+    for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
+        tokens, lengths = tokens.to(trainer.device), lengths.to(trainer.device)
+        trainer.step(tokens, online.batch_states(trainer.target, capture, tokens, lengths), lengths)
+
+
+def main() -> None:
+    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
+    from spec_backend.training import online
+    from spec_backend.training.prompts import prompt_variants
     from spec_backend.training.quant import int4_linears, int4_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -62,20 +106,11 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     source = resolve_model("smollm2")
     tokenizer, target = load_tokenizer(source), load_model(source, "sdpa", torch.float32, torch.device("cpu"))
-    started = time.monotonic()
-
-    def answered(prompts: list[str], tokens: int) -> tuple[list[list[int]], list[int]]:
-        encoded = online.encode_chats(tokenizer, prompts)
-        seqs = [s for first in range(0, len(encoded), 32)
-                for s in online.answer(target, encoded[first : first + 32], tokens, 0.0, 0, 2)]  # fmt: skip
-        return seqs, [len(e) for e in encoded]
-
-    train, _ = answered(prompt_variants(8)[-args.answers :], 160)  # the last variants: least seen in training
-    sets = {"instruct": answered(instruction_prompts(held_out=True)[: args.n], args.max_tokens),
-            "chat": answered(CHAT[: args.n], args.max_tokens)}  # fmt: skip
+    started, answered = time.monotonic(), answerer(tokenizer, target)
+    train, _ = answered(prompt_variants(8)[-args.answers :], 160, 0.0)  # the last variants: least seen
+    sets = scored_sets(answered, args.n, args.max_tokens)
     print(f"{len(train)} answers in {time.monotonic() - started:.0f}s", flush=True)
-    layers = int(target.config.get_text_config().num_hidden_layers)
-    capture = HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
+    capture = capture_for(target)
     print("| variant | set | float | int4 |\n|---|---|---:|---:|")
     for name, qat, steps in (
         ("as trained", False, 0),
@@ -83,9 +118,7 @@ def main() -> None:
         ("fine-tuned, QAT", True, args.steps),
     ):
         trainer = trainer_for(args.head, target, qat, args.lr, steps)
-        batches = online.epochs_of(train, args.batch, steps * args.batch // max(1, len(train)) + 1, 0)
-        for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
-            trainer.step(tokens, online.batch_states(target, capture, tokens, lengths), lengths)
+        fine_tune(trainer, capture, train, steps, args.batch)
         for set_name, (seqs, starts) in sets.items():
             floats = online.chain_acceptance(trainer, capture, seqs, starts, 8)
             with int4_weights(int4_linears(trainer.head)):
