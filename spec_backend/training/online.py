@@ -238,6 +238,12 @@ def train_batches(
     return losses
 
 
+def end_token(model: Any) -> int | None:
+    """The target's end token (its generation config may name one, several or none: the first, or None)."""
+    eos = model.generation_config.eos_token_id  # int, list or None
+    return int(eos[0]) if isinstance(eos, list) else eos
+
+
 def gather(
     model: Any,
     prompts: Sequence[list[int]],
@@ -247,8 +253,7 @@ def gather(
 ) -> list[list[int]]:
     """The target's answers to ``prompts`` (greedy, and ``samples`` sampled each), until the jobs are done
     or ``deadline`` passes."""
-    eos = model.generation_config.eos_token_id  # int, list or None
-    eos = eos[0] if isinstance(eos, list) else eos
+    eos = end_token(model)
     out: list[list[int]] = []
     for n, (chunk, temperature) in enumerate(answer_jobs(prompts, config.samples, config.gen_batch)):
         if config.budget_s > 0 and time.monotonic() > deadline:

@@ -66,8 +66,10 @@ def self_prompts(
             f"count, batch and max_tokens must be at least 1 and temperature above 0, got count={count},"
             f" batch={batch}, max_tokens={max_tokens}, temperature={temperature}"
         )
-    eos = model.generation_config.eos_token_id  # int, list or None
-    eos = eos[0] if isinstance(eos, list) else eos if eos is not None else tokenizer.eos_token_id
+    from spec_backend.training.online import end_token
+
+    eos = end_token(model)
+    eos = tokenizer.eos_token_id if eos is None else eos
     if eos is None:
         raise ValueError("self-written prompts need an end token: the target's generation_config and its"
                          " tokenizer name none")  # fmt: skip
