@@ -133,11 +133,13 @@ class EngineCore:
                     request.fail(f"drafter failed: {type(exc).__name__}: {exc}")
 
     def draft_budget(self, request: Request) -> int:
-        """Drafts worth proposing: the step emits up to K+1 tokens, and the cache must hold K+1 more."""
+        """Drafts worth proposing: a step verifying ``b`` drafts emits up to ``b + 1`` tokens (the accepted
+        drafts, then the bonus token), and neither ``max_tokens`` nor ``max_model_len`` may be passed, so
+        ``b + 1`` is at most what is left of each."""
         if request.finished:
             return 0
         room = self.max_model_len - request.num_tokens
-        return max(0, min(self.k, request.remaining - 1, room))
+        return max(0, min(self.k, request.remaining, room) - 1)
 
     @property
     def speculation_disabled(self) -> bool:

@@ -195,7 +195,7 @@ class LLM:
             )
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
         runner, slots, drafter = assemble(
-            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes
+            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom=k
         )
         engine = EngineCore(
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer

@@ -100,12 +100,13 @@ class Request:
         self.num_steps += 1
         self.stats.observe(num_drafted, num_accepted)
 
-    def append_tokens(self, tokens: list[int], tokenizer: Any | None) -> list[int]:
+    def append_tokens(self, tokens: list[int], tokenizer: Any | None, max_len: int) -> list[int]:
         """Append sampled tokens one by one, stopping at the first stop condition.
 
         Returns the tokens actually kept (a prefix of ``tokens``). Stop token ids and EOS (unless
-        ``ignore_eos``) are kept in ``token_ids``; ``max_tokens`` truncates; stop strings end generation
-        with the text cut before the stop string.
+        ``ignore_eos``) are kept in ``token_ids``; ``max_tokens``, and ``max_len`` (the engine's
+        ``max_model_len``: prompt + output), truncate with ``finish_reason="length"``; stop strings end
+        generation with the text cut before the stop string.
         """
         params = self.params
         stop_ids = set(params.stop_token_ids or ())
@@ -119,7 +120,7 @@ class Request:
                 params.stop and tokenizer is not None and self._hit_stop_string(tokenizer)
             ):
                 self.finish_reason = "stop"
-            elif self.remaining <= 0:
+            elif self.remaining <= 0 or self.num_tokens >= max_len:
                 self.finish_reason = "length"
             if self.finished:
                 break

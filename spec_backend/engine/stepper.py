@@ -128,11 +128,9 @@ class Stepper:
                         request.record_verification(counts[i], len(tokens) - 1)
                         drafted.append(counts[i])
                         accepted.append(len(tokens) - 1)
-                    kept = request.append_tokens(tokens, engine.tokenizer)
+                    kept = request.append_tokens(tokens, engine.tokenizer, engine.max_model_len)
                     # the cache holds every token but the newest (the next step's first input)
                     engine.slots.truncate(start + i, request.num_tokens - 1)
-                    if not request.finished and request.num_tokens >= engine.max_model_len:
-                        request.finish_reason = "length"
                 except Exception as exc:
                     request.fail(_error_text(exc))
             kept_all.append(kept)
