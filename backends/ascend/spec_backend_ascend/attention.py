@@ -78,7 +78,9 @@ def paged_cache(cache: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple
     blocks = capacity // PAGE_BLOCK_SIZE
     padded = F.pad(cache.to(dtype), (0, 0, 0, capacity - length))  # [B, H, capacity, D]
     pages = padded.view(batch, heads, blocks, PAGE_BLOCK_SIZE, dim).permute(0, 2, 1, 3, 4)  # [B, n, H, bs, D]
-    pages = pages.reshape(batch * blocks, heads, PAGE_BLOCK_SIZE, dim)  # [B*n, H, bs, D] contiguous
+    # reshape may return a strided view (batch 1: no copy is needed to merge B and n), which the op
+    # must not get: contiguous() makes the copy whenever the view is not already dense
+    pages = pages.reshape(batch * blocks, heads, PAGE_BLOCK_SIZE, dim).contiguous()  # [B*n, H, bs, D]
     table = torch.arange(batch * blocks, dtype=torch.int32, device=cache.device).view(batch, blocks)
     return pages, table
 

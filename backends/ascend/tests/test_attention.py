@@ -183,3 +183,24 @@ def test_fake_fia_validates_like_the_documented_op(
         return
     with pytest.raises((RuntimeError, TypeError), match=error):
         fake_npu.npu_fused_infer_attention_score(query, key, value, **kwargs)
+
+
+@pytest.mark.parametrize(("dim", "q_len"), [(64, 4), (128, 1), (192, 3), (32, 4), (16, 20)])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4])
+def test_every_layout_over_batch_sizes_and_caches_of_several_pages(
+    fake_npu: ModuleType, dim: int, q_len: int, batch: int
+) -> None:
+    """Each layout (TND for head dims 64/128/192, BNSD for others, BNSD_BSND past 16 query tokens) over
+    batch sizes 1..4 and caches spanning 1 to 4 of TND's 128-token pages: the op gets contiguous keys
+    and values (the fake, like the device, rejects a strided view: with batch 1 and more than one page
+    the paged cache used to be one) and the output equals the reference."""
+    gen = torch.Generator().manual_seed(dim * 10 + batch)
+    for max_prefix in (20, 200, 420):
+        q, k, v, meta = ragged_batch(gen, batch, q_len, 4, 2, dim, max_prefix=max_prefix)
+        torch.testing.assert_close(
+            _run(q, k, v, meta)[real_rows(meta, q_len)],
+            reference(q, k, v, meta)[real_rows(meta, q_len)],
+            **FP16_OUT_TOL,
+        )
+    calls = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+    assert {c["input_layout"] for c in calls} == {_layout(dim, q_len)}

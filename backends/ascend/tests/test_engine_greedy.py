@@ -41,3 +41,39 @@ def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Pat
     layouts = {c[1]["input_layout"] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"}
     decode = "TND" if head_dim in (64, 128) else "BNSD"
     assert layouts == {decode, "BNSD_BSND"}  # verification steps and the 19-token prefill
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
+    fake_npu: ModuleType, tmp_path: Path, head_dim: int
+) -> None:
+    """A float16 model (hidden 4·d, 4 heads, 2 KV heads) under ngram K = 3 with prompts longer than one
+    128-token page: alone (batch 1: the paged cache used to reach the op as a strided view, refused
+    with "key must be contiguous") and batched, the captured TND steps give the reference's tokens."""
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.engine.tiny import make_tiny_model
+
+    model = make_tiny_model(
+        tmp_path / "fp16",
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        torch_dtype="float16",
+    )
+    prompts = [[5 + (i % 9) for i in range(n)] for n in (140, 300, 17)]
+    params = engine.SamplingParams(temperature=0.0, max_tokens=10)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    runs: dict[str, list[list[list[int]]]] = {}
+    for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
+        llm = engine.LLM(
+            model, dtype="float16", speculative_config=spec, backend=backend, log_stats_interval=None
+        )
+        assert (llm.engine.captured is not None) == (name == "ascend")
+        alone = [list(llm.generate([p], params)[0].outputs[0].token_ids) for p in prompts]
+        batched = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        assert all(o.outputs[0].finish_reason == "length" for o in llm.generate(prompts, params))
+        runs[name] = [alone, batched]
+    assert runs["ascend"] == runs["reference"]
+    replays = [c for c in fake_npu.CALLS if c[0] == "replay"]
+    assert replays, "the verify steps replayed a captured graph"
