@@ -320,6 +320,7 @@ def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -
 def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     """Answer, train, score and save (module docstring); returns the output folder."""
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_dtype, resolve_model
+    from spec_backend.training.args_check import check_target
     from spec_backend.training.prompts import prompt_variants
     from spec_backend.training.quant import int4_linears, int4_weights
 
@@ -329,6 +330,7 @@ def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     def say(message: str) -> None:
         log(f"[{time.monotonic() - start:6.1f}s] {message}")
 
+    check_target(config.target, config.draft_vocab_size)  # before any work: the config alone
     torch.manual_seed(config.seed)
     source = resolve_model(config.target)
     tokenizer = load_tokenizer(source)

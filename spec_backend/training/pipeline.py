@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spec_backend.training.args_check import check_arguments, check_target, families_of, target_sizes
 from spec_backend.training.prompts import CORE
 
 
@@ -45,17 +46,6 @@ class PipelineConfig:
     bf16: bool = True
     init_from_target: bool = True
     init_head: str | None = None  # continue from a trained head (speculators folder, same draft vocabulary)
-
-
-def _target_sizes(target: str) -> tuple[int, int]:
-    """(decoder layers, vocabulary size) of the target, from its config alone."""
-    from transformers import AutoConfig
-
-    from spec_backend.engine.loader import resolve_model
-
-    source = resolve_model(target)
-    text = AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file).get_text_config()
-    return int(text.num_hidden_layers), int(text.vocab_size)
 
 
 def _resumable(
@@ -135,6 +125,7 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
     from spec_backend.training.vocab import draft_vocabulary
 
+    check_target(config.target, config.draft_vocab_size)  # before any work: the config alone
     _prepare_work(config)
     tokenizer: Any = load_tokenizer(resolve_model(config.target))
     if tokenizer is None:
@@ -142,13 +133,13 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     packages = config.packages or corpus.DEFAULT_PACKAGES
     train, _ = corpus.split_corpus(tokenizer, config.num_sequences, 0, config.max_len, packages)
     train += _respond_all(config, log)  # after the corpus: extractions already made stay valid
-    layers, vocab = _target_sizes(config.target)
+    layers, vocab = target_sizes(config.target)
     aux, state_ids = layer_ids(layers)
     files = _extract_all(config, train, list(state_ids), log)
     counts = torch.zeros(vocab, dtype=torch.int64)  # [V] token frequencies of the training text
     for path in files:
         counts += torch.bincount(load(path)[0], minlength=vocab)[:vocab]
-    d2t, t2d = draft_vocabulary(counts, min(config.draft_vocab_size, counts.numel()))
+    d2t, t2d = draft_vocabulary(counts, config.draft_vocab_size)
     steps = config.epochs * len(files)  # one optimiser step per file (sequences are cut to max_len)
     settings = TrainConfig(
         aux,
@@ -263,7 +254,7 @@ def add_parser(sub: Any) -> None:
         "--epochs more epochs with a fresh schedule from --lr",
     )
     _add_online_arguments(p)
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=functools.partial(_cmd, p))
 
 
 def _add_online_arguments(p: argparse.ArgumentParser) -> None:
@@ -302,17 +293,22 @@ def _cmd_online(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt, seed=args.seed, budget_s=args.budget,
         max_len=args.max_len, gen_batch=args.gen_batch, answers_path=args.answers,
         answer_share=args.answer_share, qat_int4=args.qat_int4, self_prompts=args.self_prompts,
-        families=tuple(name.strip() for name in args.families.split(",") if name.strip()),
+        families=families_of(args.families),
     )  # fmt: skip
     print(f"wrote {run_online(config)}")
     return 0
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def _cmd(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Refuse bad arguments in one line (exit status 2) before any work, then run the chosen pipeline."""
+    from spec_backend.engine.cli import fail
+
+    try:
+        check_arguments(parser, args)
+    except ValueError as exc:
+        return fail(exc)
     if args.online:
         return _cmd_online(args)
-    if args.work is None:
-        raise ValueError("train-eagle3 needs --work (the folder for extracted states), or --online")
     config = PipelineConfig(
         args.target,
         args.out,

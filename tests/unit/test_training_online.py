@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,13 +165,6 @@ def test_online_run_trains_a_servable_head_that_drafts_better_than_untrained(
     assert total.num_accepted_tokens / max(1, total.num_drafts) > 1.0
 
 
-def test_train_eagle3_needs_a_work_folder_unless_online() -> None:
-    from spec_backend.cli import main
-
-    with pytest.raises(ValueError, match="train-eagle3 needs --work"):
-        main(["train-eagle3", "--out", "x"])
-
-
 def test_the_step_plan_follows_the_pace_after_a_slow_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: the first GPU run planned its steps from steps 5-25 alone (warm-up: 164 ms each
     against 62 ms later) and stopped after 1,135 steps with 40 % of its budget unspent."""
@@ -186,7 +180,7 @@ def test_the_step_plan_follows_the_pace_after_a_slow_start(monkeypatch: pytest.M
             clock[0] += 1.0 if len(self.plans) and clock[0] < 25 else 0.1
             return 1.0
 
-    monkeypatch.setattr(online.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the module online reads its clock from
     monkeypatch.setattr(online, "batch_states", lambda *args: None)
     trainer = Trainer()
     config = online.OnlineConfig("t", "o", batch=1, epochs=1, budget_s=100.0)
@@ -270,17 +264,27 @@ def test_quantization_aware_steps_take_the_round_trips_gradient_and_keep_float_w
         assert not torch.equal(int4_round_trip(a.weight), a.weight)
 
 
-def test_the_cli_hands_every_online_flag_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_hands_every_online_flag_to_the_run(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression: ``--qat-int4`` reached the config but not the parser, so ``train-eagle3 --online``
     failed on every call (``'Namespace' object has no attribute 'qat_int4'``)."""
     from spec_backend.cli import main
 
     seen: list[online.OnlineConfig] = []
-    monkeypatch.setattr(online, "run", lambda config: seen.append(config) or config.out_dir)
+
+    def run(config: online.OnlineConfig) -> str:
+        seen.append(config)
+        return config.out_dir
+
+    monkeypatch.setattr(online, "run", run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --device is checked before the run
     flags = ["--variants", "8", "--samples", "0", "--gen-batch", "512", "--batch", "32", "--budget", "60"]
-    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", "--device", "cuda", *flags]) == 0
+    out = str(tmp_path / "o")
+    command = ["train-eagle3", "--online", "--target", target, "--out", out, "--draft-vocab", "96"]
+    assert main([*command, "--device", "cuda", *flags]) == 0
     more = ["--qat-int4", "--families", "topic, why", "--self-prompts", "300"]
-    assert main(["train-eagle3", "--online", "--target", "t", "--out", "o", *more]) == 0
+    assert main([*command, *more]) == 0
     first, second = seen
     assert (first.device, first.variants, first.samples, first.gen_batch, first.batch, first.budget_s) == (
         "cuda",
@@ -317,6 +321,8 @@ def test_self_written_prompts_are_interleaved_with_the_families(monkeypatch: pyt
 
 
 def test_an_online_run_refuses_self_prompts_without_a_chat_template(target: str, tmp_path: Path) -> None:
-    config = online.OnlineConfig(target, str(tmp_path / "o"), prompts=2, variants=1, self_prompts=2)
+    config = online.OnlineConfig(
+        target, str(tmp_path / "o"), prompts=2, variants=1, self_prompts=2, draft_vocab_size=96
+    )
     with pytest.raises(ValueError, match="chat template"):
         online.run(config, lambda m: None)
