@@ -21,6 +21,7 @@ from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.backends.base import Backend, GraphRunner
 from spec_backend.engine.runner import ModelRunner, num_decoder_layers
 from spec_backend.graphs import plan_capture_sizes
+from spec_backend.models.hf_compat import cache_kwargs
 from spec_backend.proposers.contract import TargetOutput
 from spec_backend.step import StepBatch
 
@@ -82,7 +83,7 @@ class CapturedDecode:
             out = self.runner.model(
                 input_ids=input_ids.view(b, q),
                 position_ids=batch.positions.view(b, q),
-                past_key_values=cache,
+                **cache_kwargs(self.runner.model, cache),
                 use_cache=True,
                 logits_to_keep=0,
                 spec_attn_metadata=batch.attention,

@@ -8,6 +8,7 @@ import torch
 
 from spec_backend.engine.hidden import HiddenCapture
 from spec_backend.engine.kv_cache import RaggedKVCache
+from spec_backend.models.hf_compat import cache_kwargs
 from spec_backend.proposers.contract import HiddenStateRequest, TargetOutput
 from spec_backend.step import StepBatch
 
@@ -62,7 +63,7 @@ class ModelRunner:
             out = self.model(
                 input_ids=batch.padded(batch.input_ids),  # [B, Q]
                 position_ids=batch.padded_positions(),  # [B, Q]
-                past_key_values=self.cache,
+                **cache_kwargs(self.model, self.cache),
                 use_cache=True,
                 logits_to_keep=keep if self.mask_logits else 0,
                 spec_attn_metadata=batch.attention,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.models.hf_compat import cache_kwargs
 
 
 class ChainHead(torch.nn.Module, ABC):
@@ -79,7 +80,7 @@ def run_layers(
             x,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(layer, cache),
             use_cache=True,
             position_embeddings=position_embeddings,
             spec_attn_metadata=meta,

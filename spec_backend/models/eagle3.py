@@ -41,6 +41,7 @@ from spec_backend.models.checkpoint import (
     shipped_embedding,
 )
 from spec_backend.models.draft_vocab import target_ids, to_target_logits
+from spec_backend.models.hf_compat import cache_kwargs
 
 #: config flags of the speculators format this loader does not implement (refused, never ignored)
 _UNSUPPORTED_FLAGS = ("fc_norm", "norm_output", "enable_sp_ulysses")
@@ -191,7 +192,7 @@ class Eagle3Head(ChainHead):
             hidden_states=x,
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            past_key_values=cache,
+            **cache_kwargs(first.self_attn, cache),
             position_ids=position_ids,
             use_cache=True,
             spec_attn_metadata=meta,

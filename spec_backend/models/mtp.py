@@ -28,6 +28,7 @@ import torch
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead
 from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
+from spec_backend.models.hf_compat import cache_kwargs
 from spec_backend.models.mtp_layouts import DEEPSEEK, MtpLayout, layout_for, share_io
 
 
@@ -93,7 +94,7 @@ class MtpHead(ChainHead):
             x,
             attention_mask=None,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(layer.block, cache),
             use_cache=True,
             position_embeddings=self.rotary[0](x, position_ids),
             spec_attn_metadata=meta,
