@@ -139,7 +139,7 @@ class EngineCore:
         if request.finished:
             return 0
         room = self.max_model_len - request.num_tokens
-        return max(0, min(self.k, request.remaining, room) - 1)
+        return max(0, min(self.k, request.remaining - 1, room - 1))
 
     @property
     def speculation_disabled(self) -> bool:

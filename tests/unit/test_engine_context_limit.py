@@ -109,10 +109,12 @@ def test_self_drafting_reaches_the_end_with_every_draft_accepted(
     """The issue's reproduction: a draft identical to the target accepts every draft, so the last steps
     run right up to the limit; the drafts there are capped, never the emitted tokens cut after the fact."""
     llm = LLM(target, dtype="float64", speculative_config=_model("draft_model", target))
-    budgets: list[tuple[int, ...]] = []
+    budgets: list[tuple[int, ...]] = []  # per step, committed tokens + budget of each drafting request
+    granted: list[int] = []
     propose = llm.engine.drafter.propose  # type: ignore[union-attr]
 
     def spy(inputs: Any) -> Any:
+        granted.extend(inputs.budgets)
         pairs = zip(inputs.requests, inputs.budgets, strict=True)
         budgets.append(tuple(r.num_tokens + b for r, b in pairs if b > 0))
         return propose(inputs)
@@ -121,6 +123,7 @@ def test_self_drafting_reaches_the_end_with_every_draft_accepted(
     _check_stops_where_plain_stops(llm, plain)
     # a step emits at most budget + 1 tokens: committed + budget + 1 never passes the limit
     assert max(max(b, default=0) for b in budgets) == LIMIT - 1
+    assert max(granted) == K  # away from the end every step drafts K (the cap binds only there)
     total = llm.metrics.total
     assert total.num_accepted_tokens == total.num_draft_tokens  # the draft is the target
 
