@@ -2,7 +2,9 @@
 
 Every failure here raises ``ModelLoadError`` with a message naming the path and what to do, before any
 generation work starts. Weights load from safetensors or GGUF only: pickled checkpoints (``*.bin``,
-``*.pt``, ...) are refused, since unpickling can run arbitrary code. The backend's attention function is
+``*.pt``, ...) are refused, since unpickling can run arbitrary code; a folder whose safetensors do not
+parse, lack weights the model needs, or store floating-point weights as integers is refused too
+(``engine.checkpoint_files``), never filled in at random or cast. The backend's attention function is
 registered in transformers' ``AttentionInterface`` under the backend's name, with mask building disabled
 for it (``AttentionMaskInterface`` entry that returns ``None``): the ragged attention builds its own
 masks from ``RaggedAttentionMetadata``.
@@ -15,7 +17,6 @@ model). If the cache cannot be written, the GGUF loads directly, with a warning.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -25,6 +26,14 @@ from typing import Any
 import torch
 
 from spec_backend.backends.base import Backend
+from spec_backend.engine.checkpoint_files import (
+    ModelLoadError as ModelLoadError,  # defined there, raised and re-exported here
+)
+from spec_backend.engine.checkpoint_files import (
+    read_json_config,
+    read_safetensors_dtypes,
+    refuse_integer_weights,
+)
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -37,10 +46,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "float64": torch.float64,
 }
-
-
-class ModelLoadError(ValueError):
-    """The model could not be found or loaded (unknown path, unsupported GGUF architecture, ...)."""
 
 
 @dataclass(frozen=True)
@@ -140,17 +145,20 @@ def check_gguf_architecture(source: ModelSource) -> None:
 
 def loadable(source: ModelSource) -> ModelSource:
     """Where the weights and tokenizer load from: a GGUF's cached safetensors copy (written on first
-    use), or ``source`` itself for folders and when the cache cannot be written."""
+    use, rebuilt when damaged or converted from another file), or ``source`` itself for folders and when
+    the cache cannot be written."""
     if source.gguf_file is None:
         return source
     from spec_backend.engine.gguf_cache import is_materialized, materialize, materialized_path
 
     cached = materialized_path(source.display)
-    if is_materialized(cached):
+    if is_materialized(cached, source.display):
         return ModelSource(str(cached))  # converted before: no GGUF parsing at all (~6 s each)
     check_gguf_architecture(source)  # an unsupported file fails before any conversion work
     try:
         return ModelSource(materialize(source.directory, source.gguf_file))
+    except ModelLoadError:
+        raise  # a damaged cache folder that cannot be replaced: the message says which to delete
     except OSError as exc:
         logger.warning(
             "spec_backend: cannot cache %s as safetensors (%s); loading the GGUF", source.display, exc
@@ -194,13 +202,9 @@ IN_LIBRARY_TWINS = {"mimo": "qwen2"}
 
 def twin_config(directory: str) -> Any | None:
     """The in-library config for a checkpoint listed in ``IN_LIBRARY_TWINS``, else ``None``."""
-    path = os.path.join(directory, "config.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
-    twin = IN_LIBRARY_TWINS.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
-    if twin is None:
+    raw = read_json_config(directory, "model folder")
+    twin = IN_LIBRARY_TWINS.get(str(raw.get("model_type"))) if raw is not None else None
+    if raw is None or twin is None:
         return None
     from transformers import AutoConfig
 
@@ -215,7 +219,8 @@ def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, d
     refuse_pickles(source)
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"attn_implementation": attn_name}
+    kwargs: dict[str, Any] = {"attn_implementation": attn_name, "output_loading_info": True}
+    stored: dict[str, str] | None = None  # tensor name -> safetensors dtype, for folders
     if source.gguf_file is not None:
         kwargs["gguf_file"] = source.gguf_file
     else:
@@ -223,10 +228,14 @@ def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, d
         config = twin_config(source.directory)
         if config is not None:
             kwargs["config"] = config
+        stored = read_safetensors_dtypes(source.directory, "model folder")  # a damaged file, named
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(source.directory, **kwargs)
     except Exception as exc:  # corrupt weights raise library-specific errors (SafetensorError, ...)
         raise ModelLoadError(f"cannot load model {shown}: {type(exc).__name__}: {exc}") from exc
+    model, info = loaded  # output_loading_info: (model, {"missing_keys": ..., ...})
+    if stored is not None:
+        check_weights(shown, model, info, stored)
     if dtype is None:
         dtype = model.dtype if device.type != "cpu" or model.dtype == torch.float64 else torch.float32
     model = model.to(device=device, dtype=dtype)
@@ -238,6 +247,21 @@ def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, d
             "the engine's ragged attention supports full-attention decoder models only"
         )
     return model
+
+
+def check_weights(shown: str, model: Any, info: dict[str, Any], stored: dict[str, str]) -> None:
+    """``ModelLoadError`` when a folder's weights do not cover ``model`` (transformers would fill the
+    missing tensors at random; weights tied to others, such as a tied LM head, are not missing) or store
+    floating-point weights as integers (``checkpoint_files`` glossary)."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ModelLoadError(
+            f"model folder {shown!r} lacks {len(missing)} weight(s) the model needs: {missing[:6]}"
+            f"{' ...' if len(missing) > 6 else ''}; transformers would fill them at random. Use a complete "
+            "checkpoint (save_pretrained writes every weight)"
+        )
+    floating = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+    refuse_integer_weights("model folder", shown, stored, floating)
 
 
 def load_tokenizer(source: ModelSource) -> Any | None:

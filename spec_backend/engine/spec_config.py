@@ -8,22 +8,13 @@ speculators proposal, and point ``method="mtp"`` at the target's own checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from spec_backend.config import SpeculativeConfig
 from spec_backend.config.json_input import json_object
+from spec_backend.engine.checkpoint_files import read_json_config
 from spec_backend.engine.loader import ModelSource
-
-
-def _config_json(directory: str) -> dict[str, Any] | None:
-    path = os.path.join(directory, "config.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
-    return raw if isinstance(raw, dict) else None
 
 
 def parse_speculative_config(value: Any, target: ModelSource | None = None) -> SpeculativeConfig | None:
@@ -43,11 +34,15 @@ def parse_speculative_config(value: Any, target: ModelSource | None = None) -> S
             f"speculative_config must be a dict, a JSON string or a SpeculativeConfig, got {value!r}"
         )
     data = dict(value)
-    target_hf = _config_json(target.directory) if target is not None and target.gguf_file is None else None
+    target_hf = None
+    if target is not None and target.gguf_file is None:  # a config.json that does not parse is named
+        target_hf = read_json_config(target.directory, "model folder")
     if target is not None and target_hf is not None and "target_model_config" not in data:
         data["target_model_config"] = {"model": target.directory, "hf_config": target_hf}
     model = data.get("model")
-    draft_hf = _config_json(model) if isinstance(model, str) and os.path.isdir(model) else None
+    draft_hf = None
+    if isinstance(model, str) and os.path.isdir(model):
+        draft_hf = read_json_config(model, "speculative_config['model'] folder")
     same = (
         target is not None
         and isinstance(model, str)

@@ -1,27 +1,34 @@
 """Reading a draft checkpoint folder (``config.json`` + safetensors) and checking its tensors against
-the shapes its config implies, with one clear error."""
+the shapes its config implies, with one clear error.
+
+Every draft head (EAGLE, EAGLE-3, DFlash, Medusa, MLPSpeculator, MTP) reads its folder here: a
+``config.json`` that is not JSON or a ``*.safetensors`` file that is truncated is a ``ModelLoadError``
+naming the folder and the file (``engine.checkpoint_files``), and a floating-point weight stored as
+integers is refused by ``check_tensors``.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
+from spec_backend.engine.checkpoint_files import (
+    ModelLoadError,
+    read_json_config,
+    read_safetensors_dtypes,
+    refuse_integer_weights,
+)
+
 
 def read_config(kind: str, path: str) -> dict[str, Any]:
-    """``path/config.json`` as a dict; ``ValueError`` naming ``kind`` when it is missing or not an object."""
-    config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        raise ValueError(f"{kind} checkpoint {path!r} has no config.json")
-    with open(config_path, encoding="utf-8") as f:
-        raw = json.load(f)
-    if not isinstance(raw, dict):
-        raise ValueError(
-            f"{kind} checkpoint {path!r}: config.json must hold a JSON object, got {type(raw).__name__}"
-        )
+    """``path/config.json`` as a dict; ``ModelLoadError`` naming ``kind`` when it is missing, not JSON
+    or not an object."""
+    raw = read_json_config(path, f"{kind} checkpoint")
+    if raw is None:
+        raise ModelLoadError(f"{kind} checkpoint {path!r} has no config.json")
     return raw
 
 
@@ -41,9 +48,17 @@ def read_tensors(
         pickles = sorted(n for n in os.listdir(path) if n.endswith((".bin", ".pt", ".pth")))
         hint = f" (found pickles {pickles}: convert them with safetensors.torch.save_file)" if pickles else ""
         raise ValueError(f"{kind} checkpoint {path!r} has no .safetensors weights{hint}")
+    read_safetensors_dtypes(path, f"{kind} checkpoint")  # a truncated or damaged file, named
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        for name, tensor in load_file(os.path.join(path, file)).items():
+        try:
+            loaded = load_file(os.path.join(path, file))
+        except Exception as exc:  # safetensors' own SafetensorError: a damaged file the header check passed
+            raise ModelLoadError(
+                f"{kind} checkpoint {path!r}: cannot read {file} ({type(exc).__name__}: {exc}); "
+                "download or save the checkpoint again"
+            ) from exc
+        for name, tensor in loaded.items():
             new = rename(name)
             if new is not None:
                 tensors[new] = tensor
@@ -57,7 +72,9 @@ def check_tensors(
     tensors: Mapping[str, torch.Tensor],
     optional: Iterable[str] = (),
 ) -> None:
-    """Raise ``ValueError`` naming every missing, unexpected and mis-shaped tensor of ``kind`` at ``path``."""
+    """Raise ``ValueError`` naming every missing, unexpected and mis-shaped tensor of ``kind`` at ``path``,
+    and ``ModelLoadError`` when a tensor of ``expected`` (the module's weights, all floating point) is
+    stored with an integer dtype."""
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected) - set(optional))
     wrong = [
@@ -70,6 +87,33 @@ def check_tensors(
             f"{kind} checkpoint {path!r} does not match its config.json: missing {missing}, "
             f"unexpected {extra}, wrong shapes {wrong}"
         )
+    stored = {k: _SAFETENSORS_DTYPE.get(t.dtype, str(t.dtype)) for k, t in tensors.items()}
+    refuse_integer_weights(f"{kind} checkpoint", path, stored, expected)
+
+
+def check_rows(kind: str, path: str, tensor: torch.Tensor | None, name: str, rows: int, field: str) -> None:
+    """``ModelLoadError`` unless ``tensor`` (the checkpoint's ``name``, when it ships one) has ``rows`` rows,
+    the vocabulary size its ``config.json`` or the target implies (``field`` says which)."""
+    if tensor is not None and (tensor.dim() == 0 or int(tensor.shape[0]) != rows):
+        found = tensor.shape[0] if tensor.dim() else 0
+        raise ModelLoadError(
+            f"{kind} checkpoint {path!r}: {name} has {found} rows (shape {list(tensor.shape)}) but "
+            f"{field} is {rows}; the config.json and the weights must describe the same vocabulary"
+        )
+
+
+#: torch dtype -> safetensors' name for it (what ``refuse_integer_weights`` reads)
+_SAFETENSORS_DTYPE = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+}
 
 
 def module_shapes(module: torch.nn.Module, skip: Iterable[str] = ()) -> dict[str, tuple[int, ...]]:
@@ -87,4 +131,11 @@ def shipped_embedding(tensors: dict[str, torch.Tensor], default: torch.nn.Module
     return torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
 
 
-__all__ = ["check_tensors", "module_shapes", "read_config", "read_tensors", "shipped_embedding"]
+__all__ = [
+    "check_rows",
+    "check_tensors",
+    "module_shapes",
+    "read_config",
+    "read_tensors",
+    "shipped_embedding",
+]

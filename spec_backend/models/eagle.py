@@ -22,6 +22,7 @@ import torch
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, run_layers
 from spec_backend.models.checkpoint import (
+    check_rows,
     check_tensors,
     module_shapes,
     read_config,
@@ -80,6 +81,13 @@ def load_eagle_head(path: str, target: Any, attn_name: str, dtype: torch.dtype) 
         raise ValueError(
             f"EAGLE head {path!r} has hidden_size {config.hidden_size}, the target has {target_h}"
         )
+    vocab = int(target.get_output_embeddings().weight.shape[0])  # EAGLE-1 drafts with the target's head
+    if int(config.vocab_size) != vocab:
+        raise ValueError(
+            f"EAGLE head {path!r} has vocab_size {config.vocab_size} in its config.json, the target has "
+            f"{vocab} tokens; an EAGLE-1 head drafts with the target's LM head and needs its vocabulary"
+        )
+    check_rows("EAGLE", path, tensors.get("embed_tokens.weight"), "embed_tokens.weight", vocab, "vocab_size")
     bias = "fc.bias" in tensors  # load the bias iff it is there (config["bias"] is only a hint)
     embed = shipped_embedding(tensors, target.get_input_embeddings())
     head = EagleHead(config, bias, embed, target.get_output_embeddings())

@@ -34,6 +34,7 @@ import torch
 from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, decoder_classes, run_layers
 from spec_backend.models.checkpoint import (
+    check_rows,
     check_tensors,
     module_shapes,
     read_config,
@@ -235,6 +236,7 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
             f"EAGLE-3 checkpoint {path!r} is for a target with vocab_size {spec.layer_config.vocab_size} and "
             f"hidden size {spec.target_hidden_size}; this target has {vocab} and {ht}"
         )
+    _check_vocab_rows(path, spec, tensors, vocab)
     embed = shipped_embedding(tensors, target_embed)
     if embed is target_embed and int(spec.layer_config.hidden_size) != ht:
         raise ValueError(
@@ -261,6 +263,16 @@ def load_eagle3_head(path: str, target: Any, attn_name: str, dtype: torch.dtype)
     if ids is not None and (spec.draft_vocab_size != vocab or bool(tensors["d2t"].any())):
         head.target_ids = ids.to(device)  # else the draft vocabulary is the target's, in order
     return head.to(device=device, dtype=dtype).eval()
+
+
+def _check_vocab_rows(path: str, spec: Eagle3Spec, tensors: dict[str, torch.Tensor], vocab: int) -> None:
+    """The shipped vocabulary tensors agree with ``config.json``: ``embed_tokens [V, H]``,
+    ``lm_head [Vd, H]`` and ``d2t [Vd]`` (``ModelLoadError`` naming the tensor, its rows and the field)."""
+    check_rows(
+        "EAGLE-3", path, tensors.get("embed_tokens.weight"), "embed_tokens.weight", vocab, "vocab_size"
+    )
+    for name in ("lm_head.weight", "d2t"):
+        check_rows("EAGLE-3", path, tensors.get(name), name, spec.draft_vocab_size, "draft_vocab_size")
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

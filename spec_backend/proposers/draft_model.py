@@ -185,6 +185,7 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         dtype = resolve_dtype(str(config.draft_model_config.dtype))
     model = ctx.load_model(path, dtype)
     _check_vocab(ctx, model, path)
+    _check_positions(model, path, ctx.max_model_len)
     assert config.num_speculative_tokens is not None
     return DraftModelDrafter(
         model,
@@ -212,6 +213,19 @@ def _pard_token(draft: Any, path: str) -> int:
             f"draft model {path!r}: pard_token must be a token id in [0, {vocab}), got {token!r}"
         )
     return token
+
+
+def _check_positions(draft: Any, path: str, max_model_len: int) -> None:
+    """The draft model must know every position a request can reach (``max_model_len``): past its
+    ``max_position_embeddings`` its position encoding was never trained (or does not exist)."""
+    config = draft.config.get_text_config() if hasattr(draft.config, "get_text_config") else draft.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and limit < max_model_len:
+        raise ValueError(
+            f"the draft model {path!r} has max_position_embeddings={limit}, fewer than the engine's "
+            f"max_model_len={max_model_len}; use a draft model with at least {max_model_len} positions, "
+            f"or pass LLM(max_model_len={limit})"
+        )
 
 
 def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:

@@ -1,18 +1,24 @@
-"""The GGUF → safetensors cache: keyed by content, reused, atomic under concurrent first runs.
+"""The GGUF → safetensors cache: keyed by content, reused, atomic under concurrent first runs, and
+rebuilt when a slot is damaged or holds another file's conversion.
 
-The de-quantizing writer (transformers) is replaced by a stand-in that writes a marker file, so these
-tests exercise the cache's own logic; the real conversion of the bundled model runs in the vLLM tier's
-set-up (``scripts/setup_vllm_env.sh``)."""
+The de-quantizing writer (transformers) is replaced by a stand-in that writes a one-tensor safetensors
+file naming the GGUF in its metadata, so these tests exercise the cache's own logic; the real conversion
+of the bundled model runs in the vLLM tier's set-up (``scripts/setup_vllm_env.sh``)."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from spec_backend.engine import gguf_cache
+from spec_backend.engine import ModelLoadError, gguf_cache
 
 
 @pytest.fixture
@@ -26,12 +32,23 @@ def gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def fake_writer(calls: list[str], delay: float = 0.0) -> object:
     def write(directory: str, gguf_file: str, out: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
         calls.append(threading.current_thread().name)
         time.sleep(delay)
         (out / "config.json").write_text("{}")
-        (out / "model.safetensors").write_text(f"weights of {gguf_file}")
+        save_file({"w": torch.zeros(4)}, str(out / "model.safetensors"), metadata={"gguf": gguf_file})
 
     return write
+
+
+def weights_of(folder: Path) -> str:
+    """The GGUF file name ``fake_writer`` recorded in the slot's safetensors metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return str(f.metadata()["gguf"])
 
 
 def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -77,7 +94,7 @@ def test_concurrent_first_runs_agree(gguf: Path, monkeypatch: pytest.MonkeyPatch
         t.join()
     assert len(results) == 2 and results[0] == results[1] and len(calls) == 2
     folder = Path(results[0])
-    assert (folder / "model.safetensors").read_text() == f"weights of {gguf.name}"
+    assert weights_of(folder) == gguf.name
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
 
 
@@ -135,7 +152,12 @@ def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: py
 
     parses: list[str] = []
     check = loader.check_gguf_architecture
-    monkeypatch.setattr(loader, "check_gguf_architecture", lambda s: (parses.append(s.display), check(s)))
+
+    def counted_check(source: loader.ModelSource) -> None:
+        parses.append(source.display)
+        check(source)
+
+    monkeypatch.setattr(loader, "check_gguf_architecture", counted_check)
     outs = []
     for _ in range(2):
         llm = LLM(str(gguf))
@@ -160,3 +182,99 @@ def test_unwritable_cache_falls_back_to_the_gguf(
     source = ModelSource(str(tmp_path), "m.gguf")
     assert loadable(source) == source
     assert "cannot cache" in caplog.text and "loading the GGUF" in caplog.text
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[:-3])
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (
+            lambda slot: _truncate(slot / "model.safetensors"),
+            r"its model\.safetensors is damaged \(its tensors need 16 bytes of data after the header, "
+            r"the file holds 13\)",
+        ),
+        (lambda slot: (slot / "config.json").write_text("{"), r"its config\.json does not parse \("),
+        (
+            lambda slot: (slot / gguf_cache.SOURCE_RECORD).unlink(),
+            r"it has no readable spec_backend_source\.json saying which GGUF it was converted from",
+        ),
+    ],
+    ids=["truncated-weights", "config-not-json", "no-source-record"],
+)
+def test_a_damaged_slot_is_rebuilt(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], object],
+    reason: str,
+) -> None:
+    """The loader sees the damage (it does not load the slot as it is), parses the GGUF again and the
+    cache rebuilds the slot in place, with a warning naming the folder and what was wrong."""
+    from spec_backend.engine.loader import ModelSource, loadable
+
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
+    llama_gguf(tmp_path / "m.gguf")
+    source = ModelSource(str(tmp_path), "m.gguf")
+    slot = Path(loadable(source).directory)
+    assert loadable(source).directory == str(slot) and len(calls) == 1  # valid: reused
+    damage(slot)
+    assert loadable(source).directory == str(slot) and len(calls) == 2
+    assert re.search(
+        "the GGUF cache folder " + re.escape(str(slot)) + " is not usable: " + reason + ".*; rebuilding it",
+        caplog.text,
+    )
+    assert gguf_cache.slot_problem(slot, tmp_path / "m.gguf") is None and weights_of(slot) == "m.gguf"
+    assert sorted(p.name for p in slot.parent.iterdir()) == [slot.name]  # the damaged copy is gone
+
+
+def test_a_slot_holding_another_ggufs_conversion_is_rebuilt(
+    gguf: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slot folder copied (or restored) from another model: its source record gives it away."""
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
+    other = gguf.with_name("other.Q4_1.gguf")
+    other.write_bytes(b"GGUF" + bytes(range(64, 160)))
+    theirs = Path(gguf_cache.materialize(str(other.parent), other.name))
+    ours = gguf_cache.materialized_path(gguf)
+    shutil.copytree(theirs, ours)
+    assert gguf_cache.materialize(str(gguf.parent), gguf.name) == str(ours) and len(calls) == 2
+    assert weights_of(ours) == gguf.name and weights_of(theirs) == other.name
+    assert re.search(
+        "the GGUF cache folder " + re.escape(str(ours)) + r" is not usable: it holds a conversion of "
+        r"another file: " + re.escape(repr(str(other.resolve()))) + r" \(100 bytes, sha256 [0-9a-f]{64}\), "
+        r"not of "
+        + re.escape(repr(str(gguf.resolve())))
+        + r" \(68 bytes, sha256 [0-9a-f]{64}\); rebuilding it",
+        caplog.text,
+    )
+
+
+def test_a_damaged_slot_that_cannot_be_replaced_names_the_folder_to_delete(
+    gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
+    slot = Path(gguf_cache.materialize(str(gguf.parent), gguf.name))
+    (slot / "config.json").write_text("")
+    rename = os.rename
+
+    def refuse_to_move_the_slot(src: Any, dst: Any) -> None:
+        if Path(src) == slot:
+            raise PermissionError(13, "Permission denied", str(src))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", refuse_to_move_the_slot)
+    message = (
+        "the GGUF cache folder " + re.escape(repr(str(slot))) + r" is not usable \(its config\.json does "
+        r"not parse \(.*\)\) and cannot be replaced \(.*Permission denied.*\); delete that folder and "
+        r"run again"
+    )
+    with pytest.raises(ModelLoadError, match=message):
+        gguf_cache.materialize(str(gguf.parent), gguf.name)
+    assert sorted(p.name for p in slot.parent.iterdir()) == [slot.name]  # no partial or stale copies left
