@@ -17,32 +17,11 @@ import difflib
 import logging
 from typing import Any, Final, Literal, cast
 
-from spec_backend.proposers.registry import METHODS
+from spec_backend.methods import ALIASES, DEPRECATED_ALIASES, METHODS, MTP_MODEL_TYPES, accepted_names
 
 logger = logging.getLogger("spec_backend.config")
 
-#: Per-architecture MTP method names (deprecated as method names: all mean ``mtp``).
-MTP_MODEL_TYPES: Final[tuple[str, ...]] = (
-    "deepseek_mtp",
-    "mimo_mtp",
-    "mimo_v2_mtp",
-    "glm4_moe_mtp",
-    "glm4_moe_lite_mtp",
-    "glm_ocr_mtp",
-    "ernie_mtp",
-    "nemotron_h_mtp",
-    "exaone_moe_mtp",
-    "exaone4_5_mtp",
-    "qwen3_next_mtp",
-    "qwen3_5_mtp",
-    "longcat_flash_mtp",
-    "mtp",
-    "pangu_ultra_moe_mtp",
-    "step3p5_mtp",
-    "hy_v3_mtp",
-)
-
-#: Methods whose drafter runs on the target's hidden states (EAGLE-style), from the method registry.
+#: Methods whose drafter runs on the target's hidden states (EAGLE-style), from the method table.
 EAGLE_METHODS: Final[tuple[str, ...]] = tuple(n for n, m in METHODS.items() if m.family == "eagle")
 
 #: Methods that return auxiliary hidden states from the target (changes the target's graph).
@@ -67,22 +46,14 @@ AUX_HIDDEN_STATES_SUPPORTED: Final[tuple[str, ...]] = (
 )
 
 
-def _accepted_names() -> tuple[str, ...]:
-    names: list[str] = []
-    for name in METHODS:
-        if name != "mtp":  # listed with the per-architecture MTP names
-            names.append(name)
-        if name == "ngram":
-            names.append("[ngram]")
-    return (*names, *MTP_MODEL_TYPES)
-
-
-#: Every accepted value of ``method`` (before normalisation): the registry's names and their aliases.
-SPECULATIVE_METHODS: Final[tuple[str, ...]] = _accepted_names()
+#: Every accepted value of ``method`` (before normalisation): the table's names and their aliases.
+SPECULATIVE_METHODS: Final[tuple[str, ...]] = accepted_names()
 
 #: Methods that need no draft weights: ``model`` is set to the method name.
 MODEL_FREE_METHODS: Final[tuple[str, ...]] = tuple(n for n, m in METHODS.items() if m.model_free)
 
+#: ``SPECULATIVE_METHODS`` written out for the type checker, which cannot derive a ``Literal`` from the
+#: table; ``tests/unit/test_method_table.py`` holds the two equal, in order.
 SpeculativeMethod = Literal[
     "ngram",
     "[ngram]",
@@ -129,13 +100,14 @@ def check_method_name(value: Any) -> Any:
 
 
 def normalize_method(method: SpeculativeMethod) -> SpeculativeMethod:
-    """Map the ``[ngram]`` alias to ``ngram`` and deprecated per-architecture MTP names to ``mtp``."""
-    if method == "[ngram]":
-        return "ngram"
-    if method in MTP_MODEL_TYPES and method != "mtp":
-        logger.warning("speculative method %r is deprecated; it is replaced with 'mtp'", method)
-        return "mtp"
-    return method
+    """The method an alias names (``spec_backend.methods.ALIASES``: ``[ngram]`` -> ``ngram``, deprecated
+    per-architecture MTP names -> ``mtp``, with a warning)."""
+    target = ALIASES.get(method)
+    if target is None:
+        return method
+    if method in DEPRECATED_ALIASES:
+        logger.warning("speculative method %r is deprecated; it is replaced with %r", method, target)
+    return cast(SpeculativeMethod, target)
 
 
 def infer_method(model: str | None) -> SpeculativeMethod:

@@ -30,7 +30,7 @@ from spec_backend.config import (
     SpeculativeConfig,
     effective_rejection_sampler_config,
 )
-from spec_backend.proposers.registry import METHODS
+from spec_backend.methods import METHODS
 
 logger = logging.getLogger("spec_backend.integrations.vllm")
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["Proposer", "draft_limits"]
+if TYPE_CHECKING:
+    from spec_backend.config import SpeculativeConfig
+
+__all__ = ["Proposer", "draft_limits", "speculative_tokens"]
 
 
 class Proposer(ABC):
@@ -51,3 +55,10 @@ def draft_limits(num_speculative_tokens: int, num_reqs: int, max_tokens: Sequenc
     if len(max_tokens) != num_reqs:
         raise ValueError(f"max_tokens has {len(max_tokens)} entries for {num_reqs} requests")
     return [max(0, min(num_speculative_tokens, int(m))) for m in max_tokens]
+
+
+def speculative_tokens(config: SpeculativeConfig) -> int:
+    """K of a validated config; ``ValueError`` naming the method when it is unset."""
+    if config.num_speculative_tokens is None:
+        raise ValueError(f"num_speculative_tokens is required for speculative method {config.method!r}")
+    return config.num_speculative_tokens

@@ -23,15 +23,50 @@ Model-free drafters (ngram, ngram_gpu, suffix) keep their host algorithms behind
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from spec_backend.proposers.base import Proposer
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch
+
+if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend
+    from spec_backend.config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter builder may use: the resolved config, the device, the loaded target and engine sizes.
+
+    ``num_slots`` is an upper bound (``max_num_seqs``): caches are sized later by ``allocate_caches``.
+
+    ``load_model(path, dtype)`` loads a causal LM (folder or GGUF) with the engine's attention and
+    backend preparation; ``dtype=None`` means the target's dtype. ``prepare(head)`` applies the same
+    preparation (kernel choices, ``speculative_config['quantization']``) to a loaded head module.
+    """
+
+    config: SpeculativeConfig
+    device: torch.device
+    target: torch.nn.Module
+    num_slots: int
+    max_model_len: int
+    load_model: Callable[[str, torch.dtype | None], torch.nn.Module]
+    kv_transfer_config: dict[str, Any] | None = None
+    target_vocab: dict[str, int] | None = None  # the target tokenizer's token -> id map, when it has one
+    backend: Backend | None = None  # for drafters that capture graphs (None: they run eagerly)
+    enforce_eager: bool = True
+    target_path: str | None = None  # the target checkpoint's folder (MTP layers live there)
+    prepare: Callable[[torch.nn.Module], None] | None = None  # the backend's preparation of draft heads
+
+    def model_path(self, what: str) -> str:
+        """``speculative_config.model``; ``ValueError`` saying the method needs ``what`` when unset."""
+        if self.config.model is None:
+            raise ValueError(f"method={self.config.method!r} needs speculative_config['model'] ({what})")
+        return self.config.model
 
 
 @dataclass(frozen=True)
@@ -234,6 +269,7 @@ __all__ = [
     "DraftOutput",
     "DraftRequest",
     "Drafter",
+    "DrafterContext",
     "HiddenStateRequest",
     "HostDrafter",
     "SlotCache",

@@ -21,7 +21,7 @@ from spec_backend.proposers.head_cache import HeadCacheDrafter
 
 if TYPE_CHECKING:
     from spec_backend.models.dflash import DFlashHead, DFlashSpec
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 
 class DFlashDrafter(HeadCacheDrafter):

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
     from spec_backend.engine.captured import CapturedDecode
     from spec_backend.engine.runner import ModelRunner
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 
 @dataclass

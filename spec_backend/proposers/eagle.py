@@ -33,7 +33,7 @@ from spec_backend.proposers.head_cache import HeadCacheDrafter
 
 if TYPE_CHECKING:
     from spec_backend.models.chain_head import ChainHead
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 
 class EagleDrafter(HeadCacheDrafter):

@@ -35,7 +35,7 @@ from spec_backend.proposers.contract import (
 )
 
 if TYPE_CHECKING:
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 ROLE = "kv_producer"

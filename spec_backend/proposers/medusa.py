@@ -16,7 +16,7 @@ from spec_backend.proposers.heads import HeadDrafter
 
 if TYPE_CHECKING:
     from spec_backend.models.medusa import MedusaHeads
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 
 class MedusaDrafter(HeadDrafter):

@@ -10,7 +10,7 @@ from spec_backend.proposers.heads import HeadDrafter
 
 if TYPE_CHECKING:
     from spec_backend.models.mlp_speculator import MLPSpeculator
-    from spec_backend.proposers.registry import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext
 
 
 class MLPSpeculatorDrafter(HeadDrafter):

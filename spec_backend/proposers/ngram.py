@@ -26,16 +26,21 @@ the history, so results are always exact (tests force collisions with a 3-bit ha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spec_backend.config.ngram import MAX_PROMPT_LOOKUP
-from spec_backend.proposers.base import Proposer, draft_limits
+from spec_backend.config.ngram import MAX_PROMPT_LOOKUP, resolve_lookup_window
+from spec_backend.proposers.base import Proposer, draft_limits, speculative_tokens
 from spec_backend.proposers.hash_table import StaticHashTable
 
-__all__ = ["NgramProposer", "last_occurrence"]
+if TYPE_CHECKING:
+    import torch
+
+    from spec_backend.config import SpeculativeConfig
+
+__all__ = ["NgramProposer", "build_ngram_proposer", "last_occurrence"]
 
 _P = 0x100000001B3  # odd multiplier of the polynomial hash (64-bit FNV prime)
 _MASK64 = (1 << 64) - 1
@@ -195,3 +200,9 @@ class NgramProposer(Proposer):
         last = np.ones(keys.shape[0], dtype=bool)  # [N]
         last[:-1] = keys[1:] != keys[:-1]
         index.static = StaticHashTable(keys[last], vals[last])
+
+
+def build_ngram_proposer(config: SpeculativeConfig, device: torch.device | None = None) -> NgramProposer:
+    """The ``ngram`` method's proposer from a validated config (a host algorithm: ``device`` is unused)."""
+    lo, hi = resolve_lookup_window("ngram", config.prompt_lookup_min, config.prompt_lookup_max)
+    return NgramProposer(speculative_tokens(config), lo, hi)

@@ -15,12 +15,17 @@ prompt_lookup_max]`` wins and the draft is ``tokens[b, e+1 : e+1+k]`` clipped at
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.proposers.base import Proposer, draft_limits
+from spec_backend.config.ngram import resolve_lookup_window
+from spec_backend.proposers.base import Proposer, draft_limits, speculative_tokens
 
-__all__ = ["NgramGpuProposer"]
+if TYPE_CHECKING:
+    from spec_backend.config import SpeculativeConfig
+
+__all__ = ["NgramGpuProposer", "build_ngram_gpu_proposer"]
 
 
 class NgramGpuProposer(Proposer):
@@ -176,3 +181,11 @@ def ngram_match(
     gather_idx = (start.unsqueeze(1) + torch.arange(k, device=device)).clamp(0, width - 1)  # [B, k]
     drafts = tokens.gather(1, gather_idx)  # [B, k]
     return drafts, counts
+
+
+def build_ngram_gpu_proposer(
+    config: SpeculativeConfig, device: torch.device | None = None
+) -> NgramGpuProposer:
+    """The ``ngram_gpu`` method's proposer from a validated config, running on ``device``."""
+    lo, hi = resolve_lookup_window("ngram_gpu", config.prompt_lookup_min, config.prompt_lookup_max)
+    return NgramGpuProposer(speculative_tokens(config), lo, hi, device=device)

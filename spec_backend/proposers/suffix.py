@@ -34,6 +34,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +43,12 @@ from spec_backend.proposers import suffix_kernels as kernels
 from spec_backend.proposers.base import Proposer, draft_limits
 from spec_backend.proposers.suffix_tree import SuffixTree
 
-__all__ = ["SuffixProposer"]
+if TYPE_CHECKING:
+    import torch
+
+    from spec_backend.config import SpeculativeConfig
+
+__all__ = ["SuffixProposer", "build_suffix_proposer"]
 
 
 class _Request:
@@ -189,3 +195,16 @@ class SuffixProposer(Proposer):
             )
             out.append(buf[:n].tolist())
         return out
+
+
+def build_suffix_proposer(config: SpeculativeConfig, device: torch.device | None = None) -> SuffixProposer:
+    """The ``suffix`` method's proposer from a validated config (a host algorithm: ``device`` is unused).
+    K defaults to the tree depth, as the config's own default does."""
+    depth = config.suffix_decoding_max_tree_depth
+    return SuffixProposer(
+        num_speculative_tokens=config.num_speculative_tokens or depth,
+        max_tree_depth=depth,
+        max_cached_requests=config.suffix_decoding_max_cached_requests,
+        max_spec_factor=config.suffix_decoding_max_spec_factor,
+        min_token_prob=config.suffix_decoding_min_token_prob,
+    )

@@ -1,24 +1,18 @@
-"""n-gram proposers (host and batched tensor) and the proposer factory."""
+"""n-gram proposers (host and batched tensor) and the registry's host proposer builder."""
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec_backend.proposers import (
-    NgramGpuProposer,
-    NgramProposer,
-    Proposer,
-    SuffixProposer,
-    create_proposer,
-)
+from spec_backend.config import SpeculativeConfig
+from spec_backend.proposers import NgramGpuProposer, NgramProposer, Proposer, SuffixProposer
 from spec_backend.proposers import ngram as ngram_module
 from spec_backend.proposers.ngram import last_occurrence
+from spec_backend.proposers.registry import build_proposer
 
 
 def reference(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -156,76 +150,63 @@ def test_last_occurrence() -> None:
 
 
 # ------------------------------------------------------------------------------------------- factory
-def cfg(**kw: object) -> SimpleNamespace:
-    return SimpleNamespace(**kw)
+def spec(**kw: object) -> SpeculativeConfig:
+    return SpeculativeConfig.model_validate(kw)
 
 
-def test_factory_builds_each_method() -> None:
-    p = create_proposer(cfg(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4))
+def unchecked(**kw: object) -> SpeculativeConfig:
+    """A config the validators never saw: what ``build_proposer`` itself refuses."""
+    return SpeculativeConfig.model_construct(**kw)  # type: ignore[arg-type]
+
+
+def test_build_proposer_builds_each_host_method() -> None:
+    p = build_proposer(spec(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4))
     assert isinstance(p, NgramProposer)
     assert (p.num_speculative_tokens, p.prompt_lookup_min, p.prompt_lookup_max) == (3, 4, 4)
-    p = create_proposer(cfg(method="[ngram]", num_speculative_tokens=2))
+    p = build_proposer(spec(method="[ngram]", num_speculative_tokens=2))  # the config resolves the alias
     assert isinstance(p, NgramProposer) and (p.prompt_lookup_min, p.prompt_lookup_max) == (5, 5)
-    g = create_proposer(cfg(method="ngram_gpu", num_speculative_tokens=2, prompt_lookup_min=2), "cpu")
+    g = build_proposer(
+        spec(method="ngram_gpu", num_speculative_tokens=2, prompt_lookup_min=2), torch.device("cpu")
+    )
     assert isinstance(g, NgramGpuProposer) and (g.prompt_lookup_min, g.prompt_lookup_max) == (2, 2)
     assert g.device.type == "cpu"
-    s = create_proposer(cfg(method="suffix", num_speculative_tokens=None, suffix_decoding_max_tree_depth=7))
+    s = build_proposer(spec(method="suffix", suffix_decoding_max_tree_depth=7))
     assert isinstance(s, SuffixProposer)
     assert (s.num_speculative_tokens, s.max_tree_depth, s.max_cached_requests) == (7, 7, 10000)
 
 
-@dataclasses.dataclass
-class _Config:
-    method: str = "suffix"
-    num_speculative_tokens: int = 5
-    suffix_decoding_max_tree_depth: int = 12
-    suffix_decoding_max_cached_requests: int = 3
-    suffix_decoding_max_spec_factor: float = 2.0
-    suffix_decoding_min_token_prob: float = 0.25
-
-
-def test_factory_reads_suffix_fields_from_a_dataclass() -> None:
-    s = create_proposer(_Config())
+def test_build_proposer_reads_every_suffix_field() -> None:
+    s = build_proposer(
+        spec(
+            method="suffix",
+            num_speculative_tokens=5,
+            suffix_decoding_max_tree_depth=12,
+            suffix_decoding_max_cached_requests=3,
+            suffix_decoding_max_spec_factor=2.0,
+            suffix_decoding_min_token_prob=0.25,
+        )
+    )
     assert isinstance(s, SuffixProposer)
     assert (s.num_speculative_tokens, s.max_tree_depth, s.max_cached_requests) == (5, 12, 3)
     assert (s.max_spec_factor, s.min_token_prob) == (2.0, 0.25)
+    suffix = build_proposer(spec(method="suffix", suffix_decoding_max_cached_requests=0))
+    assert isinstance(suffix, SuffixProposer)
+    assert (suffix.num_speculative_tokens, suffix.max_tree_depth, suffix.max_cached_requests) == (24, 24, 0)
 
 
-def test_factory_errors() -> None:
+def test_build_proposer_errors() -> None:
     with pytest.raises(
         ValueError, match=r"unknown speculative method 'bogus'; known methods: ngram, ngram_gpu"
     ):
-        create_proposer(cfg(method="bogus", num_speculative_tokens=2))
+        build_proposer(unchecked(method="bogus", num_speculative_tokens=2))
     with pytest.raises(ValueError, match="unknown speculative method None"):
-        create_proposer(object())
-    # model-based, not host proposers (deepseek_mtp: vLLM's per-model MTP name)
-    methods = ("draft_model", "eagle", "eagle3", "mtp", "deepseek_mtp", "dflash", "medusa", "mlp_speculator")
-    for method in methods:
+        build_proposer(unchecked(method=None))
+    for method in ("draft_model", "eagle", "eagle3", "mtp", "dflash", "medusa", "mlp_speculator"):
         with pytest.raises(
-            ValueError, match=f"'{method.removeprefix('deepseek_')}' drafts with a model: build it"
+            ValueError, match=f"'{method}' drafts with a model, not a host proposer: build it"
         ):
-            create_proposer(cfg(method=method, num_speculative_tokens=2))
+            build_proposer(unchecked(method=method, num_speculative_tokens=2))
     with pytest.raises(ValueError, match="num_speculative_tokens is required for speculative method 'ngram'"):
-        create_proposer(cfg(method="ngram"))
+        build_proposer(unchecked(method="ngram", num_speculative_tokens=None))
     with pytest.raises(ValueError, match=r"suffix_decoding_min_token_prob=1\.5 must be in"):
-        create_proposer(cfg(method="suffix", num_speculative_tokens=2, suffix_decoding_min_token_prob=1.5))
-
-
-def test_factory_with_the_real_speculative_config() -> None:
-    config_module = pytest.importorskip("spec_backend.config")
-    speculative_config = getattr(config_module, "SpeculativeConfig", None)
-    if speculative_config is None:
-        pytest.skip("SpeculativeConfig is not available yet")
-    config = speculative_config(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
-    proposer = create_proposer(config)
-    assert isinstance(proposer, NgramProposer)
-    assert (proposer.num_speculative_tokens, proposer.prompt_lookup_min, proposer.prompt_lookup_max) == (
-        3,
-        4,
-        4,
-    )
-    suffix = create_proposer(speculative_config(method="suffix", suffix_decoding_max_cached_requests=0))
-    assert isinstance(suffix, SuffixProposer)
-    assert (suffix.num_speculative_tokens, suffix.max_tree_depth, suffix.max_cached_requests) == (24, 24, 0)
-    gpu = create_proposer(speculative_config(method="ngram_gpu", num_speculative_tokens=2), device="cpu")
-    assert isinstance(gpu, NgramGpuProposer)
+        build_proposer(spec(method="suffix").model_copy(update={"suffix_decoding_min_token_prob": 1.5}))
