@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
 if TYPE_CHECKING:
     import torch
 
-    from spec_backend.config.sampler_methods import SamplerMethod
     from spec_backend.sampling.ops import SamplerOps
 
     #: (draft_ids [T], draft_probs [T, V] | None, target_probs [N, V], target_rows [T], uniforms [T] f64,
@@ -54,6 +53,9 @@ if TYPE_CHECKING:
     ]
     KernelSelector = Callable[[SamplerOps], DraftVerify]
 
+#: the ``RejectionSampler``'s ``method``: which family of rules verifies (``rejection_sample_method`` names
+#: map onto these in ``spec_backend.config.sampler_methods``)
+SamplerMethod = Literal["standard", "synthetic", "fly"]
 ModeName = Literal[
     "standard",
     "block-lossless",
@@ -220,6 +222,7 @@ __all__ = [
     "BlockMode",
     "ConfigFlags",
     "ModeName",
+    "SamplerMethod",
     "SpecRule",
     "VerifyFlags",
     "VerifyRule",

@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final, Literal
 
+from spec_backend.verify_rules import SamplerMethod
+
 if TYPE_CHECKING:
     from spec_backend.config.rejection import RejectionSamplerConfig
     from spec_backend.config.speculative import SpeculativeConfig
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("spec_backend.config")
 
 RejectionSampleMethod = Literal["strict", "probabilistic", "standard", "block", "synthetic", "fly"]
-SamplerMethod = Literal["standard", "synthetic", "fly"]
 
 REJECTION_SAMPLE_METHODS: Final[tuple[str, ...]] = (
     "strict",

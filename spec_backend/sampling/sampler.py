@@ -41,7 +41,6 @@ import torch
 
 from spec_backend.config.fly import FlyConfig
 from spec_backend.config.rejection import RejectionSamplerConfig
-from spec_backend.config.sampler_methods import SamplerMethod
 from spec_backend.sampling import rng
 from spec_backend.sampling.fly import fly_rescues
 from spec_backend.sampling.fused_verify import fused_output
@@ -53,11 +52,11 @@ from spec_backend.sampling.output import build_output
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
-from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, VerifyRule, select_rule
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, SamplerMethod, VerifyRule, select_rule
 
 logger = logging.getLogger("spec_backend.sampling")
 
-#: the sampler's methods: the one list of them is ``config.sampler_methods.SamplerMethod``
+#: the sampler's methods: the one list of them is ``verify_rules.SamplerMethod``
 METHODS: tuple[str, ...] = get_args(SamplerMethod)
 #: the name in error messages of a sampler built without a backend
 REFERENCE_OPS = "torch reference ops"
