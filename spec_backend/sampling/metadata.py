@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spec_backend.sampling.errors import SamplerInputError
 from spec_backend.sampling.rng import MAX_SEED
-from spec_backend.sampling.validation import SamplerInputError
 
 #: Output padding after a request's last emitted token, and the draft id of a placeholder draft.
 PLACEHOLDER_TOKEN_ID = -1

@@ -42,6 +42,7 @@ import torch
 from spec_backend.config.fly import FlyConfig
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import rng
+from spec_backend.sampling.errors import SamplerInputError
 from spec_backend.sampling.fly import fly_rescues
 from spec_backend.sampling.fused_verify import fused_output
 from spec_backend.sampling.grouping import merge_outputs, split_batch
@@ -51,7 +52,7 @@ from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
-from spec_backend.sampling.validation import SamplerInputError, check_inputs, check_values
+from spec_backend.sampling.validation import check_inputs, check_values
 from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, SamplerMethod, VerifyRule, select_rule
 
 logger = logging.getLogger("spec_backend.sampling")

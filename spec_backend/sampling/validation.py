@@ -13,14 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spec_backend.sampling.errors import SamplerInputError
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS
 
 if TYPE_CHECKING:
     from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
-
-
-class SamplerInputError(ValueError):
-    """Invalid input to the rejection sampler (shape, range or value)."""
 
 
 def check_inputs(
