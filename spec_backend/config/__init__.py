@@ -12,6 +12,7 @@ from spec_backend.config.sampler_methods import (
 )
 from spec_backend.config.speculative import MAX_NUM_SPECULATIVE_TOKENS, SpeculativeConfig
 from spec_backend.config.synthetic import acceptance_length_to_rates, resolve_synthetic_acceptance_rates
+from spec_backend.config.verify_plan import VerifyPlan
 
 __all__ = [
     "ADDITIONAL_CONFIG_KEY",
@@ -27,6 +28,7 @@ __all__ = [
     "SamplerMethod",
     "SpeculativeConfig",
     "SpeculativeMethod",
+    "VerifyPlan",
     "acceptance_length_to_rates",
     "check_sampler_compatibility",
     "effective_rejection_sampler_config",

@@ -14,7 +14,7 @@ import torch
 
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError
-from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig
+from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
 from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
 from spec_backend.engine.captured import maybe_capture
@@ -155,15 +155,10 @@ class LLM:
                 raise ValueError(
                     "kv_transfer_config needs speculative_config={'method': 'extract_hidden_states', ...}"
                 )
-            return Verifier(self.backend, rs_config)
-        spec.bind(self.backend)
-        check_embedded_method(spec, kv_transfer_config)
-        from spec_backend.config import effective_rejection_sampler_config
-
-        rs_config = effective_rejection_sampler_config(spec, rs_config)
-        return Verifier(
-            self.backend, rs_config, spec.sampler_method, spec.synthetic_acceptance_rates, spec.fly
-        )
+        else:
+            spec.bind(self.backend)
+            check_embedded_method(spec, kv_transfer_config)
+        return Verifier(self.backend, VerifyPlan.resolve(spec, rs_config))  # the rule and its parameters
 
     def _engine(
         self,

@@ -8,13 +8,11 @@ absolute position of its first draft token, so a request's tokens do not depend 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from spec_backend.backends.base import Backend
-from spec_backend.config import RejectionSamplerConfig
-from spec_backend.config.fly import FlyConfig
+from spec_backend.config.verify_plan import VerifyPlan
 from spec_backend.engine.logits import RowHistory, process_logits
 from spec_backend.engine.request import Request
 from spec_backend.step import StepBatch
@@ -36,26 +34,15 @@ def batch_drafts(batch: StepBatch) -> list[list[int]]:
 class Verifier:
     """Wraps the rejection sampler: draft lists + logits in, per-request emitted tokens out.
 
-    ``method``: the sampler method (``"standard"``, ``"synthetic"`` or ``"fly"``); ``config``: verification
-    flags from ``additional_config``; ``synthetic_acceptance_rates``: per-position rates for
-    ``"synthetic"``; ``fly``: FLy's parameters for ``"fly"``.
+    ``plan``: the verification rule and its parameters, resolved once from the speculative config and
+    ``additional_config`` (``VerifyPlan.resolve``).
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        config: RejectionSamplerConfig | None,
-        method: str = "standard",
-        synthetic_acceptance_rates: Sequence[float] | None = None,
-        fly: FlyConfig | None = None,
-    ) -> None:
+    def __init__(self, backend: Backend, plan: VerifyPlan) -> None:
         from spec_backend.sampling import RejectionSampler
 
-        kwargs: dict[str, Any] = {"backend": backend, "fly": fly}
-        if synthetic_acceptance_rates is not None:
-            kwargs["synthetic_acceptance_rates"] = list(synthetic_acceptance_rates)
-        self.sampler = RejectionSampler(config, method=method, **kwargs)
-        self.method = method
+        self.sampler = RejectionSampler(backend=backend, plan=plan)
+        self.plan = plan
 
     def __call__(
         self,

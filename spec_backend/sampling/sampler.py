@@ -32,15 +32,15 @@ never reused by the next.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import Any
 
 import torch
 
 from spec_backend.config.fly import FlyConfig
 from spec_backend.config.rejection import RejectionSamplerConfig
+from spec_backend.config.verify_plan import SAMPLER_METHODS, VerifyPlan
 from spec_backend.sampling import rng
 from spec_backend.sampling.errors import SamplerInputError
 from spec_backend.sampling.fly import fly_rescues
@@ -53,12 +53,12 @@ from spec_backend.sampling.output import build_output
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import check_inputs, check_values
-from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, SamplerMethod, VerifyRule, select_rule
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, SamplerMethod, VerifyRule
 
 logger = logging.getLogger("spec_backend.sampling")
 
 #: the sampler's methods: the one list of them is ``verify_rules.SamplerMethod``
-METHODS: tuple[str, ...] = get_args(SamplerMethod)
+METHODS: tuple[str, ...] = SAMPLER_METHODS
 #: the name in error messages of a sampler built without a backend
 REFERENCE_OPS = "torch reference ops"
 _WARNED: set[str] = set()
@@ -87,18 +87,14 @@ def _check_backend(backend: object) -> SamplerBackend | None:
     )
 
 
-def _check_rates(rates: Sequence[float] | None) -> torch.Tensor:
-    if rates is None or len(rates) == 0:
-        raise ValueError("method='synthetic' needs synthetic_acceptance_rates (a non-empty list of floats)")
-    values = [float(r) for r in rates]
-    if any(not 0.0 <= r <= 1.0 for r in values):
-        raise ValueError(f"synthetic_acceptance_rates must lie in [0, 1], got {values}")
-    if any(b > a for a, b in itertools.pairwise(values)):
+def _refuse_beside_plan(**given: object) -> None:
+    """``ValueError`` naming the rule arguments passed beside a ``plan``, which carries them itself."""
+    named = [name for name, value in given.items() if value is not None]
+    if named:
         raise ValueError(
-            "synthetic_acceptance_rates[i] is P(first i+1 drafts accepted) and must be non-increasing, "
-            f"got {values}"
+            "RejectionSampler(plan=...) takes the rule and its parameters from the plan; got "
+            f"{', '.join(named)} beside it (put them in the plan: VerifyPlan.of(config, method, rates, fly))"
         )
-    return torch.tensor(values, dtype=torch.float64)
 
 
 class RejectionSampler:
@@ -112,6 +108,10 @@ class RejectionSampler:
     ``backend``: any ``SamplerBackend`` (every ``spec_backend.backends.Backend``; get one by name with
     ``spec_backend.backends.load_backend(name)``); None runs the pure-torch reference ops
     (``TorchSamplerOps``) with the default ``SamplerTuning``. The sampler never runs plugin discovery.
+
+    The rule and its parameters: ``config``, ``method`` and the rule's own parameters
+    (``synthetic_acceptance_rates``, ``fly``), or one resolved ``plan=VerifyPlan`` (what the engine
+    passes: ``spec_backend.config.verify_plan``), not both.
     """
 
     def __init__(
@@ -122,28 +122,24 @@ class RejectionSampler:
         synthetic_acceptance_rates: Sequence[float] | None = None,
         debug: bool = False,
         fly: FlyConfig | None = None,
+        *,
+        plan: VerifyPlan | None = None,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown rejection sampler method {method!r}; allowed: {', '.join(METHODS)}")
-        self.config = config if config is not None else RejectionSamplerConfig()
-        self.method = method
+        if plan is None:
+            plan = VerifyPlan.of(config, method, synthetic_acceptance_rates, fly)
+        else:
+            method_given = None if method == "standard" else method
+            _refuse_beside_plan(
+                config=config,
+                method=method_given,
+                synthetic_acceptance_rates=synthetic_acceptance_rates,
+                fly=fly,
+            )
+        #: the verification rule (``spec_backend.verify_rules``) with its parameters
+        self.plan: VerifyPlan = plan
         self.debug = debug
-        self._rates: torch.Tensor | None = None
+        self._rates = None if plan.rates is None else torch.tensor(plan.rates, dtype=torch.float64)  # [R]
         self._rates_cache: dict[torch.device, torch.Tensor] = {}
-        #: the verification rule (``spec_backend.verify_rules``) that ``method`` runs with ``config``
-        self.rule: VerifyRule = select_rule(self.config, method)
-        if method == "synthetic":
-            self._rates = _check_rates(synthetic_acceptance_rates)
-        elif synthetic_acceptance_rates is not None:
-            raise ValueError(
-                f"synthetic_acceptance_rates is only used with method='synthetic', not {method!r}"
-            )
-        if (method == "fly") != (fly is not None):
-            raise ValueError(
-                "method='fly' needs fly=FlyConfig(...), and only it takes one; "
-                f"got method={method!r}, fly={fly!r}"
-            )
-        self.fly = fly
         self.backend = _check_backend(backend)
         if self.backend is None:
             self.ops: SamplerOps = TorchSamplerOps()
@@ -161,6 +157,25 @@ class RejectionSampler:
                 "model's (use it for compatibility or benchmarking only)",
                 self.mode_name,
             )
+
+    @property
+    def config(self) -> RejectionSamplerConfig:
+        """The flags that select the rule, and the entropy rule's θ and α."""
+        return self.plan.config
+
+    @property
+    def method(self) -> SamplerMethod:
+        return self.plan.method
+
+    @property
+    def rule(self) -> VerifyRule:
+        """The verification rule (``spec_backend.verify_rules.REGISTRY``) the sampler runs."""
+        return self.plan.rule
+
+    @property
+    def fly(self) -> FlyConfig | None:
+        """FLy's parameters (``method="fly"`` only)."""
+        return self.plan.fly
 
     @property
     def mode_name(self) -> str:
