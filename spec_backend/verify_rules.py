@@ -4,9 +4,10 @@ Every reader derives its vocabulary from ``REGISTRY``: ``RejectionSampler.mode_n
 its kernel dispatch, ``RejectionSamplerConfig.lossless``, the conformance suite's ``MODES`` and the float64
 spec's ``RULES`` / ``LOSSLESS_RULES`` (``spec_backend.testing``). Each ``VerifyRule`` has
 
-* ``name`` — the sampler's ``mode_name`` (``standard``, ``block-lossless``, ``block-cumulative``,
-  ``entropy``, ``block-lossless+entropy``, ``block-cumulative+entropy``, ``synthetic``, ``fly``);
-* ``spec_rule`` — the rule's name in ``spec_backend.testing.spec`` (None: no float64 spec, FLy);
+* ``name`` — the rule's one name: the sampler's ``mode_name`` and the rule's name in the float64 spec
+  (``standard``, ``block-lossless``, ``block-cumulative``, ``entropy``, ``block-lossless+entropy``,
+  ``block-cumulative+entropy``, ``synthetic``, ``fly``);
+* ``spec`` — whether ``spec_backend.testing.spec`` has a float64 law of the rule (every rule but FLy);
 * ``lossless`` — whether the emitted stream keeps the target's distribution;
 * the selector: the sampler ``method`` and the ``RejectionSamplerConfig`` flags (``block``: the
   ``block_verify_mode`` with block verification on, None with it off; ``entropy``) that pick the rule,
@@ -66,9 +67,6 @@ ModeName = Literal[
     "synthetic",
     "fly",
 ]
-SpecRule = Literal[
-    "standard", "block", "cumulative", "entropy", "block+entropy", "cumulative+entropy", "synthetic"
-]
 BlockMode = Literal["lossless", "cumulative"]
 
 #: vllm-ascend verifies a batch with its cumulative block rule only when the longest draft block has at
@@ -117,7 +115,7 @@ class VerifyRule:
     """One verification rule (see the module docstring for the fields)."""
 
     name: ModeName
-    spec_rule: SpecRule | None
+    spec: bool
     lossless: bool
     method: SamplerMethod
     block: BlockMode | None
@@ -151,37 +149,29 @@ class VerifyRule:
 
 def _rule(
     name: ModeName,
-    spec_rule: SpecRule | None,
     lossless: bool,
     kernel: KernelSelector | None,
     method: SamplerMethod = "standard",
     block: BlockMode | None = None,
     entropy: bool = False,
     fused: Literal["token", "block"] | None = None,
+    spec: bool = True,
 ) -> VerifyRule:
-    return VerifyRule(name, spec_rule, lossless, method, block, entropy, kernel, fused)
+    return VerifyRule(name, spec, lossless, method, block, entropy, kernel, fused)
 
 
 #: Every rule, in the order the conformance suite and the docs list them.
 REGISTRY: tuple[VerifyRule, ...] = (
-    _rule("standard", "standard", True, token_level, fused="token"),
-    _rule("block-lossless", "block", True, lossless_block, block="lossless", fused="block"),
-    _rule("block-cumulative", "cumulative", False, cumulative_block, block="cumulative"),
-    _rule("entropy", "entropy", False, token_level, entropy=True),
-    _rule("block-lossless+entropy", "block+entropy", False, lossless_block, block="lossless", entropy=True),
-    _rule(
-        "block-cumulative+entropy",
-        "cumulative+entropy",
-        False,
-        cumulative_block,
-        block="cumulative",
-        entropy=True,
-    ),
-    _rule("synthetic", "synthetic", False, None, method="synthetic"),
-    _rule("fly", None, False, token_level, method="fly"),
+    _rule("standard", True, token_level, fused="token"),
+    _rule("block-lossless", True, lossless_block, block="lossless", fused="block"),
+    _rule("block-cumulative", False, cumulative_block, block="cumulative"),
+    _rule("entropy", False, token_level, entropy=True),
+    _rule("block-lossless+entropy", False, lossless_block, block="lossless", entropy=True),
+    _rule("block-cumulative+entropy", False, cumulative_block, block="cumulative", entropy=True),
+    _rule("synthetic", False, None, method="synthetic"),
+    _rule("fly", False, token_level, method="fly", spec=False),
 )
 RULES_BY_NAME: dict[str, VerifyRule] = {rule.name: rule for rule in REGISTRY}
-RULES_BY_SPEC: dict[str, VerifyRule] = {rule.spec_rule: rule for rule in REGISTRY if rule.spec_rule}
 
 
 def select_rule(config: VerifyFlags, method: str = "standard") -> VerifyRule:
@@ -207,29 +197,19 @@ def rule_named(name: str) -> VerifyRule:
     return RULES_BY_NAME[name]
 
 
-def rule_of_spec(spec_rule: str) -> VerifyRule:
-    """The rule whose float64 spec is ``spec_rule``; ``ValueError`` listing the spec rules otherwise."""
-    if spec_rule not in RULES_BY_SPEC:
-        raise ValueError(f"unknown rule {spec_rule!r}; expected one of {tuple(RULES_BY_SPEC)}")
-    return RULES_BY_SPEC[spec_rule]
-
-
 __all__ = [
     "CUMULATIVE_MIN_SPEC_LEN",
     "REGISTRY",
     "RULES_BY_NAME",
-    "RULES_BY_SPEC",
     "BlockMode",
     "ConfigFlags",
     "ModeName",
     "SamplerMethod",
-    "SpecRule",
     "VerifyFlags",
     "VerifyRule",
     "cumulative_block",
     "lossless_block",
     "rule_named",
-    "rule_of_spec",
     "select_rule",
     "token_level",
 ]

@@ -6,12 +6,12 @@ conformance suite can enumerate it exactly:
 * ``standard``: accept ``x_i`` with probability ``min(1, p_i(x_i)/q_i(x_i))`` until the first rejection;
   on rejection at ``i`` emit a token from ``norm(max(p_i − q_i, 0))``; after K acceptances a bonus token
   from ``p_{K+1}``.
-* ``block``: Sun et al. 2024 (arXiv 2403.10444, Alg. 2). ``b_0 = 1``,
+* ``block-lossless``: Sun et al. 2024 (arXiv 2403.10444, Alg. 2). ``b_0 = 1``,
   ``b_i = min(1, b_{i−1}·p_i(x_i)/q_i(x_i))``,
   ``r_i = Σ_v max(0, b_i·p_{i+1}(v) − q_{i+1}(v))``, ``h_i = r_i / (r_i + 1 − b_i)`` for ``i < K``,
   ``h_K = b_K``; ``τ`` = the LAST ``i`` with ``η_i ≤ h_i`` (``h_0 = 1``); emit ``x_1..x_τ`` then the bonus
   (``τ = K``) or a token from ``norm(max(0, b_τ·p_{τ+1} − q_{τ+1}))``.
-* ``cumulative`` (vllm-ascend's block verification kernel, lossy): ``π_0 = 1``,
+* ``block-cumulative`` (vllm-ascend's block verification kernel, lossy): ``π_0 = 1``,
   ``π_i = min(1, π_{i−1}·ρ_i)``; position i *passes* iff ``q_i(x_i) > 0`` and ``π_i ≥ t_i·Π_{j≤i} u_j``
   (``t_i = 1`` without entropy verify); ``τ`` = the LAST passing position (0 if none), and every draft up to
   it is accepted; then the token-level residual ``norm(max(p_{τ+1} − q_{τ+1}, 0))`` or the bonus.
@@ -22,8 +22,9 @@ conformance suite can enumerate it exactly:
   the raw logits' softmax; accept ``x_i`` iff ``q_i(x_i) > 0`` and ``ρ_i ≥ t_i·u_i``, i.e. with probability
   ``min(1, ρ_i/t_i)`` (0 when ``q_i(x_i) = 0``), until the first rejection; token-level residual as in
   ``standard``.
-* ``block+entropy`` (lossy): lossless block verification with ``b_i = min(1, b_{i−1}·ρ_i/t_i)``;
-  ``cumulative+entropy``: ``cumulative`` with the entropy thresholds ``t_i`` (the current position's only).
+* ``block-lossless+entropy`` (lossy): lossless block verification with ``b_i = min(1, b_{i−1}·ρ_i/t_i)``;
+  ``block-cumulative+entropy``: ``block-cumulative`` with the entropy thresholds ``t_i`` (the current
+  position's only).
 * ``synthetic`` (benchmarking): one uniform per request, ``P(τ ≥ i) = rates[i−1]``, then a token from
   the target row ``p_{τ+1}``.
 
@@ -44,14 +45,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, REGISTRY, SpecRule, rule_of_spec
+from spec_backend.verify_rules import CUMULATIVE_MIN_SPEC_LEN, REGISTRY, ModeName, VerifyRule, rule_named
 
-#: a rule's name here (``VerifyRule.spec_rule`` in ``spec_backend.verify_rules``)
-Rule = SpecRule
-#: every rule with a float64 spec, in the registry's order
-RULES: tuple[Rule, ...] = tuple(r.spec_rule for r in REGISTRY if r.spec_rule is not None)
+#: a rule's name: its one name in ``spec_backend.verify_rules`` (the sampler's ``mode_name``)
+Rule = ModeName
+#: every rule with a float64 spec (``VerifyRule.spec``), in the registry's order
+RULES: tuple[Rule, ...] = tuple(r.name for r in REGISTRY if r.spec)
 #: Rules whose emitted stream has the target's joint distribution.
-LOSSLESS_RULES: frozenset[str] = frozenset(r.spec_rule for r in REGISTRY if r.spec_rule and r.lossless)
+LOSSLESS_RULES: frozenset[str] = frozenset(r.name for r in REGISTRY if r.spec and r.lossless)
 
 F64 = NDArray[np.float64]
 _GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(28)
@@ -262,6 +263,13 @@ def synthetic_outcome(p: F64, drafts: tuple[int, ...], rates: tuple[float, ...])
     return BlockOutcome(alive[:-1] - alive[1:], p.copy())
 
 
+def spec_entry(rule: str) -> VerifyRule:
+    """The registry entry of a rule with a float64 spec; ``ValueError`` naming the rule and those rules."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+    return rule_named(rule)
+
+
 def block_step(
     rule: str, p: F64, q: F64, drafts: tuple[int, ...], params: RuleParams, entropy_p: F64 | None = None
 ) -> BlockOutcome:
@@ -270,7 +278,7 @@ def block_step(
     The outcome is chosen by the registry entry's selector flags (``spec_backend.verify_rules``): the
     same ``block`` / ``entropy`` fields that pick the sampler's kernel.
     """
-    entry = rule_of_spec(rule)  # ValueError naming the rule and the known ones
+    entry = spec_entry(rule)
     if entry.kernel is None:  # synthetic: accept counts from the rates, not from p and q
         return synthetic_outcome(p, drafts, params.rates)
     k = len(drafts)
@@ -297,6 +305,7 @@ __all__ = [
     "entropy_outcome",
     "entropy_thresholds",
     "ratios",
+    "spec_entry",
     "standard_outcome",
     "synthetic_outcome",
     "token_compat_outcome",

@@ -48,8 +48,8 @@ def test_exact_tier(name: str, check: Any) -> None:
 def test_issue_numbers() -> None:
     """The issue's example: 76% (cumulative, K = 3) and 79% (entropy, θ = .95, α = .4) instead of 50%."""
     assert argmax_first_rate("standard") == pytest.approx(0.5, abs=1e-12)
-    assert argmax_first_rate("block") == pytest.approx(0.5, abs=1e-12)
-    assert argmax_first_rate("cumulative") == pytest.approx(0.7634, abs=1e-4)
+    assert argmax_first_rate("block-lossless") == pytest.approx(0.5, abs=1e-12)
+    assert argmax_first_rate("block-cumulative") == pytest.approx(0.7634, abs=1e-4)
     assert argmax_first_rate("entropy") == pytest.approx(0.7895, abs=1e-4)
 
 

@@ -5,49 +5,51 @@ conformance suite, the float64 spec), with a negative control for the agreement 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable
 from typing import Any, get_args
 
 import pytest
 import torch
 
 from spec_backend.config.rejection import RejectionSamplerConfig as Config
-from spec_backend.config.sampler_methods import SamplerMethod
 from spec_backend.config.speculative import SpeculativeConfig
 from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.testing import conformance, spec
 from spec_backend.testing.exact_checks import VERIFY_RULES as EXACT_RULES
-from spec_backend.verify_rules import (
-    REGISTRY,
-    ModeName,
-    SpecRule,
-    rule_named,
-    rule_of_spec,
-    select_rule,
-)
+from spec_backend.verify_rules import REGISTRY, ModeName, SamplerMethod, rule_named, select_rule
 
-#: written out by hand: name -> (spec rule, lossless, SamplerOps method that verifies the drafts)
+#: written out by hand: name -> (has a float64 spec, lossless, SamplerOps method that verifies the drafts)
 EXPECTED = {
-    "standard": ("standard", True, "standard_verify"),
-    "block-lossless": ("block", True, "block_verify"),
-    "block-cumulative": ("cumulative", False, "cumulative_verify"),
-    "entropy": ("entropy", False, "standard_verify"),
-    "block-lossless+entropy": ("block+entropy", False, "block_verify"),
-    "block-cumulative+entropy": ("cumulative+entropy", False, "cumulative_verify"),
-    "synthetic": ("synthetic", False, None),
-    "fly": (None, False, "standard_verify"),
+    "standard": (True, True, "standard_verify"),
+    "block-lossless": (True, True, "block_verify"),
+    "block-cumulative": (True, False, "cumulative_verify"),
+    "entropy": (True, False, "standard_verify"),
+    "block-lossless+entropy": (True, False, "block_verify"),
+    "block-cumulative+entropy": (True, False, "cumulative_verify"),
+    "synthetic": (True, False, None),
+    "fly": (False, False, "standard_verify"),
 }
 
 
 def test_entries_match_the_hand_written_table() -> None:
     assert [r.name for r in REGISTRY] == list(EXPECTED)
-    assert {r.name: (r.spec_rule, r.lossless) for r in REGISTRY} == {
-        name: (spec_rule, lossless) for name, (spec_rule, lossless, _) in EXPECTED.items()
+    assert {r.name: (r.spec, r.lossless) for r in REGISTRY} == {
+        name: (has_spec, lossless) for name, (has_spec, lossless, _) in EXPECTED.items()
     }
     assert set(get_args(ModeName)) == set(EXPECTED)
-    assert set(get_args(SpecRule)) == {s for s, _, _ in EXPECTED.values() if s is not None}
     assert {r.method for r in REGISTRY} == set(get_args(SamplerMethod))  # every method has a rule
+
+
+def test_each_rule_has_one_name_everywhere() -> None:
+    """The spec, the exact tier and the conformance suite name a rule as the sampler does."""
+    with_spec = tuple(name for name, (has_spec, _, _) in EXPECTED.items() if has_spec)
+    assert spec.RULES == conformance.MODES == with_spec
+    assert tuple(n for n in with_spec if EXPECTED[n][2] is not None) == EXACT_RULES
+    for old in ("block", "cumulative", "block+entropy", "cumulative+entropy"):  # the spec's former names
+        with pytest.raises(ValueError, match=f"unknown rule '{re.escape(old)}'"):
+            spec.spec_entry(old)
 
 
 class _Recorder:
@@ -109,8 +111,10 @@ def test_selector_errors_name_the_value() -> None:
         select_rule(Config(), "typical")
     with pytest.raises(ValueError, match=r"unknown verification rule 'greedy'; known: \['standard'"):
         rule_named("greedy")
-    with pytest.raises(ValueError, match=r"unknown rule 'block-lossless'; expected one of \('standard'"):
-        rule_of_spec("block-lossless")
+    with pytest.raises(
+        ValueError, match=r"unknown rule 'fly'; expected one of \('standard', 'block-lossless'"
+    ):
+        spec.spec_entry("fly")  # FLy has no float64 spec
 
 
 @pytest.mark.parametrize("rule", REGISTRY, ids=lambda r: r.name)
@@ -132,19 +136,17 @@ def test_config_flags_round_trip_and_every_reader_agrees(rule: Any) -> None:
 
 def disagreements(
     modes: Iterable[str],
-    rule_of_mode: Mapping[str, str],
     spec_rules: Iterable[str],
     lossless_rules: Iterable[str],
     exact_rules: Iterable[str],
 ) -> list[str]:
     """Where the given vocabularies differ from the registry (empty: they agree)."""
-    checked = [r for r in REGISTRY if r.spec_rule is not None]
+    checked = [r for r in REGISTRY if r.spec]
     want: dict[str, tuple[object, object]] = {
         "modes": (tuple(modes), tuple(r.name for r in checked)),
-        "rule_of_mode": (dict(rule_of_mode), {r.name: r.spec_rule for r in checked}),
-        "spec rules": (tuple(spec_rules), tuple(r.spec_rule for r in checked)),
-        "lossless rules": (set(lossless_rules), {r.spec_rule for r in checked if r.lossless}),
-        "exact rules": (tuple(exact_rules), tuple(r.spec_rule for r in checked if r.kernel is not None)),
+        "spec rules": (tuple(spec_rules), tuple(r.name for r in checked)),
+        "lossless rules": (set(lossless_rules), {r.name for r in checked if r.lossless}),
+        "exact rules": (tuple(exact_rules), tuple(r.name for r in checked if r.kernel is not None)),
     }
     return [f"{what}: {got} != {expected}" for what, (got, expected) in want.items() if got != expected]
 
@@ -152,7 +154,6 @@ def disagreements(
 def test_conformance_suite_and_spec_agree_with_the_registry() -> None:
     args = (
         conformance.MODES,
-        conformance.RULE_OF_MODE,
         spec.RULES,
         spec.LOSSLESS_RULES,
         EXACT_RULES,
@@ -161,24 +162,22 @@ def test_conformance_suite_and_spec_agree_with_the_registry() -> None:
     for mode in conformance.MODES:  # the suite builds each mode's sampler, and its label is the registry's
         sampler = conformance.build_sampler(mode)
         assert sampler.mode_name == mode and sampler.lossless is rule_named(mode).lossless
-        assert conformance.rule_of(sampler) == rule_named(mode).spec_rule
+        assert conformance.rule_of(sampler) == mode
 
 
 def test_agreement_check_has_teeth() -> None:
     """Negative control: each vocabulary, tampered with once, is reported."""
-    good = [
+    good: list[Any] = [
         list(conformance.MODES),
-        dict(conformance.RULE_OF_MODE),
         list(spec.RULES),
         set(spec.LOSSLESS_RULES),
         list(EXACT_RULES),
     ]
     tampered: list[list[Any]] = [
-        [*good[:0], good[0][:-1], *good[1:]],  # a mode dropped
-        [good[0], {**good[1], "block-cumulative": "block"}, *good[2:]],  # a mode mapped to another spec
-        [*good[:2], [*good[2], "greedy"], *good[3:]],  # a spec rule the registry does not have
-        [*good[:3], good[3] | {"cumulative"}, good[4]],  # a lossy rule labelled lossless
-        [*good[:4], list(reversed(good[4]))],  # the exact tier's order differs
+        [good[0][:-1], *good[1:]],  # a mode dropped
+        [good[0], [*good[1], "greedy"], *good[2:]],  # a spec rule the registry does not have
+        [*good[:2], good[2] | {"block-cumulative"}, good[3]],  # a lossy rule labelled lossless
+        [*good[:3], list(reversed(good[3]))],  # the exact tier's order differs
     ]
     for n, args in enumerate(tampered):
         problems = disagreements(*args)
@@ -194,7 +193,7 @@ def test_spec_dispatch_follows_the_registry_flags() -> None:
     std = spec.block_step("standard", p, q, (1, 3), neutral)
     ent = spec.block_step("entropy", p, q, (1, 3), neutral)
     assert abs(std.accept_probs - ent.accept_probs).max() < 1e-12
-    blk = spec.block_step("block", p, q, (1, 3), neutral)
+    blk = spec.block_step("block-lossless", p, q, (1, 3), neutral)
     assert abs(blk.accept_probs - spec.block_outcome(p, q, (1, 3)).accept_probs).max() == 0.0
     with pytest.raises(ValueError, match=r"unknown rule 'greedy'"):
         spec.block_step("greedy", p, q, (1, 3), neutral)
