@@ -21,8 +21,9 @@ from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout, plan_num_slot
 from spec_backend.engine.loader import load_model, resolve_model
 from spec_backend.engine.runner import ModelRunner
 from spec_backend.engine.slots import SlotTable
-from spec_backend.proposers.contract import Drafter, HiddenStateRequest
-from spec_backend.proposers.registry import DrafterContext, build_drafter, method_spec
+from spec_backend.methods import METHODS
+from spec_backend.proposers.contract import Drafter, DrafterContext, HiddenStateRequest
+from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
 
 QUANTIZABLE_FAMILIES = ("draft_model", "eagle")  # whose draft weights go through ``draft_preparation``
 
@@ -31,15 +32,11 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
     """Refuse methods the embedded engine has no drafter for, and a connector without its method."""
     spec = method_spec(config.method)
     if not spec.implemented:
-        from spec_backend.proposers.registry import implemented_methods
-
         raise ValueError(
             f"speculative method {config.method!r} is not supported by the embedded engine yet; "
             f"use one of {list(implemented_methods())}"
         )
     if config.quantization is not None and spec.family not in QUANTIZABLE_FAMILIES:
-        from spec_backend.proposers.registry import METHODS
-
         methods = [name for name, m in METHODS.items() if m.implemented and m.family in QUANTIZABLE_FAMILIES]
         raise ValueError(
             f"speculative_config['quantization']={config.quantization!r} applies to the draft weights of "

@@ -41,7 +41,7 @@ from spec_backend.metrics import (
     configure_default_logging,
     vllm_metrics,
 )
-from spec_backend.proposers.registry import DrafterContext
+from spec_backend.proposers.contract import DrafterContext
 
 logger = logging.getLogger("spec_backend.engine")
 

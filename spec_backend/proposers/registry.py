@@ -85,7 +85,6 @@ def build_drafter(ctx: DrafterContext) -> Drafter:
 __all__ = [
     "METHODS",
     "Builder",
-    "DrafterContext",
     "Family",
     "MethodSpec",
     "ProposerBuilder",
