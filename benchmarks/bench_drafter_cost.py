@@ -8,9 +8,9 @@ Target: random weights in SmolLM2-135M's shape (Llama, hidden 576, 30 layers, 9 
 vocabulary 49152, tied embeddings), float32. MTP needs its layers inside the target checkpoint, so it
 runs on a GLM-4.5-style target of the same sizes (dense MLPs, one MTP layer) and is compared with that
 target's own forward. Heads are random checkpoints in their published formats
-(``spec_backend.testing.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same shape. The
-EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only; int4 on an
-AVX512-VNNI CPU runs its first layer as one native call, ``backends/native_eagle3.py``).
+(``spec_backend.testing.fixtures.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same
+shape. The EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only;
+int4 on an AVX512-VNNI CPU runs its first layer as one native call, ``backends/native_eagle3.py``).
 
 Method: one request (a 64-token random prompt), greedy, ``--tokens`` new tokens, K = ``--k``; the
 drafter's ``propose`` and the runner's ``forward`` are timed around each call; the prefill step is
@@ -81,7 +81,7 @@ def pard_draft(draft: str) -> str:
 def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """method -> (target folder, speculative_config without K)."""
     from spec_backend.engine.tiny import make_tiny_model
-    from spec_backend.testing import draft_checkpoints as w
+    from spec_backend.testing.fixtures import draft_checkpoints as w
 
     target = make_tiny_model(root / "target", "llama", **SMOLLM2)
     draft = make_tiny_model(root / "draft", "llama", **{**SMOLLM2, "num_hidden_layers": 2})

@@ -12,6 +12,11 @@ Every backend runs it against its own sampler ops::
 ``python -m spec_backend.testing --table`` prints the exact deviation / acceptance table quoted in
 docs/sampling.md. Pytest-friendly pieces: ``exact_checks()``, ``check_sampler(sampler)``, the
 ``properties.check_*`` functions and ``CheckResult.check()`` (raises ``ConformanceError``).
+
+What is public: the names below (``__all__``) and the conformance modules that define and check them.
+``spec_backend.testing.fixtures`` is not: it holds the repository's own test fixtures (random draft
+checkpoints in the published formats, tiny GGUF Q4_1 / Q8_0 round-trip models), which change with the
+tests that use them.
 """
 
 from __future__ import annotations

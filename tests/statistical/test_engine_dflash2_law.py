@@ -25,7 +25,7 @@ import engine_laws
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing.draft_checkpoints import write_dflash2
+from spec_backend.testing.fixtures.draft_checkpoints import write_dflash2
 from spec_backend.testing.montecarlo import chi_square
 
 pytestmark = pytest.mark.statistical

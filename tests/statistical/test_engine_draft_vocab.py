@@ -25,8 +25,8 @@ import engine_laws
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing.draft_checkpoints import write_eagle3
 from spec_backend.testing.exact import SeqDist
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 from spec_backend.testing.montecarlo import chi_square
 
 pytestmark = pytest.mark.statistical

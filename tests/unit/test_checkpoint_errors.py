@@ -2,8 +2,8 @@
 ``LLM(...)`` with the folder, the value found and what is needed (issue 36, items 7 and 8).
 
 Every checkpoint is a tiny random one in its method's real on-disk format
-(``spec_backend.testing.draft_checkpoints``, ``make_tiny_model``), then damaged the way a user's can be:
-a truncated ``model.safetensors``, a ``config.json`` that is not JSON, a missing tensor, a config that
+(``spec_backend.testing.fixtures.draft_checkpoints``, ``make_tiny_model``), then damaged the way a user's
+can be: a truncated ``model.safetensors``, a ``config.json`` that is not JSON, a missing tensor, a config that
 disagrees with its tensors, weights stored as integers.
 """
 
@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM, ModelLoadError
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing import draft_checkpoints as ckpt
+from spec_backend.testing.fixtures import draft_checkpoints as ckpt
 
 # conftest's target: a tiny Llama with vocabulary 128, hidden size 32, 2 layers, 512 positions
 Writer = Callable[[Path, str], str]

@@ -16,8 +16,8 @@ from spec_backend.backends.int8_linear import Int8Linear
 from spec_backend.engine import LLM
 from spec_backend.proposers.draft_model import DraftModelDrafter
 from spec_backend.proposers.eagle import EagleDrafter
-from spec_backend.testing import draft_checkpoints
-from spec_backend.testing.draft_checkpoints import write_eagle3
+from spec_backend.testing.fixtures import draft_checkpoints
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 
 KINDS = {"int4": Int4Linear, "int8": Int8Linear}
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.dflash import DFlashDrafter
-from spec_backend.testing.draft_checkpoints import write_dflash
+from spec_backend.testing.fixtures.draft_checkpoints import write_dflash
 
 MASK = 127
 

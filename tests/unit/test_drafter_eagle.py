@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.eagle import EagleDrafter
-from spec_backend.testing.draft_checkpoints import write_eagle1
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 
 
 @pytest.mark.parametrize(("k", "bias"), [(1, True), (3, False), (3, True)])

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.eagle import EagleDrafter
-from spec_backend.testing.draft_checkpoints import write_eagle3
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def test_bad_checkpoints_are_refused(target_dir: str, tmp_path: Path) -> None:
 
 
 def test_an_eagle1_checkpoint_is_not_an_eagle3_one(target_dir: str, tmp_path: Path) -> None:
-    from spec_backend.testing.draft_checkpoints import write_eagle1
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 
     head = write_eagle1(tmp_path / "eagle1", target_dir, bias=False)
     with pytest.raises(

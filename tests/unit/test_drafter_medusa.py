@@ -15,7 +15,7 @@ from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, 
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.medusa import MedusaDrafter
-from spec_backend.testing import draft_checkpoints
+from spec_backend.testing.fixtures import draft_checkpoints
 
 H, V, HEADS = 32, 128, 3
 

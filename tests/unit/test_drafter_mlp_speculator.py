@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.mlp_speculator import MLPSpeculatorDrafter
-from spec_backend.testing import draft_checkpoints
+from spec_backend.testing.fixtures import draft_checkpoints
 
 H, V, INNER, N = 32, 128, 24, 3
 

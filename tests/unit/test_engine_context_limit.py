@@ -21,7 +21,7 @@ from test_engine_graphs import SimulatedGraphBackend
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing import draft_checkpoints as ckpt
+from spec_backend.testing.fixtures import draft_checkpoints as ckpt
 
 LIMIT = 128
 K = 5

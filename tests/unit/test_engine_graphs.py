@@ -155,7 +155,7 @@ def test_hidden_state_drafters_read_through_the_captured_step(
     """The captured callable returns (logits, final or aux hidden states): drafts are the same as eager."""
     from engine_fixtures import record_drafts
 
-    from spec_backend.testing import draft_checkpoints as w
+    from spec_backend.testing.fixtures import draft_checkpoints as w
 
     if method == "mtp":
         from test_drafter_mtp import write_glm_with_mtp

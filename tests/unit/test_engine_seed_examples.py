@@ -85,7 +85,7 @@ def test_eagle_offline_example_of_the_ascend_guide(
     model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Seed 003's EAGLE example (one device instead of four), with a tiny head in EAGLE-1's format."""
-    from spec_backend.testing.draft_checkpoints import write_eagle1
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 
     head = write_eagle1(tmp_path_factory.mktemp("eagle") / "EAGLE-tiny", model_dir, bias=True)
     llm = LLM(
@@ -109,7 +109,7 @@ def test_eagle_config_of_the_vllm_guide_infers_the_method(
     model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Seed 001's EAGLE config; the folder name (``EAGLE-...``) alone selects ``eagle``, as in vLLM."""
-    from spec_backend.testing.draft_checkpoints import write_eagle1
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 
     head = write_eagle1(tmp_path_factory.mktemp("eagle") / "EAGLE-LLaMA3.1-tiny", model_dir, bias=False)
     llm = LLM(
@@ -122,7 +122,7 @@ def test_eagle_config_of_the_vllm_guide_infers_the_method(
 @pytest.mark.parametrize("fmt", ["original", "speculators"])
 def test_eagle3_offline_example(model_dir: str, tmp_path_factory: pytest.TempPathFactory, fmt: str) -> None:
     """Seed 003's EAGLE-3 config (``method`` must say eagle3) with a head in each published format."""
-    from spec_backend.testing.draft_checkpoints import write_eagle3
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 
     head = write_eagle3(
         tmp_path_factory.mktemp("e3") / "draft", model_dir, fmt, draft_vocab=64, aux_ids=[0, 1, 2]
@@ -144,7 +144,7 @@ def test_eagle3_offline_example(model_dir: str, tmp_path_factory: pytest.TempPat
 def test_speculators_checkpoint_alone_selects_eagle3_and_k(
     model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from spec_backend.testing.draft_checkpoints import write_eagle3
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 
     head = write_eagle3(tmp_path_factory.mktemp("e3") / "draft", model_dir, "speculators", aux_ids=[0, 1, 2])
     llm = LLM(model=model_dir, speculative_config={"model": head})

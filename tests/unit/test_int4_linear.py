@@ -15,7 +15,7 @@ from spec_backend.backends.int4_linear import Int4Linear, install_int4_linears, 
 from spec_backend.backends.native import native_op
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing.q4_1 import make_q4_1_model, q4_1_round_trip
+from spec_backend.testing.fixtures.q4_1 import make_q4_1_model, q4_1_round_trip
 
 
 def _q4_1(n: int, k: int, seed: int = 0) -> torch.Tensor:

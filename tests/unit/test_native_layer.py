@@ -17,7 +17,7 @@ from spec_backend.backends.native import native_op
 from spec_backend.backends.native_layer import NativeDecoderLayer, install_native_layers, weight_names
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.testing.q4_1 import make_q4_1_model
+from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
 
 #: head dim 16 (the op needs a multiple of 16), every product a multiple of 16 outputs and 32 inputs
 WIDE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}

@@ -14,7 +14,7 @@ from engine_fixtures import PROMPTS, one_thread, require_native_kernels  # noqa:
 from spec_backend.backends import q8_0_projection as q8
 from spec_backend.backends.vocab_projection import TallSkinnyProjection
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.testing.q8_0 import make_q8_0_head_model, q8_0_round_trip
+from spec_backend.testing.fixtures.q8_0 import make_q8_0_head_model, q8_0_round_trip
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,7 +119,7 @@ def test_the_engine_runs_a_q8_0_head_and_stays_lossless(tmp_path: Path) -> None:
 def test_float_heads_and_opt_out_keep_the_float_projection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from spec_backend.testing.q4_1 import make_q4_1_model
+    from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
 
     float_head = LLM(make_q4_1_model(tmp_path / "f")).model.get_output_embeddings()
     assert isinstance(float_head, TallSkinnyProjection)

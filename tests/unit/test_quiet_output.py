@@ -16,7 +16,7 @@ import pytest
 
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.models.hf_compat import cache_kwargs
-from spec_backend.testing.draft_checkpoints import write_eagle3
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 greedy plain output, and equals the same engine run eagerly (graphs off), token for token.
 
 Drafter checkpoints are the tiny random ones in the published on-disk formats
-(``spec_backend.testing.draft_checkpoints``); they prove the paths run and stay lossless on the GPU, not
-acceptance. float32 throughout (matrix products without TF32, torch's default), so plain and verify
+(``spec_backend.testing.fixtures.draft_checkpoints``); they prove the paths run and stay lossless on the
+GPU, not acceptance. float32 throughout (matrix products without TF32, torch's default), so plain and verify
 forwards agree up to rounding that the tiny models' sharpened logits do not tie on.
 """
 
@@ -55,7 +55,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _spec(method: str, target_dir: str, tmp: Path) -> tuple[dict[str, Any], str]:
     """The speculative config of ``method`` (writing its checkpoint) and the target it runs on."""
     from spec_backend.engine.tiny import make_tiny_model
-    from spec_backend.testing import draft_checkpoints as w
+    from spec_backend.testing.fixtures import draft_checkpoints as w
 
     free: dict[str, dict[str, Any]] = {
         "ngram": {"prompt_lookup_max": 3, "prompt_lookup_min": 1},
