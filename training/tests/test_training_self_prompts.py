@@ -1,4 +1,4 @@
-"""``training.self_prompts``: the target writes requests from the opening of a user turn."""
+"""``spec_backend_train.self_prompts``: the target writes requests from the opening of a user turn."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import one_thread  # noqa: F401 - autouse
+from spec_backend_train import self_prompts as sp
+from spec_backend_train.prompts import BENCHMARK_CHAT_SUBJECTS
 
 from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.training import self_prompts as sp
-from spec_backend.training.prompts import BENCHMARK_CHAT_SUBJECTS
 
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
@@ -89,7 +88,7 @@ def test_bad_settings_are_refused(target: tuple[Any, Any]) -> None:
 
 
 def test_prompt_families_are_named_and_the_core_is_the_default(tmp_path: Path) -> None:
-    from spec_backend.training import prompts
+    from spec_backend_train import prompts
 
     assert prompts.prompt_items() == prompts.prompt_items(families=prompts.CORE)
     added = prompts.prompt_variants(1, families=["why"])

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spec_backend.training.args_check import check_arguments, check_target, families_of, target_sizes
-from spec_backend.training.prompts import CORE
+from spec_backend_train.args_check import check_arguments, check_target, families_of, target_sizes
+from spec_backend_train.prompts import CORE
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _resumable(
 def _extract_all(
     config: PipelineConfig, sequences: list[list[int]], layer_ids: list[int], log: Callable[[str], None]
 ) -> list[str]:
-    from spec_backend.training.data import extract_with, extractor
+    from spec_backend_train.data import extract_with, extractor
 
     @functools.cache
     def engine() -> Any:  # one engine for every batch (loading the target is the slow part)
@@ -84,17 +84,17 @@ def _extract_all(
 
 
 def _respond_all(config: PipelineConfig, log: Callable[[str], None]) -> list[list[int]]:
-    """The target's own answers to ``config.chats`` instruction prompts (``training.prompts``), kept in
-    ``responses.json`` under the work folder and extended 64 prompts at a time (resumable)."""
+    """The target's own answers to ``config.chats`` instruction prompts (``spec_backend_train.prompts``),
+    kept in ``responses.json`` under the work folder and extended 64 prompts at a time (resumable)."""
     from spec_backend.engine import LLM
-    from spec_backend.training.data import respond
-    from spec_backend.training.prompts import instruction_prompts
+    from spec_backend_train.data import respond
+    from spec_backend_train.prompts import instruction_prompts
 
     available = instruction_prompts()
     if not 0 <= config.chats <= len(available):
         raise ValueError(
-            f"--chats must be in [0, {len(available)}] (the instruction prompts of training.prompts), "
-            f"got {config.chats}"
+            f"--chats must be in [0, {len(available)}] "
+            f"(the instruction prompts of spec_backend_train.prompts), got {config.chats}"
         )
     prompts = available[: config.chats]
 
@@ -120,10 +120,10 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     import torch
 
     from spec_backend.engine.loader import load_tokenizer, resolve_model
-    from spec_backend.training import corpus
-    from spec_backend.training.data import load
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
-    from spec_backend.training.vocab import draft_vocabulary
+    from spec_backend_train import corpus
+    from spec_backend_train.data import load
+    from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
+    from spec_backend_train.vocab import draft_vocabulary
 
     check_target(config.target, config.draft_vocab_size)  # before any work: the config alone
     _prepare_work(config)
@@ -180,7 +180,7 @@ TRAINING_FIELDS = (
 def _prepare_work(config: PipelineConfig) -> None:
     """Create the work folder, or check that the data it holds was made with this run's data settings
     (a resumed run reuses extracted sequences by their order, so other settings would mislabel them)."""
-    from spec_backend.training.prompts import instruction_prompts
+    from spec_backend_train.prompts import instruction_prompts
 
     os.makedirs(config.work_dir, exist_ok=True)
     path, now = os.path.join(config.work_dir, "config.json"), json.loads(json.dumps(asdict(config)))
@@ -259,7 +259,7 @@ def add_parser(sub: Any) -> None:
 
 def _add_online_arguments(p: argparse.ArgumentParser) -> None:
     online = p.add_argument_group(
-        "online (training.online: answers and states in the training process, batched)"
+        "online (spec_backend_train.online: answers and states in the training process, batched)"
     )
     online.add_argument("--online", action="store_true", help="no work folder: for a GPU (--device cuda)")
     online.add_argument("--device", default="cpu", help="where the target and the head run")
@@ -273,10 +273,14 @@ def _add_online_arguments(p: argparse.ArgumentParser) -> None:
         "--answer-share", type=float, default=0.4, help="of the budget, for answering at most"
     )
     online.add_argument(
-        "--qat-int4", action="store_true", help="train through the int4 drafter's rounding (training.quant)"
+        "--qat-int4",
+        action="store_true",
+        help="train through the int4 drafter's rounding (spec_backend_train.quant)",
     )
     online.add_argument(
-        "--families", default=",".join(CORE), help="prompt families asked (training.prompts.FAMILIES)"
+        "--families",
+        default=",".join(CORE),
+        help="prompt families asked (spec_backend_train.prompts.FAMILIES)",
     )
     online.add_argument(
         "--self-prompts", type=int, default=0, help="prompts the target writes itself, asked besides"
@@ -284,8 +288,8 @@ def _add_online_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_online(args: argparse.Namespace) -> int:
-    from spec_backend.training.online import OnlineConfig
-    from spec_backend.training.online import run as run_online
+    from spec_backend_train.online import OnlineConfig
+    from spec_backend_train.online import run as run_online
 
     config = OnlineConfig(
         args.target, args.out, args.device, prompts=args.chats, variants=args.variants, samples=args.samples,

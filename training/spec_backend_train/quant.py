@@ -1,9 +1,10 @@
 """A head's weights as the int4 drafter will serve them, for scoring and quantization-aware training.
 
 ``speculative_config["quantization"] = "int4"`` turns each linear layer of a head into Q4_1-style blocks
-(``backends.int4_linear.quantize_int4``: 16 levels from each 32-weight block's minimum to its maximum).
-Some heads lose much of their acceptance to that rounding (docs/benchmarks.md, sixth round: a head
-trained on a GPU drafts 0.26 less per step on held-out prompts, one trained on the CPU 0.00).
+(``spec_backend.cpu.int4_linear.quantize_int4``: 16 levels from each 32-weight block's minimum to its
+maximum). Some heads lose much of their acceptance to that rounding (docs/research/eagle3-smollm2.md,
+sixth round: a head trained on a GPU drafts 0.26 less per step on held-out prompts, one trained on the
+CPU 0.00).
 
 Glossary:
     round trip: a weight quantized by ``quantize_int4`` and de-quantized again (codes · scale + minimum):
@@ -24,7 +25,7 @@ from torch import nn
 
 def int4_round_trip(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K]
     """``weight`` as the int4 drafter holds it (glossary); ``K`` must be a multiple of 32."""
-    from spec_backend.backends.int4_linear import GROUP, quantize_int4
+    from spec_backend.cpu.int4_linear import GROUP, quantize_int4
 
     found = quantize_int4(weight.detach().float())
     if found is None:
@@ -40,8 +41,8 @@ def int4_round_trip(weight: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N, K]
 def int4_linears(module: nn.Module) -> list[nn.Linear]:
     """The linear layers ``quantize_int4`` serves as int4: every ``nn.Linear`` whose input size is a
     multiple of 32, but an output embedding (which ``install_int4_linears`` keeps in float32)."""
-    from spec_backend.backends.int4_linear import GROUP
-    from spec_backend.backends.vocab_projection import output_embedding
+    from spec_backend.cpu.int4_linear import GROUP
+    from spec_backend.cpu.vocab_projection import output_embedding
 
     keep = output_embedding(module)
     return [

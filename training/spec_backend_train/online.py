@@ -12,7 +12,7 @@ Glossary:
     variant: one dressing of an instruction prompt (``prompts.prompt_variants``): more distinct prompts
         than the 7,630 of the file pipeline, each answered greedily and ``samples`` times at 0.8.
     self-written prompt: a request the target writes from the opening of a user turn
-        (``training.self_prompts``), asked besides the families' prompts (``self_prompts``).
+        (``spec_backend_train.self_prompts``), asked besides the families' prompts (``self_prompts``).
     answer: a chat-formatted prompt's token ids followed by the target's response up to its end token.
     budget: wall-clock seconds for the whole run (a lent GPU is lent for minutes). Answering stops at
         ``answer_share`` of it; training plans its steps from its measured speed so that the cosine
@@ -20,7 +20,8 @@ Glossary:
         speed; without one the run is the same for a seed on one machine.
     chain acceptance: on held-out greedy answers, 1 + how many of the head's K chained drafts equal the
         answer's next tokens (what greedy verification accepts per step), averaged over answer rows;
-        scored before and after training, and after with the int4 drafter's weights (``training.quant``).
+        scored before and after training, and after with the int4 drafter's weights
+        (``spec_backend_train.quant``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.training.prompts import CORE, FAMILIES
+from spec_backend_train.prompts import CORE, FAMILIES
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class OnlineConfig:
     eval_prompts: int = 256
     max_len: int = 512
     answers_path: str | None = None  # where to keep the answers trained on (safetensors), if anywhere
-    qat_int4: bool = False  # quantization-aware training for the int4 drafter (``training.quant``)
+    qat_int4: bool = False  # quantization-aware training for the int4 drafter (``spec_backend_train.quant``)
     families: tuple[str, ...] = CORE  # prompt families asked (``prompts.FAMILIES``)
     self_prompts: int = 0  # prompts the target writes itself, asked besides the families' (``self_prompts``)
 
@@ -191,7 +192,7 @@ def epochs_of(
     seqs: Sequence[list[int]], batch: int, epochs: int, seed: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Right-padded batches, in a new order drawn from ``seed + epoch`` each epoch."""
-    from spec_backend.training.eagle3 import epoch_order
+    from spec_backend_train.eagle3 import epoch_order
 
     for epoch in range(epochs):
         order = epoch_order(len(seqs), seed, epoch)
@@ -277,8 +278,8 @@ def interleaved(first: Sequence[str], second: Sequence[str]) -> list[str]:
 def asked_prompts(config: OnlineConfig, target: Any, tokenizer: Any, say: Callable[[str], None]) -> list[str]:
     """The families' variants (the first ``config.prompts``, or all) interleaved with the prompts the
     target writes itself (``config.self_prompts``)."""
-    from spec_backend.training.prompts import prompt_variants
-    from spec_backend.training.self_prompts import self_prompts
+    from spec_backend_train.prompts import prompt_variants
+    from spec_backend_train.self_prompts import self_prompts
 
     asked = prompt_variants(config.variants, families=config.families)[: config.prompts or None]
     if not config.self_prompts:
@@ -303,8 +304,8 @@ def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -
     hooks that capture the target's states for it."""
     from spec_backend.engine.hidden import HiddenCapture
     from spec_backend.proposers.contract import HiddenStateRequest
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
-    from spec_backend.training.vocab import draft_vocabulary
+    from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
+    from spec_backend_train.vocab import draft_vocabulary
 
     text = target.config.get_text_config()
     layers, vocab = int(text.num_hidden_layers), int(text.vocab_size)
@@ -320,9 +321,9 @@ def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -
 def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     """Answer, train, score and save (module docstring); returns the output folder."""
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_dtype, resolve_model
-    from spec_backend.training.args_check import check_target
-    from spec_backend.training.prompts import prompt_variants
-    from spec_backend.training.quant import int4_linears, int4_weights
+    from spec_backend_train.args_check import check_target
+    from spec_backend_train.prompts import prompt_variants
+    from spec_backend_train.quant import int4_linears, int4_weights
 
     start = time.monotonic()
     deadline = start + config.budget_s

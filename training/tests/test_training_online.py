@@ -19,16 +19,15 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import one_thread  # noqa: F401 - autouse
+from spec_backend_train import online, prompts
+from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig
+from spec_backend_train.vocab import draft_vocabulary
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.hidden import HiddenCapture
 from spec_backend.engine.loader import load_model, resolve_model
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.contract import HiddenStateRequest
-from spec_backend.training import online, prompts
-from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig
-from spec_backend.training.vocab import draft_vocabulary
 
 AUX, STATES = (1, 2, 3), (1, 2, 3, 6)
 
@@ -204,8 +203,9 @@ def test_bad_settings_are_refused_with_the_value_and_what_is_allowed() -> None:
 
 
 def test_the_int4_round_trip_is_what_the_int4_drafter_computes_with() -> None:
-    from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
-    from spec_backend.training.quant import int4_round_trip
+    from spec_backend_train.quant import int4_round_trip
+
+    from spec_backend.cpu.int4_linear import Int4Linear, quantize_int4
 
     g = torch.Generator().manual_seed(5)
     linear = torch.nn.Linear(96, 48, bias=False)
@@ -224,7 +224,7 @@ def test_the_int4_round_trip_is_what_the_int4_drafter_computes_with() -> None:
 
 
 def test_int4_weights_round_trip_inside_and_restore_exactly(target: str) -> None:
-    from spec_backend.training.quant import int4_linears, int4_round_trip, int4_weights
+    from spec_backend_train.quant import int4_linears, int4_round_trip, int4_weights
 
     trainer, _ = _trainer(target)
     layers = int4_linears(trainer.head)
@@ -242,7 +242,7 @@ def test_quantization_aware_steps_take_the_round_trips_gradient_and_keep_float_w
     weights rounded, applied to the float weights (which stay off the int4 grid)."""
     from dataclasses import replace
 
-    from spec_backend.training.quant import int4_linears, int4_round_trip
+    from spec_backend_train.quant import int4_linears, int4_round_trip
 
     qat, capture = _trainer(target)
     qat.config = replace(qat.config, qat_int4=True)
@@ -301,7 +301,7 @@ def test_the_cli_hands_every_online_flag_to_the_run(
 def test_self_written_prompts_are_interleaved_with_the_families(monkeypatch: pytest.MonkeyPatch) -> None:
     assert online.interleaved(["a1", "a2", "a3", "a4"], ["b1", "b2"]) == ["a1", "b1", "a2", "a3", "b2", "a4"]
     assert online.interleaved(["a1"], []) == ["a1"] and online.interleaved([], ["b1"]) == ["b1"]
-    from spec_backend.training import self_prompts
+    from spec_backend_train import self_prompts
 
     calls: list[tuple[int, int]] = []
 

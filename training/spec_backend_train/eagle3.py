@@ -46,7 +46,7 @@ class TrainConfig:
     init_from_target: bool = False  # start from the target layer that reads the last aux feature
     bf16: bool = False  # mixed precision: the head's matmuls in bfloat16 (autocast), weights in float32
     init_head: str | None = None  # a trained head's folder (speculators format) to continue training from
-    qat_int4: bool = False  # train through the int4 drafter's weight rounding (``training.quant``)
+    qat_int4: bool = False  # train through the int4 drafter's weight rounding (``spec_backend_train.quant``)
 
 
 def layer_ids(num_layers: int) -> tuple[tuple[int, int, int], tuple[int, ...]]:
@@ -281,7 +281,7 @@ class Eagle3Trainer:
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, lengths: torch.Tensor | None = None) -> float:
         """One optimiser step on one sequence or a padded batch (``loss``); returns its loss."""
-        from spec_backend.training.quant import int4_linears, int4_weights
+        from spec_backend_train.quant import int4_linears, int4_weights
 
         self.optimizer.zero_grad()
         with int4_weights(int4_linears(self.head) if self.config.qat_int4 else []):  # QAT: round-trip weights
@@ -302,7 +302,7 @@ class Eagle3Trainer:
     ) -> list[float]:
         """``epochs`` passes over the extracted ``files`` (chunks of ``max_len`` rows), in order, or in
         an order drawn from the seed ``shuffle`` (a new order each epoch)."""
-        from spec_backend.training.data import load
+        from spec_backend_train.data import load
 
         losses: list[float] = []
         for epoch in range(epochs):

@@ -11,13 +11,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import one_thread  # noqa: F401 - autouse
+from spec_backend_train import corpus, prompts
+from spec_backend_train.data import respond
+from spec_backend_train.pipeline import PipelineConfig, run
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.training import corpus, prompts
-from spec_backend.training.data import respond
-from spec_backend.training.pipeline import PipelineConfig, run
 
 
 def test_corpus_is_stable_and_split_by_file() -> None:

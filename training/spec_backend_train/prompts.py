@@ -25,7 +25,7 @@ Glossary:
         training prompt.
 
 None of the subjects is one of the benchmark's handwritten chat prompts' subjects
-(``benchmarks/bench_eagle3_smollm2.py``; a test checks).
+(``training/probes/bench_eagle3_smollm2.py``; a test checks).
 """
 
 from __future__ import annotations
@@ -277,9 +277,9 @@ list; get the current time; give a function a default argument; write a while lo
 with zip; keep only the even numbers of a list
 """
 
-#: the subjects of the benchmark's handwritten chat prompts (``benchmarks/bench_eagle3_smollm2.py``
-#: ``CHAT``): no family's subject and no self-written prompt (``training.self_prompts``) may mention one,
-#: or the "never trained on" chat set would be trained on
+#: the subjects of the benchmark's handwritten chat prompts (``training/probes/bench_eagle3_smollm2.py``
+#: ``CHAT``): no family's subject and no self-written prompt (``spec_backend_train.self_prompts``) may
+#: mention one, or the "never trained on" chat set would be trained on
 BENCHMARK_CHAT_SUBJECTS: tuple[str, ...] = ("autumn", "sleep", "the sky", "vegetarian", "dinner", "tuple")
 BENCHMARK_CHAT_SUBJECTS += ("water cycle", "robot", "language")
 

@@ -13,10 +13,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from spec_backend_train import online, pipeline
+
 from spec_backend.cli import main
 from spec_backend.engine import loader
 from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.training import online, pipeline
 
 
 @pytest.fixture(scope="module")
@@ -226,14 +227,15 @@ def test_flags_of_the_other_pipeline_are_refused_by_name(
 def test_more_chats_than_prompts_are_refused(
     deep: str, capsys: Any, tmp_path: Path, no_work: list[Any]
 ) -> None:
-    from spec_backend.training.prompts import instruction_prompts
+    from spec_backend_train.prompts import instruction_prompts
 
     available = len(instruction_prompts())
     message = refused(
         ["--target", deep, "--draft-vocab", "64", "--chats", "50000"], capsys, tmp_path, no_work
     )
     assert message == (
-        f"--chats must be in [0, {available}] (the instruction prompts of training.prompts), got 50000"
+        f"--chats must be in [0, {available}] (the instruction prompts of spec_backend_train.prompts), "
+        "got 50000"
     )
 
 

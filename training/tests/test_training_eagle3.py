@@ -17,12 +17,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import one_thread  # noqa: F401 - autouse
-
-from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.training.data import extract
-from spec_backend.training.eagle3 import (
+from spec_backend_train.data import extract
+from spec_backend_train.eagle3 import (
     Eagle3Trainer,
     TrainConfig,
     epoch_order,
@@ -30,7 +26,10 @@ from spec_backend.training.eagle3 import (
     lr_factor,
     ttt_mask,
 )
-from spec_backend.training.vocab import draft_vocabulary
+from spec_backend_train.vocab import draft_vocabulary
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tiny import make_tiny_model
 
 AUX = (1, 2, 3)
 
@@ -80,7 +79,7 @@ def test_a_trained_head_is_accepted_more_than_an_untrained_one(
     pipeline: tuple[str, list[str], list[list[int]]], tmp_path: Path
 ) -> None:
     target, files, held_out = pipeline
-    from spec_backend.training.data import load
+    from spec_backend_train.data import load
 
     counts = torch.zeros(128, dtype=torch.int64)
     for path in files:
@@ -115,7 +114,7 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
 def test_teacher_is_the_targets_distribution_over_the_draft_vocabulary(
     pipeline: tuple[str, list[str], list[list[int]]],
 ) -> None:
-    from spec_backend.training.data import load
+    from spec_backend_train.data import load
 
     target, files, _ = pipeline
     d2t, t2d = draft_vocabulary(torch.arange(128), 50)  # the 50 highest ids
@@ -145,9 +144,8 @@ def test_shuffled_epochs_are_reproducible_and_differ_from_file_order(
 def test_a_head_started_from_the_target_reproduces_the_targets_next_layer(
     pipeline: tuple[str, list[str], list[list[int]]], tmp_path: Path
 ) -> None:
+    from spec_backend_train.data import load
     from transformers import DynamicCache
-
-    from spec_backend.training.data import load
 
     target, files, _ = pipeline
     tokens, _ = load(files[0])

@@ -2,8 +2,8 @@
 sampled until the model ends the turn (the Magpie method: an instruction-tuned model, given only the
 start of a user turn, writes the kind of request it was tuned on).
 
-The handwritten families of ``training.prompts`` cover a few hundred subjects; a head trained on their
-answers drafts held-out subjects *of those families* well and everyday chat less well. Self-written
+The handwritten families of ``spec_backend_train.prompts`` cover a few hundred subjects; a head trained on
+their answers drafts held-out subjects *of those families* well and everyday chat less well. Self-written
 prompts come from the target's own instruction-tuning distribution, with as many subjects as it knows.
 
 Glossary:
@@ -36,7 +36,7 @@ def user_turn_opening(tokenizer: Any) -> list[int]:
 
 def keep(text: str, seen: set[str], min_words: int = MIN_WORDS) -> bool:
     """Whether one decoded request is kept (glossary)."""
-    from spec_backend.training.prompts import BENCHMARK_CHAT_SUBJECTS
+    from spec_backend_train.prompts import BENCHMARK_CHAT_SUBJECTS
 
     lowered = text.lower()
     return (
@@ -66,7 +66,7 @@ def self_prompts(
             f"count, batch and max_tokens must be at least 1 and temperature above 0, got count={count},"
             f" batch={batch}, max_tokens={max_tokens}, temperature={temperature}"
         )
-    from spec_backend.training.online import end_token
+    from spec_backend_train.online import end_token
 
     eos = end_token(model)
     eos = tokenizer.eos_token_id if eos is None else eos
