@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test lint demo bench clean test-vllm eagle3-smollm2
+.PHONY: venv test lint demo bench clean test-vllm
 
 VLLM_VENV := .venv-vllm
 
@@ -31,15 +31,6 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/spec-backend backends
 	$(VENV)/bin/spec-backend demo
-
-# Trains an EAGLE-3 head for the bundled SmolLM2 from scratch with train-eagle3's defaults (the target's
-# answers to 6000 instruction prompts -> hidden states -> 3 epochs of TTT), into $(EAGLE3_OUT). About 2 h on
-# 2 cores (at the measured rates: answers ~50 min, states ~17 min, training ~20 min per epoch);
-# resumable (docs/drafters.md, docs/benchmarks.md "fourth round").
-EAGLE3_WORK ?= $(HOME)/.cache/spec_backend/eagle3-smollm2-6k-work
-EAGLE3_OUT ?= $(HOME)/.cache/spec_backend/smollm2-eagle3
-eagle3-smollm2: $(STAMP)
-	$(VENV)/bin/spec-backend train-eagle3 --target smollm2 --out $(EAGLE3_OUT) --work $(EAGLE3_WORK)
 
 # vLLM integration tier: a separate venv with vLLM 0.32.0 (~6 GB, several minutes on first use).
 test-vllm:

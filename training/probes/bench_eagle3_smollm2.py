@@ -4,8 +4,8 @@ Prompt sets (chat template, ``--max-tokens`` new tokens, ``--n`` prompts each), 
 
 * ``code-edit`` — the e2e benchmark's copy-heavy prompts (n-gram drafting's home ground);
 * ``chat`` — handwritten open questions whose answers copy nothing from the prompt;
-* ``instruct`` — instruction prompts on the topics held out of training (``training.prompts``);
-* ``source`` — the user turns of corpus chats from files held out of training (``training.corpus``);
+* ``instruct`` — instruction prompts on the topics held out of training (``spec_backend_train.prompts``);
+* ``source`` — the user turns of corpus chats from files held out of training (``spec_backend_train.corpus``);
 * ``instruct-trained`` (only when named in ``--sets``) — instruction prompts on the *training* topics:
   against ``instruct`` it separates what the head failed to learn from what it fails to generalise.
 
@@ -19,8 +19,8 @@ Tables (one engine per system, a warm-up request first, wall time over new token
    verification (``rejection_sample_method`` ``standard`` / ``block``), where block verification can
    gain, with the per-seed spread as the noise floor.
 
-Run after ``spec-backend train-eagle3`` (``make eagle3-smollm2``):
-``python benchmarks/bench_eagle3_smollm2.py --head ~/.cache/spec_backend/smollm2-eagle3``.
+Run after ``spec-backend train-eagle3`` (``make -C training/probes eagle3-smollm2``):
+``python training/probes/bench_eagle3_smollm2.py --head ~/.cache/spec_backend/smollm2-eagle3``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Result:
 
 
 def source_prompts(n: int) -> list[str]:
-    from spec_backend.training import corpus
+    from spec_backend_train import corpus
 
     prompts: list[str] = []
     for doc in corpus.documents():
@@ -199,9 +199,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+    from spec_backend_train.prompts import instruction_prompts
 
     from spec_backend.engine.prompts import code_edit_prompts
-    from spec_backend.training.prompts import instruction_prompts
 
     torch.set_num_threads(args.threads)
     ks = sorted({int(k) for k in args.ks.split(",")} | {3})

@@ -1,24 +1,25 @@
 """Which training answers lift a trained EAGLE-3 head on chat? The same head, fine-tuned for the same
-steps on answers to different prompts, scored by the chain metric (``training.online.chain_acceptance``)
-on the benchmark's chat prompts and held-out instruction prompts.
+steps on answers to different prompts, scored by the chain metric
+(``spec_backend_train.online.chain_acceptance``) on the benchmark's chat prompts and held-out instruction
+prompts.
 
-    python benchmarks/probe_eagle3_data.py --head ~/.cache/spec_backend/smollm2-eagle3-6k-cont \
+    python training/probes/probe_eagle3_data.py --head ~/.cache/spec_backend/smollm2-eagle3-6k-cont \
         --answers 128 --steps 40 --batch 8 --arms families,chat-ceiling
 
 Arms (``--arms``), each answered by the float32 target (on ``--device``):
 
-* ``families``: the last ``--answers`` training prompts of ``training.prompts.prompt_variants(8)``
+* ``families``: the last ``--answers`` training prompts of ``spec_backend_train.prompts.prompt_variants(8)``
   (what the head was trained on more of: the control), answered greedily;
 * ``chat-ceiling``: the benchmark's own chat prompts, answered at temperature 0.8 with ``--answers``
   seeds spread over them. **Contaminated on purpose**: a diagnostic of how far the head can move on chat
   when its data is chat, never a way to train a head that ships;
-* ``self``: prompts the target writes itself (``training.self_prompts``), answered greedily;
-* ``new``: the prompts of ``training.prompts.FAMILIES`` that the head's training never asked
+* ``self``: prompts the target writes itself (``spec_backend_train.self_prompts``), answered greedily;
+* ``new``: the prompts of ``spec_backend_train.prompts.FAMILIES`` that the head's training never asked
   (``--new-families``), answered greedily.
 
 Each arm starts from the head's weights and draft vocabulary and takes ``--steps`` optimiser steps of
 ``--batch`` answers (lr ``--lr``, cosine), so the arms differ only in their answers. ``--arms ''`` scores
-the head alone (what ``benchmarks/gpu_train_eagle3.sh`` does after a run, there with ``--device cuda``).
+the head alone (what ``training/probes/gpu_train_eagle3.sh`` does after a run, there with ``--device cuda``).
 ``--by-confidence`` prints the head's first-draft agreement binned by the target's confidence instead;
 ``--full-vocab DIR`` first gives the head every target id to draft (``full_vocabulary_head``).
 """
@@ -41,9 +42,8 @@ def arm_prompts(
 ) -> tuple[list[str], float]:
     """The prompts one arm answers, and the temperature it answers them at."""
     from bench_eagle3_smollm2 import CHAT
-
-    from spec_backend.training.prompts import prompt_variants
-    from spec_backend.training.self_prompts import self_prompts
+    from spec_backend_train.prompts import prompt_variants
+    from spec_backend_train.self_prompts import self_prompts
 
     if arm == "families":
         return prompt_variants(8)[-answers:], 0.0
@@ -60,9 +60,9 @@ def arm_prompts(
 
 def main() -> None:
     from probe_eagle3_qat import answerer, capture_for, fine_tune, scored_sets, trainer_for
+    from spec_backend_train import online
 
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
-    from spec_backend.training import online
 
     args = _parser().parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -149,8 +149,9 @@ def by_confidence(trainer: Any, capture: Any, sets: dict[str, tuple[list[list[in
     """The head's first draft against the answer's token, binned by the target's confidence in that token
     (its top-1 probability where it chose it): is a set harder because the head drafts it worse, or
     because the target itself is less sure of what it says there?"""
+    from spec_backend_train import online
+
     from spec_backend.engine.hidden import decoder_of
-    from spec_backend.training import online
 
     print("| set | target top-1 p | share of rows | first draft agrees | not in draft vocabulary |")
     print("|---|---|---:|---:|---:|")

@@ -1,8 +1,8 @@
 """Does quantization-aware training close a head's int4 gap? A short fine-tune of a trained EAGLE-3 head
-for the bundled SmolLM2, with and without QAT (``training.quant``), scored by the chain metric
-(``training.online.chain_acceptance``) with float and int4 weights.
+for the bundled SmolLM2, with and without QAT (``spec_backend_train.quant``), scored by the chain metric
+(``spec_backend_train.online.chain_acceptance``) with float and int4 weights.
 
-    python benchmarks/probe_eagle3_qat.py --head ~/.cache/spec_backend/smollm2-eagle3-gpu1 \
+    python training/probes/probe_eagle3_qat.py --head ~/.cache/spec_backend/smollm2-eagle3-gpu1 \
         --answers 128 --steps 40 --batch 8 --save /tmp/qat-heads
 
 The target (float32, CPU) answers ``--answers`` training prompts greedily; each variant then takes
@@ -27,8 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 def trainer_for(head: str, target: Any, qat: bool, lr: float, steps: int) -> Any:
     from safetensors.torch import load_file
-
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
+    from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
 
     saved = load_file(os.path.join(head, "model.safetensors"))
     aux, ids = layer_ids(int(target.config.get_text_config().num_hidden_layers))
@@ -43,7 +42,7 @@ Answered = Callable[[list[str], int, float], tuple[list[list[int]], list[int]]]
 def answerer(tokenizer: Any, target: Any) -> Answered:
     """``answered(prompts, max_tokens, temperature)``: the target's answers (prompt and response) to
     chat-formatted ``prompts``, 32 at a time (seed = batch number), and each prompt's length."""
-    from spec_backend.training import online
+    from spec_backend_train import online
 
     def answered(prompts: list[str], tokens: int, temperature: float) -> tuple[list[list[int]], list[int]]:
         encoded = online.encode_chats(tokenizer, prompts)
@@ -58,18 +57,18 @@ def answerer(tokenizer: Any, target: Any) -> Answered:
 def scored_sets(answered: Answered, n: int, max_tokens: int) -> dict[str, tuple[list[list[int]], list[int]]]:
     """The first ``n`` held-out instruction prompts and the benchmark's chat prompts, answered greedily."""
     from bench_eagle3_smollm2 import CHAT
-
-    from spec_backend.training.prompts import instruction_prompts
+    from spec_backend_train.prompts import instruction_prompts
 
     held_out = instruction_prompts(held_out=True)[:n]
     return {"instruct": answered(held_out, max_tokens, 0.0), "chat": answered(CHAT[:n], max_tokens, 0.0)}
 
 
 def capture_for(target: Any) -> Any:
-    """The hooks that capture the states a trainer reads (``training.eagle3.layer_ids``)."""
+    """The hooks that capture the states a trainer reads (``spec_backend_train.eagle3.layer_ids``)."""
+    from spec_backend_train.eagle3 import layer_ids
+
     from spec_backend.engine.hidden import HiddenCapture
     from spec_backend.proposers.contract import HiddenStateRequest
-    from spec_backend.training.eagle3 import layer_ids
 
     layers = int(target.config.get_text_config().num_hidden_layers)
     return HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
@@ -77,7 +76,7 @@ def capture_for(target: Any) -> Any:
 
 def fine_tune(trainer: Any, capture: Any, train: Sequence[list[int]], steps: int, batch: int) -> None:
     """``steps`` optimiser steps on batches of ``batch`` answers, in a fixed order (seed 0) per epoch."""
-    from spec_backend.training import online
+    from spec_backend_train import online
 
     batches = online.epochs_of(train, batch, steps * batch // max(1, len(train)) + 1, 0)
     for _, (tokens, lengths) in zip(range(steps), batches, strict=False):
@@ -86,10 +85,11 @@ def fine_tune(trainer: Any, capture: Any, train: Sequence[list[int]], steps: int
 
 
 def main() -> None:
+    from spec_backend_train import online
+    from spec_backend_train.prompts import prompt_variants
+    from spec_backend_train.quant import int4_linears, int4_weights
+
     from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
-    from spec_backend.training import online
-    from spec_backend.training.prompts import prompt_variants
-    from spec_backend.training.quant import int4_linears, int4_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True)

@@ -12,7 +12,8 @@ for ``--epochs`` and prints, after each epoch, the mean loss and two held-out sc
 Variants: ``--init-from-target``, ``--norm-before-fc``, ``--lr``, and ``--zero-features`` (the
 auxiliary features replaced by zeros: a head that sees tokens only, the negative control that shows how
 much the head uses the target's features). Example:
-``python benchmarks/probe_eagle3_training.py --work ~/.cache/spec_backend/eagle3-work --init-from-target``.
+``python training/probes/probe_eagle3_training.py --work ~/.cache/spec_backend/eagle3-work
+--init-from-target``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def parse() -> argparse.Namespace:
 
 
 def read(path: str, zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from spec_backend.training.data import load
+    from spec_backend_train.data import load
 
     tokens, hidden = load(path)  # [T], [T, 4, H]: layers 2, 15, 27 (aux) and 30 (last)
     if zero:
@@ -70,9 +71,9 @@ def main() -> None:
     args = parse()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    from spec_backend.training.data import load
-    from spec_backend.training.eagle3 import Eagle3Trainer, TrainConfig, epoch_order
-    from spec_backend.training.vocab import draft_vocabulary
+    from spec_backend_train.data import load
+    from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, epoch_order
+    from spec_backend_train.vocab import draft_vocabulary
 
     with open(os.path.join(args.work, "extracted.json"), encoding="utf-8") as f:
         files: list[str] = json.load(f)
