@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = ["LLM", "RejectionSamplerConfig", "SamplingParams", "SpeculativeConfig", "__version__"]
 
-# Lazy: the engine pulls in transformers and the config torch; `spec-backend --help` needs neither.
+# Lazy: the engine pulls in transformers and torch, the config pydantic; `spec-backend --help` needs none.
 __getattr__ = lazy_attributes(
     __name__,
     {

@@ -18,6 +18,8 @@ Glossary:
   speculation is off for the batch).
 
 Model-free drafters (ngram, ngram_gpu, suffix) keep their host algorithms behind :class:`HostDrafter`.
+A drafter is built from a :class:`DrafterContext` (the config, the device, the loaded target and engine
+sizes) by the builder its row of the method table names (``spec_backend.proposers.registry``).
 """
 
 from __future__ import annotations
