@@ -64,7 +64,7 @@ def copy_target_layer(head: Eagle3Head, target: Any, layer_id: int) -> None:
     ``fc`` passes the last auxiliary feature (the residual stream entering ``layer_id``) through
     unchanged; the layer's weights are the target's, with the embedding half of ``q/k/v`` zero, and
     ``hidden_norm`` is the target layer's input norm. The untrained head's output is then exactly the
-    target's residual stream after ``layer_id`` (``tests/unit/test_training_eagle3.py``), a far better
+    target's residual stream after ``layer_id`` (``training/tests/test_training_eagle3.py``), a far better
     start than random weights: the head begins with the target's attention and MLP of that depth.
     """
     from spec_backend.engine.hidden import decoder_of
