@@ -4,8 +4,9 @@ Glossary:
 
 * **inbox** — commands from handlers to the engine thread: add a request, abort one, stop.
 * **event** — what the engine thread sends a request's handler after each step that changed it: the
-  token ids generated so far and, once finished, the final ``RequestOutput`` (an immutable snapshot;
-  handlers never read the live ``Request``).
+  token ids generated so far, the logprobs entries of the tokens new since the last event (when the
+  request asked for them) and, once finished, the final ``RequestOutput`` (snapshots: handlers never
+  read the live ``Request``).
 
 New requests join the batch at the next step; a request whose client goes away is aborted, which frees
 its cache slot at once. The thread holds the ``LLM``'s generate lock for its whole life, so offline
@@ -21,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_backend.engine.params import RequestOutput, SamplingParams
+from spec_backend.engine.params import RequestOutput, SampleLogprobs, SamplingParams
 from spec_backend.engine.request import Request
 
 logger = logging.getLogger("spec_backend.server")
@@ -33,6 +34,7 @@ class Event:
 
     token_ids: list[int]
     output: RequestOutput | None = None  # set when the request finished
+    logprobs: SampleLogprobs | None = None  # entries of the tokens new since the previous event
 
 
 @dataclass
@@ -70,13 +72,19 @@ class AsyncEngine:
         self._send("stop", message)
         self._stopped.wait(timeout=60)
 
-    def submit(self, prompt: str | list[int], params: SamplingParams) -> tuple[str, asyncio.Queue[Event]]:
-        """Queue one request (``ValueError`` for bad input, before anything is queued)."""
+    def submit(
+        self, prompts: list[str | list[int]], params: SamplingParams
+    ) -> list[tuple[str, asyncio.Queue[Event]]]:
+        """Queue the requests of ``prompts``, ``params.n`` consecutive samples each (seeded as offline
+        ``generate`` seeds them): every one or, for bad input (``ValueError``), none."""
+        if self._stopped.is_set():
+            raise RuntimeError("the engine has stopped")
         with self._ids:
-            request = self.llm.make_requests([prompt], params)[0]
-        stream = _Stream(request, asyncio.get_running_loop())
-        self._send("add", stream)
-        return request.request_id, stream.events
+            requests = self.llm.make_requests(prompts, params)
+        loop = asyncio.get_running_loop()
+        streams = [_Stream(request, loop) for request in requests]
+        self._send("add", streams)
+        return [(stream.request.request_id, stream.events) for stream in streams]
 
     def abort(self, request_id: str) -> None:
         self._send("abort", request_id)
@@ -112,8 +120,9 @@ class AsyncEngine:
             except queue.Empty:
                 return True
             if command == "add":
-                self._streams[payload.request.request_id] = payload
-                engine.add(payload.request)
+                for stream in payload:
+                    self._streams[stream.request.request_id] = stream
+                    engine.add(stream.request)
             elif command == "abort" and payload in self._streams:
                 request = self._streams[payload].request
                 if not request.finished:
@@ -140,7 +149,8 @@ class AsyncEngine:
             if count == stream.sent and not request.finished:
                 continue
             output = request.to_output(self.llm.tokenizer) if request.finished else None
-            event = Event(list(request.output_token_ids), output)
+            new = request.logprobs[max(stream.sent, 0) : count] if request.logprobs is not None else None
+            event = Event(list(request.output_token_ids), output, new)
             stream.sent = count
             stream.loop.call_soon_threadsafe(stream.events.put_nowait, event)
             if output is not None:

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,24 +20,22 @@ openai = pytest.importorskip("openai", reason="the server tests need the openai 
 pytest.importorskip("fastapi", reason="the server needs the serve extra")
 httpx = pytest.importorskip("httpx")
 
+from server_fixtures import (  # noqa: E402
+    SPEC,
+    assert_clean_exit,
+    client,
+    free_port,
+    make_chat_model,
+    start_server,
+)
+
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
 from spec_backend.engine.tiny import make_tiny_model  # noqa: E402
-
-SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = make_tiny_model(tmp_path_factory.mktemp("served") / "tiny", vocab_size=128, with_tokenizer=True)
-    Path(path, "chat_template.jinja").write_text(TEMPLATE)
-    return path
+    return make_chat_model(tmp_path_factory.mktemp("served") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -62,30 +55,6 @@ def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
 
 
-def start_server(model_dir: str, port: int) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "spec_backend.cli", "serve", model_dir, "--port", str(port)]
-    command += [
-        "--served-model-name",
-        "tiny",
-        "--max-num-seqs",
-        "8",
-        "--speculative-config",
-        json.dumps(SPEC),
-    ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{proc.stdout.read() if proc.stdout else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not come up in 120 s")
-
-
 @pytest.fixture(scope="module")
 def server(model_dir: str) -> Iterator[str]:
     port = free_port()
@@ -94,22 +63,9 @@ def server(model_dir: str) -> Iterator[str]:
     assert_clean_exit(proc)
 
 
-def assert_clean_exit(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM ends the server gracefully: uvicorn finishes the application's shutdown, then re-raises
-    the signal (exit status -15), as it does for any graceful stop."""
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
-    assert "Application shutdown complete" in out, out[-3000:]
-
-
 @pytest.fixture(scope="module")
 def offline(model_dir: str) -> LLM:
     return LLM(model_dir, speculative_config=SPEC, max_num_seqs=8)
-
-
-def client(base: str) -> Any:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
 
 
 def greedy(offline: LLM, prompts: list[str], max_tokens: int) -> list[str]:
@@ -210,8 +166,13 @@ def test_64_concurrent_streams_all_complete(server: str, offline: LLM) -> None:
     [
         ({"model": "gpt-4", "prompt": "x"}, 404, "model 'gpt-4' does not exist; this server serves 'tiny'"),
         ({"model": "tiny", "prompt": "x", "max_tokens": -1}, 400, "max_tokens: Input should be greater than"),
-        ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n: Input should be 1"),
-        ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs: Extra inputs are not permitted"),
+        ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n: Input should be greater than or equal to 1"),
+        (
+            {"model": "tiny", "prompt": "x", "logprobs": 21},
+            400,
+            "logprobs: Input should be less than or equal to 20",
+        ),
+        ({"model": "tiny", "prompt": "x", "best_of": 2}, 400, "best_of: Extra inputs are not permitted"),
         ({"model": "tiny", "prompt": "x", "top_p": 0}, 400, "top_p: Input should be greater than 0"),
         (
             {"model": "tiny", "prompt": "x", "presence_penalty": 5},
@@ -219,7 +180,12 @@ def test_64_concurrent_streams_all_complete(server: str, offline: LLM) -> None:
             "presence_penalty must be in [-2.0, 2.0], got 5",
         ),
         ({"model": "tiny", "prompt": "x", "logit_bias": {"99999": 1}}, 400, "outside the vocabulary"),
-        ({"model": "tiny", "prompt": ["a", "b"], "stream": True}, 400, "stream=true takes one prompt, got 2"),
+        (
+            {"model": "tiny", "prompt": "x", "echo": True, "stream": True},
+            400,
+            "echo=true is not supported with",
+        ),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens must be >= 1, got 0"),
     ],
 )
 def test_bad_requests_get_openai_errors(server: str, body: dict[str, Any], status: int, message: str) -> None:
