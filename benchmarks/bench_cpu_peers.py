@@ -37,7 +37,7 @@ TARGETS = ("llama-completion", "llama-lookup")
 
 
 def cache_root() -> Path:
-    from spec_backend.engine.gguf_cache import cache_root as root
+    from spec_backend.paths import cache_root as root
 
     return Path(root())
 
@@ -133,7 +133,7 @@ def copy_bandwidth() -> float:
 def weight_bytes(model: Any) -> int:
     """Bytes a decode step reads: every parameter and buffer but the input embedding table (which a tied
     float LM head still reads whole; a Q8_0 head reads its codes and scales, which are buffers)."""
-    from spec_backend.backends.q8_0_projection import Q80Projection
+    from spec_backend.cpu.q8_0_projection import Q80Projection
 
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     tensors.pop(id(model.get_input_embeddings().weight))

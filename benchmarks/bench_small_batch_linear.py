@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
-from spec_backend.backends.int8_linear import Int8Linear
-from spec_backend.backends.native import native_op
-from spec_backend.backends.vocab_projection import TallSkinnyProjection
+from spec_backend.cpu.int4_linear import Int4Linear, quantize_int4
+from spec_backend.cpu.int8_linear import Int8Linear
+from spec_backend.cpu.native import native_op
+from spec_backend.cpu.vocab_projection import TallSkinnyProjection
 
 HIDDEN, KV, MLP, LAYERS = 576, 192, 1536, 30
 SHAPES = [

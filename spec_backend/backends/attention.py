@@ -19,8 +19,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.native import native_op
-
 #: ``scaled_dot_product_attention(enable_gqa=...)`` exists from torch 2.5.
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -77,6 +75,33 @@ def _build_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int) -> torch
     return mask[:, None]
 
 
+def ragged_metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
+    """The step's ``spec_attn_metadata`` from an attention call's keyword arguments (a clear error when a
+    forward was called without it)."""
+    meta = kwargs.get("spec_attn_metadata")
+    if not isinstance(meta, RaggedAttentionMetadata):
+        raise ValueError(
+            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
+            f"kwargs, got {type(meta).__name__}"
+        )
+    return meta
+
+
+def grouped_kv(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Keys, values and SDPA's keyword arguments for grouped-query attention: ``enable_gqa`` where torch
+    has it (no copies of the kv heads), else each kv head copied across its query heads."""
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1 and _SDPA_GQA:
+        return key, value, {"enable_gqa": True}
+    if n_rep > 1:  # older torch
+        return key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1), {}
+    return key, value, {}
+
+
 def sdpa_ragged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, Hq, Q, D]
@@ -88,91 +113,11 @@ def sdpa_ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """SDPA with an explicit ragged causal mask; returns ``[B, Q, Hq, D]`` as transformers expects."""
-    meta = kwargs.get("spec_attn_metadata")
-    if not isinstance(meta, RaggedAttentionMetadata):
-        raise ValueError(
-            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
-            f"kwargs, got {type(meta).__name__}"
-        )
-    invariant = getattr(getattr(module, "config", None), "spec_batch_invariant", False)
-    rows = native_attention_rows(query, key, value, meta, scaling) if invariant else None
-    if rows is not None:
-        return rows, None
-    n_rep = query.shape[1] // key.shape[1]
-    gqa: dict[str, Any] = {}
-    if n_rep > 1 and _SDPA_GQA:  # grouped-query attention inside SDPA: no copies of the kv heads
-        gqa["enable_gqa"] = True
-    elif n_rep > 1:  # older torch: share each kv head across n_rep query heads by copying
-        key = key.repeat_interleave(n_rep, dim=1)
-        value = value.repeat_interleave(n_rep, dim=1)
-    if invariant:
-        return _batch_invariant(query, key, value, meta, scaling, gqa), None
+    meta = ragged_metadata(kwargs)
+    del module, attention_mask, dropout  # the lengths define the mask; inference only
+    key, value, gqa = grouped_kv(query, key, value)
     mask = ragged_causal_mask(meta, query.shape[2], key.shape[2])  # [B, 1, Q, L]
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, **gqa
     )  # [B, Hq, Q, D]
     return out.transpose(1, 2).contiguous(), None
-
-
-def native_attention_rows(
-    query: torch.Tensor,  # [B, Hq, Q, D]
-    key: torch.Tensor,  # [B, Hkv, L, D]
-    value: torch.Tensor,
-    meta: RaggedAttentionMetadata,
-    scaling: float | None,
-) -> torch.Tensor | None:  # [B, Q, Hq, D]
-    """Batch-invariant attention by our native kernel (``csrc/attention_rows.cpp``): every row, prefill
-    rows included, over exactly the keys it sees in one fixed order, so a row's output never depends on
-    the other rows of the call (torch's SDPA gives a prompt row different last bits when the prompt is
-    one token longer). ``None`` where the kernel is unavailable or the tensors are not float32 with a
-    head dim that is a multiple of 16 up to 256; ``_batch_invariant`` runs then."""
-    op = native_op("attention_rows")
-    head_dim = query.shape[-1]
-    if op is None or query.dtype != torch.float32 or key.dtype != torch.float32:
-        return None
-    if head_dim % 16 or head_dim > 256:
-        return None
-    scale = scaling if scaling is not None else head_dim**-0.5
-    return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
-
-
-#: Up to this many query rows a request's rows are computed one by one (decode and verify steps).
-ROW_BY_ROW = 16
-
-
-def _batch_invariant(
-    query: torch.Tensor,  # [B, Hq, Q, D]
-    key: torch.Tensor,  # [B, Hkv, L, D]
-    value: torch.Tensor,
-    meta: RaggedAttentionMetadata,
-    scaling: float | None,
-    gqa: dict[str, Any],
-) -> torch.Tensor:  # [B, Q, Hq, D]
-    """Attention whose every row is computed the same way whatever else the step holds: each request on
-    exactly its own keys (no padding), and in a decode or verify step each query row alone over the keys
-    it sees. A token verified among K+1 drafts then gets bit for bit the hidden state it gets when
-    decoded alone, which models with rounding steps inside (bfloat16 activations of packed int4 layers)
-    need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row.
-    The fallback where ``native_attention_rows`` is unavailable."""
-    out = query.new_zeros(query.shape)  # [B, Hq, Q, D]; padding rows stay 0 (ignored)
-    q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
-        k, v, first = key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len], kv_len - q_len
-        if q_len > ROW_BY_ROW:  # a prefill; SDPA's last bits here depend on the prompt's length
-            mask = (
-                torch.arange(kv_len, device=query.device)[None]
-                <= (first + torch.arange(q_len, device=query.device))[:, None]
-            )
-            out[b, :, :q_len] = F.scaled_dot_product_attention(
-                query[b : b + 1, :, :q_len], k, v, attn_mask=mask, scale=scaling, **gqa
-            )[0]
-            continue
-        for i in range(q_len):  # row i sees positions 0 .. first + i
-            out[b, :, i] = F.scaled_dot_product_attention(
-                query[b : b + 1, :, i : i + 1],
-                k[:, :, : first + i + 1],
-                v[:, :, : first + i + 1],
-                scale=scaling,
-                **gqa,
-            )[0, :, 0]
-    return out.transpose(1, 2).contiguous()

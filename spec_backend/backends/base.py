@@ -10,7 +10,9 @@ Algorithms in ``spec_backend`` never branch on device or vendor. They ask the ac
   padding;
 * an attention function for transformers' ``AttentionInterface`` over the engine's ragged KV cache;
 * sampler ops (the kernels behind the rejection sampler) and their tuning (tile sizes, grid caps);
-* optional kernel choices on the loaded target model (``prepare_model``).
+* optional kernel choices on a loaded model, with the options the user passed (``prepare_model``,
+  ``ModelOptions``), and the dtype a model runs in when the user asked for ``dtype="auto"``
+  (``default_dtype``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ class BackendNotImplementedError(NotImplementedError, BackendError):
 
     def __init__(self, backend: str, part: str) -> None:
         super().__init__(f"{part} is not implemented yet for backend {backend!r}")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What the user asked of one loaded model, handed to ``Backend.prepare_model`` (never stashed on the
+    model's config). ``quantization``: a weight-only mode (one of the backend's
+    ``supported_quantizations``), from ``LLM(quantization=...)`` for the target or
+    ``speculative_config['quantization']`` for draft weights; ``None``: the weights as loaded."""
+
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +152,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     device_type: ClassVar[DeviceType]
-    #: Weight-only quantization modes ``prepare_model`` applies when the model's config asks for one
-    #: (``config.spec_quantization``, set from ``LLM(quantization=...)``); none by default.
+    #: Weight-only quantization modes ``prepare_model`` applies when ``ModelOptions.quantization`` names
+    #: one; none by default (a mode not listed here is refused before any weights load).
     supported_quantizations: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
@@ -176,10 +188,15 @@ class Backend(ABC):
     def sampler_tuning(self) -> SamplerTuning:
         """Tile sizes and grid caps for the shared triton sampler kernels."""
 
-    def prepare_model(self, model: torch.nn.Module) -> None:
-        """Device-specific kernel choices on a loaded target model (default: none), including the weight-only
-        quantization its config asks for (one of ``supported_quantizations``)."""
-        del model
+    def prepare_model(self, model: torch.nn.Module, options: ModelOptions) -> None:
+        """Device-specific kernel choices on a loaded model, target or draft (default: none), including the
+        weight-only quantization ``options`` names (one of ``supported_quantizations``)."""
+        del model, options
+
+    def default_dtype(self, loaded: torch.dtype) -> torch.dtype:
+        """The dtype a model whose weights load as ``loaded`` runs in when the user asked for
+        ``dtype="auto"`` (default: as loaded; CPU backends widen half precision to float32)."""
+        return loaded
 
     def device(self) -> torch.device:
         """The torch device tensors for this backend live on."""
@@ -213,6 +230,7 @@ __all__ = [
     "GraphFn",
     "GraphOutput",
     "GraphRunner",
+    "ModelOptions",
     "SamplerTuning",
     "TokenLimits",
 ]

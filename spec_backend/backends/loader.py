@@ -1,7 +1,8 @@
 """Backend discovery: the only module that talks to stevedore.
 
 ``load_backend(name=None)`` picks, in order: an explicit name, the ``SPEC_BACKEND`` environment
-variable, the single available hardware backend, else ``reference``. Errors are raised, never
+variable, the single available accelerator backend (a device other than the CPU), else ``cpu`` where its
+native kernels build and run here, else ``reference`` (pure torch, always available). Errors are raised, never
 swallowed: an unknown name lists the installed backends, a plugin that fails to import is named with
 its cause, two plugins registered under one name are rejected, and a plugin whose class overrides a
 contract method with other parameters than ``Backend``'s is rejected when it loads (``check_contract``).
@@ -21,6 +22,8 @@ from spec_backend.backends.base import Backend, BackendError
 NAMESPACE = "spec_backend.backends"
 ENV_VAR = "SPEC_BACKEND"
 REFERENCE = "reference"
+#: the fast CPU backend, preferred to the reference where it is available
+CPU = "cpu"
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ def load_backend(name: str | None = None) -> Backend:
     chosen = name or os.environ.get(ENV_VAR) or None
     if chosen is not None:
         return _load_named(chosen)
-    hardware = [i for i in list_backends() if i.available and i.name != REFERENCE]
+    infos = list_backends()
+    hardware = [i for i in infos if i.available and i.device_type != "cpu"]
     if len(hardware) == 1:
         return hardware[0].backend
     if len(hardware) > 1:
@@ -151,4 +155,5 @@ def load_backend(name: str | None = None) -> Backend:
         raise BackendError(
             f"several hardware backends are available ({names}); choose one with backend=... or {ENV_VAR}"
         )
-    return _load_named(REFERENCE)
+    cpu = [i for i in infos if i.name == CPU and i.available]
+    return cpu[0].backend if cpu else _load_named(REFERENCE)

@@ -1,11 +1,15 @@
-"""The reference backend: pure torch on CPU. It is the specification the other backends must match."""
+"""The reference backend: pure torch on CPU, eager. It is the specification the other backends must match.
+
+Nothing here depends on the CPU's instruction set, an environment variable or a compiler: attention is
+SDPA over the engine's ragged cache (``attention.sdpa_ragged_attention``), the sampler runs the torch
+ops, and ``prepare_model`` leaves the model as transformers loaded it. The fast CPU path (native
+kernels, packed and quantized linear layers) is the ``cpu`` backend (``spec_backend.cpu``), checked
+against this one.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
@@ -21,17 +25,7 @@ from spec_backend.backends.base import (
     SamplerTuning,
     TokenLimits,
 )
-from spec_backend.backends.int4_linear import install_int4_linears
-from spec_backend.backends.int8_linear import install_int8_linears
-from spec_backend.backends.native_layer import install_native_layers
-from spec_backend.backends.q8_0_projection import install_q8_0_projection
-from spec_backend.backends.vocab_projection import (
-    install_small_batch_linears,
-    install_tall_skinny_projection,
-)
 from spec_backend.sampling.ops import SamplerOps
-
-logger = logging.getLogger("spec_backend.backends")
 
 
 class EagerGraphRunner(GraphRunner):
@@ -45,10 +39,9 @@ class EagerGraphRunner(GraphRunner):
 
 
 class ReferenceBackend(Backend):
-    """Pure-torch backend: eager graph runner, SDPA attention, torch sampler ops."""
+    """Pure-torch backend: eager graph runner, SDPA attention, torch sampler ops, no model preparation."""
 
     name = "reference"
-    supported_quantizations = ("int4", "int8")
     device_type = "cpu"
 
     def probe(self) -> Availability:
@@ -76,47 +69,6 @@ class ReferenceBackend(Backend):
         """Batches verified in groups of <= 2M logits (8 MiB float32): intermediates stay in cache."""
         return SamplerTuning(vocab_block=1024, max_grid=None, device_uniforms=True, group_elements=1 << 21)
 
-    def prepare_model(self, model: torch.nn.Module) -> None:
-        """Linear layers that are GGUF Q4_1 blocks run packed (``int4_linear``: a quarter-byte per weight
-        instead of four, with our AVX512-VNNI kernel or torch's int4 kernel; logged, lossy as that module
-        says);
-        ``SPEC_BACKEND_INT4=0`` keeps every weight in float32 (exact de-quantized numerics). With
-        ``LLM(quantization="int4" | "int8")`` every linear layer is quantized (lossy, opt-in). The other
-        few-row products (the vocabulary projection, float linear layers while a step verifies K+1
-        positions) run far faster on CPU BLAS as tall-skinny products (``vocab_projection``). An LM head made
-        of GGUF Q8_0 blocks runs from its int8 codes with our kernel (``q8_0_projection``; exact)."""
-        config: Any = model.config
-        mode = getattr(config, "spec_quantization", None)
-        if mode == "int8":
-            packed, what = install_int8_linears(model), "int8 (opt-in, lossy)"
-        elif mode == "int4" or os.environ.get("SPEC_BACKEND_INT4", "1") != "0":
-            packed = install_int4_linears(model, quantize=mode == "int4")
-            what = "int4 (opt-in, lossy)" if mode == "int4" else "GGUF Q4_1 packed as int4"
-        else:
-            packed, what = 0, ""
-        if packed:  # rounding amplifies tiny batch-dependent differences: make attention rows invariant
-            config.spec_batch_invariant = True
-            vnni = any(getattr(m, "kernel", "") == "vnni" for m in model.modules())
-            logger.info(
-                "spec_backend: %d linear layers run %s with %s activations; logits differ slightly from "
-                "the float32 model",
-                packed,
-                what,
-                "int8 (per 32 values, AVX512-VNNI kernel)" if vnni else "bfloat16",
-            )
-            native = install_native_layers(model)
-            if native:
-                logger.info("spec_backend: %d decoder layers run as one native call each", native)
-            _install_native_eagle3(model)
-        install_small_batch_linears(model)
-        if install_q8_0_projection(model):
-            logger.info("spec_backend: LM head runs from its GGUF Q8_0 blocks (exact: float32 activations)")
-        install_tall_skinny_projection(model)
-
-
-def _install_native_eagle3(model: torch.nn.Module) -> None:
-    """EAGLE-3 heads' first layers as one native call (imported here: it needs ``models.eagle3``)."""
-    from spec_backend.backends.native_eagle3 import install_native_eagle3_layers
-
-    if install_native_eagle3_layers(model):
-        logger.info("spec_backend: the EAGLE-3 head's first layer runs as one native call")
+    def default_dtype(self, loaded: torch.dtype) -> torch.dtype:
+        """float32, or float64 for a float64 checkpoint: CPUs have no fast half-precision matmul."""
+        return torch.float64 if loaded == torch.float64 else torch.float32

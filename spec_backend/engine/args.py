@@ -43,10 +43,14 @@ def check_quantization(
     """``LLM(quantization=...)`` (or the setting ``name``): None, or a weight-only mode the backend
     implements."""
     if quantization is not None and (not isinstance(quantization, str) or quantization not in supported):
-        allowed = f"None or one of {list(supported)}" if supported else "None (it implements none)"
+        allowed = (
+            f"None or one of {list(supported)}"
+            if supported
+            else "None (it implements none; `spec-backend backends` lists the others)"
+        )
         raise ValueError(
             f"{name}={quantization!r} is not available on backend {backend!r}: allowed are {allowed} "
-            "(weight-only, opt-in; GGUF Q4_1 checkpoints are packed without asking on the reference backend)"
+            "(weight-only, opt-in; the cpu backend also packs GGUF Q4_1 checkpoints without asking)"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.base import Backend
+from spec_backend.backends.base import Backend, ModelOptions
 from spec_backend.config import SpeculativeConfig
 from spec_backend.engine.args import check_quantization
 from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
@@ -58,11 +58,10 @@ def draft_preparation(backend: Backend, quantization: str | None) -> Callable[[t
         quantization, backend.name, backend.supported_quantizations, "speculative_config['quantization']"
     )
 
+    options = ModelOptions(quantization=quantization)
+
     def prepare(module: torch.nn.Module) -> None:
-        if quantization is not None:  # read by prepare_model, as LLM(quantization=...) is for the target
-            config: Any = module.config
-            config.spec_quantization = quantization
-        backend.prepare_model(module)
+        backend.prepare_model(module, options)
 
     return prepare
 

@@ -7,8 +7,7 @@ stale folder.
 
 Glossary:
 
-* **cache root** — ``$SPEC_BACKEND_CACHE`` when set, else ``$XDG_CACHE_HOME/spec_backend``, else
-  ``~/.cache/spec_backend``.
+* **cache root** — ``spec_backend.paths.cache_root()``.
 * **materialized folder** (a cache *slot*) — ``<cache root>/gguf/<stem>-<sha256[:16]>/``: ``config.json``
   (without the GGUF ``quantization_config``), ``model.safetensors`` (float32), the tokenizer files, the
   chat template, and ``SOURCE_RECORD``: the GGUF's path, size and full SHA-256. A plain Hugging Face
@@ -38,22 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from spec_backend.engine.checkpoint_files import ModelLoadError, safetensors_header
+from spec_backend.paths import cache_root
 
 logger = logging.getLogger("spec_backend.engine")
 
-CACHE_ENV = "SPEC_BACKEND_CACHE"
 _WEIGHTS = "model.safetensors"
 #: the slot's record of the GGUF it was converted from (module glossary)
 SOURCE_RECORD = "spec_backend_source.json"
-
-
-def cache_root() -> Path:
-    """Where spec_backend keeps derived files (see the module glossary)."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "spec_backend"
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 
 from spec_backend.backends import load_backend
-from spec_backend.backends.base import Backend, BackendError
+from spec_backend.backends.base import Backend, BackendError, ModelOptions
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
 from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
@@ -127,10 +127,9 @@ class LLM:
         verifier = self._verifier(additional_config, kv_transfer_config)
         self.source = source if source is not None else resolve_model(model)
         attn_name = register_attention(self.backend)
-        self.model = load_model(self.source, attn_name, resolve_dtype(dtype), self.backend.device())
-        if quantization is not None:  # read by the backend's prepare_model
-            self.model.config.spec_quantization = quantization
-        self.backend.prepare_model(self.model)
+        runs_in = resolve_dtype(dtype) or self.backend.default_dtype
+        self.model = load_model(self.source, attn_name, runs_in, self.backend.device())
+        self.backend.prepare_model(self.model, ModelOptions(quantization=quantization))
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)

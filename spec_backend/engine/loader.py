@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,8 +214,16 @@ def twin_config(directory: str) -> Any | None:
     return AutoConfig.for_model(twin, **settings)
 
 
-def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, device: torch.device) -> Any:
-    """Load the causal LM on ``device`` with the ragged attention; ``dtype=None`` keeps float32 on CPU."""
+#: The dtype a model runs in, decided from the dtype its weights loaded in (``Backend.default_dtype``).
+DtypeRule = Callable[[torch.dtype], torch.dtype]
+
+
+def load_model(
+    source: ModelSource, attn_name: str, dtype: torch.dtype | DtypeRule | None, device: torch.device
+) -> Any:
+    """Load the causal LM on ``device`` with the ragged attention, in ``dtype``: a dtype, a rule applied to
+    the dtype the weights loaded in (``dtype="auto"`` on the engine: the backend's ``default_dtype``), or
+    ``None`` for the loaded dtype itself."""
     shown, source = source.display, loadable(source)
     refuse_pickles(source)
     from transformers import AutoModelForCausalLM
@@ -236,8 +245,8 @@ def load_model(source: ModelSource, attn_name: str, dtype: torch.dtype | None, d
     model, info = loaded  # output_loading_info: (model, {"missing_keys": ..., ...})
     if stored is not None:
         check_weights(shown, model, info, stored)
-    if dtype is None:
-        dtype = model.dtype if device.type != "cpu" or model.dtype == torch.float64 else torch.float32
+    if not isinstance(dtype, torch.dtype):
+        dtype = model.dtype if dtype is None else dtype(model.dtype)
     model = model.to(device=device, dtype=dtype)
     model.eval()
     sliding = [t for t in (getattr(model.config, "layer_types", None) or []) if t != "full_attention"]

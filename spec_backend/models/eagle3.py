@@ -103,7 +103,7 @@ def parse_eagle3_config(path: str, raw: dict[str, Any]) -> Eagle3Spec:
 
 class FusedFirstLayer(torch.nn.Module):
     """A backend's fused form of ``Eagle3Head``'s first layer (``Backend.prepare_model`` puts it at
-    ``layers.0``; e.g. ``backends/native_eagle3.py``): called with the next tokens' embeddings, ``g``,
+    ``layers.0``; e.g. ``cpu/native_eagle3.py``): called with the next tokens' embeddings, ``g``,
     ``position_embeddings``, the cache, the attention metadata, the mask and the position ids, it returns
     what ``Eagle3Head._first_layer`` does."""
 

@@ -25,6 +25,7 @@ import torch
 
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import RejectionSampler
+from spec_backend.testing.attention_checks import check_attention
 from spec_backend.testing.cases import context_cases, issue_case, paper_case, tempered_case
 from spec_backend.testing.exact import Case, Prefix, ToyModel, deviation, emitted_distribution, target_joint
 from spec_backend.testing.exact_checks import EXACT_TOL, LOSSY_MIN, detection_cases, exact_checks
@@ -233,10 +234,13 @@ def run_conformance(
     samples: int = 20000,
     seed: int = 0,
     exact: bool = True,
+    attention_atol: float | None = 1e-4,
 ) -> ConformanceReport:
     """Run the whole suite against ``backend`` (a ``Backend``, a name, or None for ``load_backend()``).
 
     ``samples``: requests per main Monte-Carlo group (the noise floor is stated in ``montecarlo``).
+    ``attention_atol``: the attention tier's noise floor (``attention_checks``; 2e-3 for an op that
+    computes in float16); ``None`` skips that tier.
     """
     if backend is None or isinstance(backend, str):
         from spec_backend.backends import load_backend
@@ -245,6 +249,9 @@ def run_conformance(
     report = ConformanceReport(str(getattr(backend, "name", backend)))
     if exact:
         for result in exact_checks():
+            report.add(result)
+    if attention_atol is not None:
+        for result in check_attention(backend, atol=attention_atol):
             report.add(result)
     device = backend.device()
     for mode in modes:

@@ -11,8 +11,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from spec_backend.backends.attention import RaggedAttentionMetadata, native_attention_rows
-from spec_backend.backends.native import native_op
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.cpu.attention import is_batch_invariant, native_attention_rows
+from spec_backend.cpu.native import native_op
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.prompts import code_edit_prompts
 
@@ -66,7 +67,7 @@ def hf_reference(llm: LLM, prompt_ids: list[list[int]]) -> list[list[int]]:
 
     model, attn = llm.model, llm.model.config._attn_implementation
     eos = sorted(llm.eos_token_ids)
-    if native_op("attention_rows") is not None and model.config.spec_batch_invariant:
+    if native_op("attention_rows") is not None and is_batch_invariant(model):
         AttentionInterface.register("spec_rows_reference", _rows_attention)
         model.set_attn_implementation("spec_rows_reference")
     else:

@@ -90,12 +90,12 @@ def check_greedy_identity(
 
 
 def require_native_kernels() -> None:
-    """Skip where no C++ compiler can build ``backends/native.py``'s kernels; where one exists the build
+    """Skip where no C++ compiler can build ``cpu/native.py``'s kernels; where one exists the build
     must work (a failure there is a defect, not a reason to skip)."""
     import os
     import shutil
 
-    from spec_backend.backends.native import NATIVE_ENV, native_kernel_error
+    from spec_backend.cpu.native import NATIVE_ENV, native_kernel_error
 
     if os.environ.get(NATIVE_ENV) == "0":
         pytest.skip(f"the native kernels are turned off ({NATIVE_ENV}=0)")

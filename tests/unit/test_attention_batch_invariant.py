@@ -1,15 +1,14 @@
-"""The reference attention's batch-invariant mode (models with packed int4 layers): every row is bit
-for bit what it is when computed alone, whatever the step's query count, batch and padding. Negative
-control: the default SDPA path is not, at float32 rounding level."""
+"""The cpu backend's batch-invariant attention (models with packed int4 layers): every row is bit for bit
+what it is when computed alone, whatever the step's query count, batch and padding. Negative control: an
+unmarked model gets the reference's SDPA path, which is not, at float32 rounding level."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
 
 H, HKV, D = 6, 2, 16
 
@@ -17,9 +16,11 @@ H, HKV, D = 6, 2, 16
 def _run(
     invariant: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: list[int], kv_lens: list[int]
 ) -> torch.Tensor:
-    module = SimpleNamespace(config=SimpleNamespace(spec_batch_invariant=invariant))
+    module = torch.nn.Module()
+    if invariant:
+        mark_batch_invariant(module)
     meta = RaggedAttentionMetadata(torch.tensor(q_lens), torch.tensor(kv_lens))
-    out, _ = sdpa_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)  # type: ignore[arg-type]
+    out, _ = cpu_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)
     return out  # [B, Q, H, D]
 
 

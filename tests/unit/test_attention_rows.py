@@ -1,22 +1,17 @@
-"""The native row attention kernel (``csrc/attention_rows.cpp``) behind the reference backend's
+"""The native row attention kernel (``csrc/attention_rows.cpp``) behind the cpu backend's
 batch-invariant attention: SDPA's values within float32 rounding, every row independent of the other rows
 of the call (prefill, verify and decode give a position the same bits), and clear errors on bad input."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from engine_fixtures import require_native_kernels
 
-from spec_backend.backends.attention import (
-    RaggedAttentionMetadata,
-    native_attention_rows,
-    sdpa_ragged_attention,
-)
-from spec_backend.backends.native import native_op
+from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant, native_attention_rows
+from spec_backend.cpu.native import native_op
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,12 +70,12 @@ def test_a_row_does_not_depend_on_the_other_rows(prompt: int) -> None:
 def test_the_backend_attention_uses_it_for_batch_invariant_models() -> None:
     q, k, v = _qkv(4, 20)
     meta = RaggedAttentionMetadata(torch.tensor([4]), torch.tensor([20]))
-    module = SimpleNamespace(config=SimpleNamespace(spec_batch_invariant=True))
-    out, _ = sdpa_ragged_attention(module, q, k, v, None, scaling=D**-0.5, spec_attn_metadata=meta)  # type: ignore[arg-type]
+    module = torch.nn.Module()
+    mark_batch_invariant(module)
+    out, _ = cpu_ragged_attention(module, q, k, v, None, scaling=D**-0.5, spec_attn_metadata=meta)
     assert torch.equal(out, _rows(q, k, v, [4], [20]))
-    wide, _ = sdpa_ragged_attention(  # float64 (tests' reference models): torch's row by row path
-        module,  # type: ignore[arg-type]
-        q.double(), k.double(), v.double(), None, scaling=D**-0.5, spec_attn_metadata=meta,
+    wide, _ = cpu_ragged_attention(  # float64 (tests' reference models): torch's row by row path
+        module, q.double(), k.double(), v.double(), None, scaling=D**-0.5, spec_attn_metadata=meta,
     )  # fmt: skip
     assert wide.dtype == torch.float64 and torch.allclose(wide.float(), out, atol=1e-5)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from engine_fixtures import require_native_kernels
 
 from spec_backend.backends import BackendError, list_backends, load_backend
 from spec_backend.backends.loader import installed_backend_names
@@ -25,17 +27,42 @@ def _fake_distribution(root: Path, name: str, entry_points: dict[str, str], modu
 
 
 def test_installed_backends_are_the_three_distributions() -> None:
-    assert installed_backend_names() == ["ascend", "cuda", "reference"]
+    assert installed_backend_names() == ["ascend", "cpu", "cuda", "reference"]
 
 
-def test_default_backend_on_cpu_machine_is_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_backend_on_a_cpu_machine_is_cpu_where_its_kernels_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_native_kernels()
     monkeypatch.delenv("SPEC_BACKEND", raising=False)
-    assert load_backend().name == "reference"
+    assert load_backend().name == "cpu"
+
+
+def _default_in_a_fresh_process(**env: str) -> str:
+    code = "from spec_backend.backends import load_backend; print(load_backend().name)"
+    base = {k: v for k, v in os.environ.items() if k != "SPEC_BACKEND"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**base, **env}
+    )
+    return out.stdout.strip()
+
+
+def test_default_backend_is_reference_where_the_cpu_kernels_cannot_run() -> None:
+    """``SPEC_BACKEND_NATIVE=0`` turns the native kernels off: ``cpu`` is then unavailable, with the reason,
+    and the default falls back to the pure-torch reference."""
+    assert _default_in_a_fresh_process(SPEC_BACKEND_NATIVE="0") == "reference"
+    code = "from spec_backend.cpu import CpuBackend; print(CpuBackend().probe())"
+    env = {**os.environ, "SPEC_BACKEND_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert (
+        out.stdout.strip() == "unavailable: the native CPU kernels do not build here: SPEC_BACKEND_NATIVE=0"
+    )
 
 
 def test_list_backends_reports_hardware_backends_unavailable_with_reason() -> None:
     infos = {i.name: i for i in list_backends()}
     assert infos["reference"].available and infos["reference"].device_type == "cpu"
+    assert infos["cpu"].device_type == "cpu"
     assert not infos["cuda"].available and "torch" in infos["cuda"].reason
     assert not infos["ascend"].available and "torch_npu" in infos["ascend"].reason
 
@@ -49,7 +76,7 @@ def test_explicit_name_and_env_var_select_backend(monkeypatch: pytest.MonkeyPatc
 
 def test_unknown_name_lists_installed_backends() -> None:
     with pytest.raises(
-        BackendError, match=r"unknown backend 'tpu'; installed backends: ascend, cuda, reference"
+        BackendError, match=r"unknown backend 'tpu'; installed backends: ascend, cpu, cuda, reference"
     ):
         load_backend("tpu")
 
@@ -81,11 +108,9 @@ def test_two_plugins_with_one_name_are_rejected(tmp_path: Path, monkeypatch: pyt
         load_backend("reference")
 
 
-def test_acceptance_command_prints_reference() -> None:
-    code = "from spec_backend.backends import load_backend; print(load_backend().name)"
-    env = {k: v for k, v in __import__("os").environ.items() if k != "SPEC_BACKEND"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.strip() == "reference"
+def test_acceptance_command_prints_the_cpu_backend() -> None:
+    require_native_kernels()
+    assert _default_in_a_fresh_process() == "cpu"
 
 
 _FAKE_BACKEND = """

@@ -19,8 +19,9 @@ def test_backends_command_lists_all_with_status_and_limits(capsys: pytest.Captur
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["backend", "device", "status"]
     rows = {line.split()[0]: line for line in lines[1:]}
-    assert set(rows) == {"ascend", "cuda", "reference"}
+    assert set(rows) == {"ascend", "cpu", "cuda", "reference"}
     assert "available" in rows["reference"] and "unavailable" not in rows["reference"]
+    assert rows["cpu"].split()[1] == "cpu" and "available" in rows["cpu"]  # with its reason or note
     assert "unavailable: torch_npu is not installed" in rows["ascend"] and rows["ascend"].split()[-2:] == [
         "16",
         "128",

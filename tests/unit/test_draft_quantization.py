@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from engine_fixtures import check_greedy_identity, one_thread  # noqa: F401 - autouse
 
-from spec_backend.backends.int4_linear import Int4Linear, PackedLinear
-from spec_backend.backends.int8_linear import Int8Linear
+from spec_backend.cpu.int4_linear import Int4Linear, PackedLinear
+from spec_backend.cpu.int8_linear import Int8Linear
 from spec_backend.engine import LLM
 from spec_backend.proposers.draft_model import DraftModelDrafter
 from spec_backend.proposers.eagle import EagleDrafter
@@ -52,7 +52,7 @@ def test_quantized_draft_model(target_dir: str, expected: list[list[int]]) -> No
 
 
 REFUSALS = {
-    "eagle3": r"speculative_config\['quantization'\]='awq' is not available on backend 'reference': "
+    "eagle3": r"speculative_config\['quantization'\]='awq' is not available on backend 'cpu': "
     r"allowed are None or one of \['int4', 'int8'\]",
     "medusa": r"\['quantization'\]='int8' applies to the draft weights of draft_model, eagle, .*"
     r"method='medusa' runs its draft weights unquantized",

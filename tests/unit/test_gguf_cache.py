@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from spec_backend import paths
 from spec_backend.engine import ModelLoadError, gguf_cache
 
 
 @pytest.fixture
 def gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     path = tmp_path / "model" / "tiny.Q4_1.gguf"
     path.parent.mkdir()
     path.write_bytes(b"GGUF" + bytes(range(64)))
@@ -52,11 +53,11 @@ def weights_of(folder: Path) -> str:
 
 
 def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(gguf_cache.CACHE_ENV, raising=False)
+    monkeypatch.delenv(paths.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert gguf_cache.cache_root() == tmp_path / "xdg" / "spec_backend"
-    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "own"))
-    assert gguf_cache.cache_root() == tmp_path / "own"
+    assert paths.cache_root() == tmp_path / "xdg" / "spec_backend"
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "own"))
+    assert paths.cache_root() == tmp_path / "own"
 
 
 def test_written_once_then_reused(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,7 +107,7 @@ def test_failed_conversion_leaves_nothing(gguf: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(gguf_cache, "_write_folder", broken)
     with pytest.raises(RuntimeError, match="unsupported tensor type"):
         gguf_cache.materialize(str(gguf.parent), gguf.name)
-    assert list((Path(gguf_cache.cache_root()) / "gguf").iterdir()) == []
+    assert list((Path(paths.cache_root()) / "gguf").iterdir()) == []
 
 
 def test_command_line_refuses_a_folder_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,7 +138,7 @@ def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: py
     from spec_backend.engine import LLM, SamplingParams
     from spec_backend.engine.tiny import make_tiny_model
 
-    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     tiny = Path(make_tiny_model(tmp_path / "tiny", vocab_size=128, with_tokenizer=True))
     gguf = llama_gguf(tmp_path / "m.gguf")
     calls: list[str] = []
@@ -177,7 +178,7 @@ def test_unwritable_cache_falls_back_to_the_gguf(
     def refuse(directory: str, gguf_file: str, out: Path) -> None:
         raise PermissionError(f"read-only: {out}")
 
-    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(gguf_cache, "_write_folder", refuse)
     source = ModelSource(str(tmp_path), "m.gguf")
     assert loadable(source) == source
@@ -215,7 +216,7 @@ def test_a_damaged_slot_is_rebuilt(
     cache rebuilds the slot in place, with a warning naming the folder and what was wrong."""
     from spec_backend.engine.loader import ModelSource, loadable
 
-    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     calls: list[str] = []
     monkeypatch.setattr(gguf_cache, "_write_folder", fake_writer(calls))
     llama_gguf(tmp_path / "m.gguf")

@@ -10,9 +10,10 @@ import pytest
 import torch
 from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
 
-from spec_backend.backends import int4_linear
-from spec_backend.backends.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
-from spec_backend.backends.native import native_op
+from spec_backend.cpu import int4_linear
+from spec_backend.cpu.attention import is_batch_invariant
+from spec_backend.cpu.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
+from spec_backend.cpu.native import native_op
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model, q4_1_round_trip
@@ -129,7 +130,7 @@ def test_the_engine_packs_q4_1_models_and_stays_lossless(
     assert len(packed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
     assert {m.kernel for m in packed} == {kernel}
     check_speculation_is_lossless(llm)
-    assert llm.model.config.spec_batch_invariant  # the attention keeps rows independent of the batch
+    assert is_batch_invariant(llm.model)  # the attention keeps rows independent of the batch
 
 
 def test_logits_stay_close_to_the_float_model(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""EAGLE-3's first draft layer as one native call (``backends/native_eagle3``): which heads get it, its
+"""EAGLE-3's first draft layer as one native call (``cpu/native_eagle3``): which heads get it, its
 result against transformers' modules on the same packed products, the ragged op against the general
 path bit for bit with rows that never depend on the batch, and the engine's output staying the target's."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread, require_native_kernels  # noqa: F401 - autouse
 
-from spec_backend.backends.int4_linear import install_int4_linears
-from spec_backend.backends.native import native_op
-from spec_backend.backends.native_eagle3 import NativeEagle3Layer, install_native_eagle3_layers
+from spec_backend.cpu.int4_linear import install_int4_linears
+from spec_backend.cpu.native import native_op
+from spec_backend.cpu.native_eagle3 import NativeEagle3Layer, install_native_eagle3_layers
 from spec_backend.engine import LLM
 from spec_backend.models.eagle3 import Eagle3Head, load_eagle3_head
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3

@@ -1,4 +1,4 @@
-"""Whole decoder layers as native calls (``backends/native_layer``): which layers are replaced and which are
+"""Whole decoder layers as native calls (``cpu/native_layer``): which layers are replaced and which are
 left alone, the op's rows never depending on the batch or on how a token's row is split between calls
 (what speculative greedy = plain greedy rests on), the ragged path against the general path bit for bit,
 closeness to transformers' layers on the same packed products, and the engine's guarantee."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread, require_native_kernels  # noqa: F401 - autouse
 
-from spec_backend.backends.int4_linear import install_int4_linears
-from spec_backend.backends.native import native_op
-from spec_backend.backends.native_layer import NativeDecoderLayer, install_native_layers, weight_names
+from spec_backend.cpu.int4_linear import install_int4_linears
+from spec_backend.cpu.native import native_op
+from spec_backend.cpu.native_layer import NativeDecoderLayer, install_native_layers, weight_names
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
@@ -145,7 +145,8 @@ def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[i
     """transformers' generate (its cache: the general path) with the row attention kernel."""
     from transformers import AttentionInterface
 
-    from spec_backend.backends.attention import RaggedAttentionMetadata, native_attention_rows
+    from spec_backend.backends.attention import RaggedAttentionMetadata
+    from spec_backend.cpu.attention import native_attention_rows
 
     def rows(
         module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **k: Any

@@ -11,8 +11,8 @@ import pytest
 import torch
 from engine_fixtures import PROMPTS, one_thread, require_native_kernels  # noqa: F401 - autouse
 
-from spec_backend.backends import q8_0_projection as q8
-from spec_backend.backends.vocab_projection import TallSkinnyProjection
+from spec_backend.cpu import q8_0_projection as q8
+from spec_backend.cpu.vocab_projection import TallSkinnyProjection
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.testing.fixtures.q8_0 import make_q8_0_head_model, q8_0_round_trip
 

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spec_backend.backends.reference import ReferenceBackend
-from spec_backend.backends.vocab_projection import (
+from spec_backend.backends.base import ModelOptions
+from spec_backend.cpu import CpuBackend
+from spec_backend.cpu.vocab_projection import (
     TallSkinnyProjection,
     install_small_batch_linears,
     install_tall_skinny_projection,
@@ -28,7 +29,7 @@ def test_matches_linear_for_every_row_count(rows: int, bias: bool) -> None:
     torch.testing.assert_close(got, F.linear(hidden, linear.weight, linear.bias), rtol=1e-12, atol=1e-12)
 
 
-def test_reference_backend_installs_it_keeping_tied_weights(tmp_path: Path) -> None:
+def test_cpu_backend_installs_it_keeping_tied_weights(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from spec_backend.engine.tiny import make_tiny_model
@@ -38,7 +39,7 @@ def test_reference_backend_installs_it_keeping_tied_weights(tmp_path: Path) -> N
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.no_grad():
         before = model(input_ids=ids).logits  # [1, 5, V]
-        ReferenceBackend().prepare_model(model)
+        CpuBackend().prepare_model(model, ModelOptions())
         head = model.get_output_embeddings()
         assert isinstance(head, TallSkinnyProjection)
         assert head.weight is model.get_input_embeddings().weight  # still tied
@@ -54,7 +55,7 @@ def test_models_without_a_linear_head_are_left_alone() -> None:
     assert install_tall_skinny_projection(NoHead()) is False
 
 
-def test_reference_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path: Path) -> None:
+def test_cpu_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from spec_backend.engine.tiny import make_tiny_model
@@ -65,7 +66,7 @@ def test_reference_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path:
     weight = layer.mlp.down_proj.weight
     with torch.no_grad():
         before = [model(input_ids=torch.tensor([[3, 1, 4, 1, 5][:n]])).logits for n in (1, 3, 5)]
-        ReferenceBackend().prepare_model(model)
+        CpuBackend().prepare_model(model, ModelOptions())
         assert isinstance(layer.mlp.down_proj, TallSkinnyProjection) and layer.mlp.down_proj.max_rows == 4
         assert layer.mlp.down_proj.weight is weight  # the same parameter, not a copy
         assert not any(type(m) is nn.Linear for m in model.modules())  # 7 per layer + the head

@@ -1,4 +1,4 @@
-"""Opt-in weight-only quantization (``LLM(quantization="int4" | "int8")``) on the reference backend:
+"""Opt-in weight-only quantization (``LLM(quantization="int4" | "int8")``) on the cpu backend:
 each kernel's error against the float32 layer, every linear layer replaced, the engine's guarantee
 (speculative greedy = plain greedy, batched = alone) on the quantized model, and clear refusals."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
 
-from spec_backend.backends.int4_linear import Int4Linear, quantize_int4
-from spec_backend.backends.int8_linear import Int8Linear
+from spec_backend.cpu.int4_linear import Int4Linear, quantize_int4
+from spec_backend.cpu.int8_linear import Int8Linear
 from spec_backend.engine import LLM
 from spec_backend.engine.tiny import make_tiny_model
 
@@ -62,7 +62,9 @@ def test_float_is_the_default_and_bad_modes_are_refused(tmp_path: Path) -> None:
     model = make_tiny_model(tmp_path / "m", "llama", seed=2)
     assert not [m for m in LLM(model).model.modules() if isinstance(m, Int4Linear | Int8Linear)]
     allowed = r"allowed are None or one of \['int4', 'int8'\]"
-    with pytest.raises(
-        ValueError, match=r"quantization='awq' is not available on backend 'reference': " + allowed
-    ):
+    with pytest.raises(ValueError, match=r"quantization='awq' is not available on backend 'cpu': " + allowed):
         LLM(model, quantization="awq")
+    with pytest.raises(  # the reference backend is the pure-torch specification: no quantized layers
+        ValueError, match=r"quantization='int4' is not available on backend 'reference': allowed are None \("
+    ):
+        LLM(model, quantization="int4", backend="reference")

@@ -204,3 +204,13 @@ def test_every_layout_over_batch_sizes_and_caches_of_several_pages(
         )
     calls = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
     assert {c["input_layout"] for c in calls} == {_layout(dim, q_len)}
+
+
+def test_the_conformance_suites_attention_tier(fake_npu: ModuleType) -> None:
+    """The public suite's attention tier (decode, verify and prefill shapes, caches of several pages)."""
+    from test_engine_greedy import CpuEmulatedAscend
+
+    from spec_backend.testing.attention_checks import check_attention
+
+    for result in check_attention(CpuEmulatedAscend(), atol=FP16_OUT_TOL["atol"]):
+        result.check()

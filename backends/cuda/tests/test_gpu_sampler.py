@@ -19,7 +19,7 @@ SEEDS = [11, 12, 13, 14]
 def test_conformance_suite_passes() -> None:
     from spec_backend.testing import run_conformance
 
-    report = run_conformance(CudaBackend())
+    report = run_conformance(CudaBackend(), attention_atol=2e-3)  # flash-attn computes in half precision
     print(report.summary())
     report.assert_passed()
 

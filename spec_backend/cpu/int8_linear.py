@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.backends.int4_linear import PackedLinear
-from spec_backend.backends.vocab_projection import output_embedding, replace_modules
+from spec_backend.cpu.int4_linear import PackedLinear
+from spec_backend.cpu.vocab_projection import output_embedding, replace_modules
 
 
 class Int8Linear(PackedLinear):

@@ -21,7 +21,7 @@ Glossary:
   up to summation order (**not lossy**), and every row is computed by the same instructions whatever the
   number of rows, so a row's logits do not depend on the batch (speculative verification and plain
   decoding see the same numbers).
-* **build** — ``backends/native.py`` compiles it on first use; when it cannot be built the head stays
+* **build** — ``cpu/native.py`` compiles it on first use; when it cannot be built the head stays
   float32 and the reason is logged as a warning. ``SPEC_BACKEND_NATIVE=0`` skips it.
 """
 
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spec_backend.backends.int4_linear import PackedLinear
-from spec_backend.backends.native import native_kernel_error, native_op
-from spec_backend.backends.vocab_projection import output_embedding
+from spec_backend.cpu.int4_linear import PackedLinear
+from spec_backend.cpu.native import native_kernel_error, native_op
+from spec_backend.cpu.vocab_projection import output_embedding
 
 logger = logging.getLogger("spec_backend.backends")
 

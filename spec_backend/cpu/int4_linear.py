@@ -17,7 +17,7 @@ Glossary:
   and ``zero`` are rounded to bfloat16 (relative 2⁻⁹) and the output is returned as float32: this is
   **lossy** against the de-quantized float32 model, as llama.cpp's own int8 activation rounding is.
 
-* **VNNI kernel** — where the CPU has AVX512-VNNI and the native kernels build (``backends/native.py``),
+* **VNNI kernel** — where the CPU has AVX512-VNNI and the native kernels build (``cpu/native.py``),
   ``csrc/q4_1_vnni.cpp`` replaces torch's: each row's activations are quantized per 32 values to int8
   codes with a float32 scale (``amax / 127``, as llama.cpp's Q8_1), each block's dot product with the
   4-bit codes is an exact integer (``vpdpbusd``), then ``d·dot·scale_x + m·scale_x·Σcodes_x`` accumulates
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.backends.native import native_op
-from spec_backend.backends.vocab_projection import output_embedding, replace_modules
+from spec_backend.cpu.native import native_op
+from spec_backend.cpu.vocab_projection import output_embedding, replace_modules
 
 GROUP = 32  # Q4_1 block size, and the kernel's group size
 LANES = 16  # output rows per tile of the VNNI kernel

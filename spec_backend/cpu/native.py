@@ -1,4 +1,4 @@
-"""The reference backend's native CPU kernels (``csrc/*.cpp``): built once per machine, loaded on first use.
+"""The cpu backend's native kernels (``csrc/*.cpp``): built once per machine, loaded on first use.
 
 Torch lacks three things the GGUF models we run need: products with Q8_0 weights (int8 codes with one
 scale per 32 weights, ``q8_0_projection``), Q4_1 weights against int8-quantized activations
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from spec_backend.paths import cache_root
+
 logger = logging.getLogger("spec_backend.backends")
 
 NATIVE_ENV = "SPEC_BACKEND_NATIVE"
@@ -49,8 +51,6 @@ def native_kernel_error() -> str | None:
         return f"{NATIVE_ENV}=0"
     try:
         from torch.utils.cpp_extension import load
-
-        from spec_backend.engine.gguf_cache import cache_root
 
         digest = _build_digest()
         folder = cache_root() / "kernels" / f"native-{digest}"

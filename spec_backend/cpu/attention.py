@@ -1,0 +1,129 @@
+"""The cpu backend's attention: the reference's SDPA, or rows computed independently of the batch.
+
+A model whose linear layers round their activations (packed int4 layers with int8 or bfloat16
+activations) amplifies the last-bit differences SDPA makes between a row computed in a batch of K+1
+and the same row decoded alone, and speculative greedy output then drifts from plain greedy output.
+``prepare`` marks such a model (``batch_invariant``): its attention then computes every row over
+exactly the keys it sees in one fixed order (``native_attention_rows``, our kernel in
+``csrc/attention_rows.cpp``; ``_batch_invariant`` in torch where the kernel cannot run). Every other
+model gets ``sdpa_ragged_attention``, the reference's function, unchanged. The mark is kept here, in a
+weak set of the model's modules, not on the model's config.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from spec_backend.backends.attention import (
+    RaggedAttentionMetadata,
+    grouped_kv,
+    ragged_metadata,
+    sdpa_ragged_attention,
+)
+from spec_backend.cpu.native import native_op
+
+#: modules of the models whose attention rows must not depend on the batch (module docstring)
+_INVARIANT: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def mark_batch_invariant(model: torch.nn.Module) -> None:
+    """Compute every attention row of ``model`` independently of the rest of the batch."""
+    for module in model.modules():
+        _INVARIANT.add(module)
+
+
+def is_batch_invariant(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (a model or one of its attention modules) was marked by ``mark_batch_invariant``."""
+    return module in _INVARIANT
+
+
+def cpu_ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``[B, Q, Hq, D]``: batch-invariant rows for a marked model, else the reference's SDPA."""
+    if not is_batch_invariant(module):
+        return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    meta = ragged_metadata(kwargs)
+    rows = native_attention_rows(query, key, value, meta, scaling)
+    if rows is not None:
+        return rows, None
+    key, value, gqa = grouped_kv(query, key, value)
+    return _batch_invariant(query, key, value, meta, scaling, gqa), None
+
+
+def native_attention_rows(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    scaling: float | None,
+) -> torch.Tensor | None:  # [B, Q, Hq, D]
+    """Batch-invariant attention by our native kernel (``csrc/attention_rows.cpp``): every row, prefill
+    rows included, over exactly the keys it sees in one fixed order, so a row's output never depends on
+    the other rows of the call (torch's SDPA gives a prompt row different last bits when the prompt is
+    one token longer). ``None`` where the kernel is unavailable or the tensors are not float32 with a
+    head dim that is a multiple of 16 up to 256; ``_batch_invariant`` runs then."""
+    op = native_op("attention_rows")
+    head_dim = query.shape[-1]
+    if op is None or query.dtype != torch.float32 or key.dtype != torch.float32:
+        return None
+    if head_dim % 16 or head_dim > 256:
+        return None
+    scale = scaling if scaling is not None else head_dim**-0.5
+    return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
+
+
+#: Up to this many query rows a request's rows are computed one by one (decode and verify steps).
+ROW_BY_ROW = 16
+
+
+def _batch_invariant(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    scaling: float | None,
+    gqa: dict[str, Any],
+) -> torch.Tensor:  # [B, Q, Hq, D]
+    """Attention whose every row is computed the same way whatever else the step holds: each request on
+    exactly its own keys (no padding), and in a decode or verify step each query row alone over the keys
+    it sees. A token verified among K+1 drafts then gets bit for bit the hidden state it gets when
+    decoded alone, which models with rounding steps inside (bfloat16 activations of packed int4 layers)
+    need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row.
+    The fallback where ``native_attention_rows`` is unavailable."""
+    out = query.new_zeros(query.shape)  # [B, Hq, Q, D]; padding rows stay 0 (ignored)
+    q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        k, v, first = key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len], kv_len - q_len
+        if q_len > ROW_BY_ROW:  # a prefill; SDPA's last bits here depend on the prompt's length
+            mask = (
+                torch.arange(kv_len, device=query.device)[None]
+                <= (first + torch.arange(q_len, device=query.device))[:, None]
+            )
+            out[b, :, :q_len] = F.scaled_dot_product_attention(
+                query[b : b + 1, :, :q_len], k, v, attn_mask=mask, scale=scaling, **gqa
+            )[0]
+            continue
+        for i in range(q_len):  # row i sees positions 0 .. first + i
+            out[b, :, i] = F.scaled_dot_product_attention(
+                query[b : b + 1, :, i : i + 1],
+                k[:, :, : first + i + 1],
+                v[:, :, : first + i + 1],
+                scale=scaling,
+                **gqa,
+            )[0, :, 0]
+    return out.transpose(1, 2).contiguous()
+
+
+__all__ = ["cpu_ragged_attention", "is_batch_invariant", "mark_batch_invariant", "native_attention_rows"]
