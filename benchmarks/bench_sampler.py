@@ -58,7 +58,7 @@ def make_backend(
     from spec_backend.backends.base import SamplerTuning
     from spec_backend.backends.reference import ReferenceBackend
     from spec_backend.sampling.ops import SamplerOps
-    from spec_backend.sampling.triton_ops import TritonSamplerOps
+    from spec_backend.sampling.triton.ops import TritonSamplerOps
 
     if impl == "torch":
         tuning = SamplerTuning(group_elements=group_elements or None)

@@ -23,7 +23,7 @@ Implementations: ``triton`` — the CUDA backend's ops (``TritonSamplerOps`` wit
 ``--vocab-blocks`` value, and ``x<n>`` for each ``--vocab-splits`` n > 1: rows shared by n programs);
 ``torch`` — the reference backend's ``TorchSamplerOps`` on the same device. The triton ops verify
 ``greedy``, ``standard``, ``block`` and ``standard+q`` without materialising the target probabilities
-(``triton_kernels_fused``); ``--composed`` adds each variant with that pass off, for comparison.
+(``triton.fused``); ``--composed`` adds each variant with that pass off, for comparison.
 On CPU the triton kernels would run interpreted (minutes): they are skipped unless ``--with-triton``.
 On a GPU each triton column has a ``/graph`` twin: the same call captured once in a CUDA graph and timed
 by its replays (first input set only), i.e. the device time without the host's launch overhead.
@@ -196,7 +196,7 @@ def implementations(
         return impls
     from spec_backend_cuda import CudaBackend
 
-    from spec_backend.sampling.triton_ops import TritonSamplerOps
+    from spec_backend.sampling.triton.ops import TritonSamplerOps
 
     tuning = CudaBackend().sampler_tuning()
     for block in blocks or [tuning.vocab_block]:

@@ -5,7 +5,7 @@ at the draft and 0 elsewhere). The rules whose ``VerifyRule.fused`` is set decid
 (p(x), and q(x) when drafts carry probabilities), so an ops with ``FusedVerifyOps`` verifies the whole
 batch without writing the [N, V] target probabilities (one read of the logits, then the residual race
 over the final rows only) instead of composing softmax, scan and residual race (see
-``triton_kernels_fused``): the token-level rule with or without draft probabilities, the lossless block
+``triton.fused``): the token-level rule with or without draft probabilities, the lossless block
 rule for point-mass drafts (with draft probabilities its residual masses need whole rows).
 """
 

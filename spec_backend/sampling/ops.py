@@ -152,7 +152,7 @@ class FusedVerifyOps(Protocol):
     target probabilities, for the rules whose ``VerifyRule.fused`` is set and requests without top-k /
     top-p: ``"token"`` with or without draft probabilities, ``"block"`` for point-mass drafts only. The
     sampler uses it when ``fuses_verify()`` is True and otherwise composes the ``SamplerOps``; both give
-    the same tokens (the block scan up to float32 near-ties, see ``triton_kernels_fused``)."""
+    the same tokens (the block scan up to float32 near-ties, see ``triton.fused``)."""
 
     def fuses_verify(self) -> bool:
         """Whether ``fused_verify`` may be used (e.g. off for a tuning that disables it)."""

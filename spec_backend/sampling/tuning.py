@@ -29,9 +29,9 @@ class SamplerTuning:
     None verifies the whole batch in one pass (GPUs, NPUs). ``vocab_splits``: programs that share one
     vocabulary row in the row-wide kernels (temperature softmax, residual sampling), each over a
     contiguous chunk, their partial results combined by a second launch
-    (``spec_backend.sampling.triton_kernels_split``): more parallelism when there are few rows; 1 keeps
+    (``spec_backend.sampling.triton.split``): more parallelism when there are few rows; 1 keeps
     one program per row. The sampled tokens are the same for every value. ``fused_verify``: verify without
-    materialising the target probabilities (``triton_kernels_fused``: the token-level rule, and lossless
+    materialising the target probabilities (``triton.fused``: the token-level rule, and lossless
     block verification of point-mass drafts) where the ops can; False composes the ``SamplerOps`` kernels
     (the same tokens, see ``ops.FusedVerifyOps``). ``fused_block``: the vocabulary tile of that path's
     kernels (None: ``vocab_block``); a power of two.

@@ -1,4 +1,4 @@
-"""The fused verification of point-mass drafts (``triton_kernels_fused``) against the composed triton ops
+"""The fused verification of point-mass drafts (``triton.fused``) against the composed triton ops
 and the torch reference, token for token.
 
 The fused path replaces softmax + scan + residual race for ``draft_probs=None`` with the rules whose
@@ -27,7 +27,7 @@ from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.config.rejection import RejectionSamplerConfig
 from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import FusedVerifyOps
-from spec_backend.sampling.triton_ops import TritonSamplerOps
+from spec_backend.sampling.triton.ops import TritonSamplerOps
 
 V = 80
 TUNINGS = {

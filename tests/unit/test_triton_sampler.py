@@ -30,8 +30,8 @@ from spec_backend.backends.base import SamplerTuning
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.sampling import SamplingMetadata, SpecDecodeMetadata, rng
 from spec_backend.sampling.torch_ops import TorchSamplerOps
-from spec_backend.sampling.triton_kernels import row_key, vocab_uniform
-from spec_backend.sampling.triton_ops import TritonSamplerOps
+from spec_backend.sampling.triton.ops import TritonSamplerOps
+from spec_backend.sampling.triton.rng import row_key, vocab_uniform
 
 V = 80  # not a multiple of the tile: exercises the masked tail
 TUNING = SamplerTuning(vocab_block=32, max_grid=None, device_uniforms=True)
@@ -39,7 +39,7 @@ REF = TorchSamplerOps()
 OPS: Any = OnDevice(TritonSamplerOps(TUNING))
 CAPPED: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=32, max_grid=2, device_uniforms=True)))
 NO_F64: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=32, max_grid=3, device_uniforms=False)))
-#: rows shared by several programs (triton_kernels_split): 5 tiles of 16 in 3 chunks (32, 32, 16); and
+#: rows shared by several programs (triton.split): 5 tiles of 16 in 3 chunks (32, 32, 16); and
 #: 3 tiles of 32 in 2 chunks (64, 16) on a capped grid without device float64
 SPLIT: Any = OnDevice(TritonSamplerOps(SamplerTuning(vocab_block=16, vocab_splits=3)))
 SPLIT_CAPPED: Any = OnDevice(
@@ -284,7 +284,7 @@ def test_tuning_is_validated() -> None:
     ("vocab", "splits", "block"), [(80, 3, 16), (80, 2, 32), (80, 9, 16), (151936, 32, 1024)]
 )
 def test_split_plan_covers_the_row_with_non_empty_chunks(vocab: int, splits: int, block: int) -> None:
-    from spec_backend.sampling.triton_kernels_split import split_plan
+    from spec_backend.sampling.triton.split import split_plan
 
     used, chunk, block_s = split_plan(vocab, splits, block)
     assert 1 <= used <= splits and chunk % block == 0

@@ -15,7 +15,7 @@ from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.config.rejection import RejectionSamplerConfig as Config
 from spec_backend.sampling import RejectionSampler
 from spec_backend.sampling.ops import SamplerOps
-from spec_backend.sampling.triton_ops import TritonSamplerOps
+from spec_backend.sampling.triton.ops import TritonSamplerOps
 
 #: the kernels run here: compiled on a GPU, interpreted on CPU; the reference always runs on CPU
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

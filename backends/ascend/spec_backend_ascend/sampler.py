@@ -1,7 +1,7 @@
 """Sampler ops on Ascend: the shared triton sampler kernels with Ascend tuning.
 
 The verify scans and residual sampling are the same triton source the CUDA backend uses
-(``spec_backend.sampling.triton_ops``), launched with the Ascend tuning: vocab blocks of 2048, the
+(``spec_backend.sampling.triton.ops``), launched with the Ascend tuning: vocab blocks of 2048, the
 grid capped at the vector-core count, and acceptance uniforms drawn by torch and passed in (the device
 has no float64 random). Top-k / top-p filtering uses ``torch_npu.npu_top_k_top_p`` where the installed
 torch_npu provides it, else the torch reference filter on the same device.
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.base import SamplerTuning
-from spec_backend.sampling.triton_ops import TritonSamplerOps
+from spec_backend.sampling.triton.ops import TritonSamplerOps
 from spec_backend_ascend.limits import TOP_K_MAX
 from spec_backend_ascend.npu import torch_npu_module
 

@@ -18,7 +18,7 @@ from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.sampling import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.torch_ops import TorchSamplerOps
-from spec_backend.sampling.triton_ops import TritonSamplerOps
+from spec_backend.sampling.triton.ops import TritonSamplerOps
 
 
 class _OpsBackend(ReferenceBackend):

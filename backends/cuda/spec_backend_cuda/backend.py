@@ -114,7 +114,7 @@ class CudaBackend(Backend):
 
     def sampler_ops(self) -> SamplerOps:
         """The shared triton kernels with the CUDA tuning (``TritonSamplerOps(self.sampler_tuning())``)."""
-        from spec_backend.sampling.triton_ops import TritonSamplerOps
+        from spec_backend.sampling.triton.ops import TritonSamplerOps
 
         ops: SamplerOps = TritonSamplerOps(self.sampler_tuning())
         return ops

@@ -47,7 +47,7 @@ def test_token_limits_and_capture_policy(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_sampler_tuning_and_ops() -> None:
     pytest.importorskip("triton")
-    from spec_backend.sampling.triton_ops import TritonSamplerOps
+    from spec_backend.sampling.triton.ops import TritonSamplerOps
 
     backend = CudaBackend()
     tuning = backend.sampler_tuning()

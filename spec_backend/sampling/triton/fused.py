@@ -11,7 +11,7 @@ not needed (measured on an H200 at B=64, K=4: 6-11 % of the bandwidth floor comp
 Glossary: an *entry* is one logits row in verification order: entries 0..T-1 are the drafts (row
 ``target_rows[t]``, request ``request_index[t]``, slot ``slot_index[t]``), entries T..T+B-1 the bonus rows
 (request b, slot K_b). A *chunk* is one of ``splits`` contiguous vocabulary spans of a row (as in
-``triton_kernels_split``); a *work item* is (entry, chunk). The *final entry* of a request is the one
+``triton.split``); a *work item* is (entry, chunk). The *final entry* of a request is the one
 whose row the emitted (recovered or bonus) token is sampled from.
 
 Four launches:
@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton_kernels import (
+from spec_backend.sampling.triton.rng import (
     online_sum,
     request_span,
     row_probs,
@@ -48,7 +48,7 @@ from spec_backend.sampling.triton_kernels import (
     scaled_logits,
     uniform_f64,
 )
-from spec_backend.sampling.triton_kernels_split import combine_stats, combined_race
+from spec_backend.sampling.triton.split import combine_stats, combined_race
 
 
 @triton.jit

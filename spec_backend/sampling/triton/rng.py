@@ -7,7 +7,7 @@ arguments and grids are capped by ``SamplerTuning.max_grid``. Every kernel is *p
 ``pid`` of ``nprog`` handles rows ``pid, pid + nprog, ...``, so any grid size >= 1 gives the same result.
 No kernel reads anything back to the host, so the callers are graph-capturable.
 
-Exactness conventions (shared with ``triton_kernels_verify``):
+Exactness conventions (shared with ``triton.verify``):
 
 * the hash is the uint32 arithmetic of ``spec_backend.sampling.rng``, bit-exact (``tl.uint32``
   multiplications wrap, ``>>`` is logical);
@@ -276,7 +276,7 @@ def temperature_softmax_kernel(
     logits + 1 float32 write (3x the floor for float32 logits, 4x for bf16): the materialised [N, V]
     probabilities are what the ``SamplerOps`` protocol asks for. On CUDA ``tl.exp`` lowers to
     ``ex2.approx`` (a few ulp, denormal results flushed to 0): the probabilities match torch's to ~1e-6
-    relative, not bit for bit. With few rows, ``triton_kernels_split`` shares each row among programs."""
+    relative, not bit for bit. With few rows, ``triton.split`` shares each row among programs."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for row in tl.range(pid, N, nprog):

@@ -1,6 +1,6 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
 """Shared triton kernels of the rejection sampler, part 2: the accept/reject scans and the residual
-sampler (see ``triton_kernels`` for the conventions: persistent grids, ``div_rn``, no FMA contraction).
+sampler (see ``triton.rng`` for the conventions: persistent grids, ``div_rn``, no FMA contraction).
 
 Precision (constexpr ``F64``): with ``F64=True`` (CUDA) every per-token scalar — ratios ρ, thresholds τ,
 uniforms, block weights b_i, the cumulative products — is float64, as in the torch reference, so the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton_kernels import request_span, row_key, row_probs, vocab_uniform
+from spec_backend.sampling.triton.rng import request_span, row_key, row_probs, vocab_uniform
 
 
 @triton.jit
@@ -357,7 +357,7 @@ def sample_residual_kernel(
     min(R, max_grid), persistent over output rows; ONE pass over the row: the races of w and of p run
     side by side and the final ``any(w > 0)`` picks one, so the fallback costs no second read.
     Traffic: p row + q row (p only for point masses / bonus rows) per output. With few rows, the split
-    kernels (``triton_kernels_split``) share each row among several programs."""
+    kernels (``triton.split``) share each row among several programs."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for r in tl.range(pid, R, nprog):

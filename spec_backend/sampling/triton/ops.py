@@ -4,8 +4,8 @@ One implementation for CUDA and Ascend; the backend's ``SamplerTuning`` supplies
 (``vocab_block``, a constexpr of every vocabulary loop), the grid cap (``max_grid``: every kernel is
 persistent-style, so a capped grid loops over rows and gives identical results) and ``device_uniforms``.
 
-Per op (kernels in ``triton_kernels`` / ``triton_kernels_verify``; the row-wide softmax and residual
-sampling in ``triton_row_ops``, with rows split over programs by ``triton_kernels_split``):
+Per op (kernels in ``triton.rng`` / ``triton.verify``; the row-wide softmax and residual
+sampling in ``triton.rows``, with rows split over programs by ``triton.split``):
 
 =====================  ===================================================================================
 op                     implementation
@@ -20,13 +20,13 @@ op                     implementation
 ``block_verify``       triton scan with the residual-mass vocabulary pass fused
 ``synthetic_verify``   triton                    ``sample_residual``    triton, noise hashed in registers
 ``fused_verify``       ``ops.FusedVerifyOps``: the whole verification in four launches without the [N, V]
-                       probabilities (``triton_kernels_fused``), when ``SamplerTuning.fused_verify``
+                       probabilities (``triton.fused``), when ``SamplerTuning.fused_verify``
 =====================  ===================================================================================
 
 Float64: with ``device_uniforms=False`` (Ascend) no triton kernel touches float64: the float64 protocol
 inputs (uniforms, thresholds, block weights, synthetic rates) are cast to float32 by torch before the
 launch and the float32 results cast back, so the scans are exact up to float32 rounding at ties (see
-``triton_kernels_verify``). With ``device_uniforms=True`` they run in float64 and match the reference
+``triton.verify``). With ``device_uniforms=True`` they run in float64 and match the reference
 bit for bit; the only non-bit-exact parts are blocked float32 sums (softmax normaliser, block residual
 mass) and ``log`` in the exponential race, whose last bit may differ from torch's.
 
@@ -42,9 +42,9 @@ import triton
 
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
-from spec_backend.sampling import triton_kernels as _k
-from spec_backend.sampling import triton_kernels_verify as _kv
-from spec_backend.sampling import triton_row_ops as _rowops
+from spec_backend.sampling.triton import rng as _k
+from spec_backend.sampling.triton import rows as _rowops
+from spec_backend.sampling.triton import verify as _kv
 from spec_backend.sampling.tuning import SamplerTuning
 
 _ELEMENTWISE_BLOCK = 256

@@ -24,8 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton_kernels import row_temperature, softmax_stats, softmax_store
-from spec_backend.sampling.triton_kernels_verify import residual_races
+from spec_backend.sampling.triton.rng import row_temperature, softmax_stats, softmax_store
+from spec_backend.sampling.triton.verify import residual_races
 
 
 # --------------------------------------------------------------------------- temperature softmax
@@ -124,7 +124,7 @@ def residual_partials_kernel(
 ):
     """``sample_residual_kernel``'s two exponential races over one chunk of one output row; with
     ``FROM_LOGITS`` the probabilities are made from the logits and the row statistics on the fly
-    (``triton_kernels_fused``)."""
+    (``triton.fused``)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     for item in tl.range(pid, R * splits, nprog):

@@ -1,7 +1,7 @@
 """``TritonSamplerOps``' row-wide ops: the temperature softmax and the residual sampling, each over whole
-vocabulary rows, with one program per row (``triton_kernels`` / ``triton_kernels_verify``) or, when
+vocabulary rows, with one program per row (``triton.rng`` / ``triton.verify``) or, when
 ``SamplerTuning.vocab_splits`` > 1, each row shared by up to that many programs and their partial results
-combined by a second launch (``triton_kernels_split``)."""
+combined by a second launch (``triton.split``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Callable
 import torch
 
 from spec_backend.sampling import rng
-from spec_backend.sampling import triton_kernels as _k
-from spec_backend.sampling import triton_kernels_fused as _kf
-from spec_backend.sampling import triton_kernels_split as _ks
-from spec_backend.sampling import triton_kernels_verify as _kv
+from spec_backend.sampling.triton import fused as _kf
+from spec_backend.sampling.triton import rng as _k
+from spec_backend.sampling.triton import split as _ks
+from spec_backend.sampling.triton import verify as _kv
 from spec_backend.sampling.tuning import SamplerTuning
 
 #: ``launch(kernel, work items, *args, **constexprs)``: ``TritonSamplerOps._launch``
@@ -138,7 +138,7 @@ def fused_verify(
     rule: str,  # "token" or "block" (point-mass drafts only)
     sampled: bool,
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int32
-    """The verification without materialised probabilities (``triton_kernels_fused``): four launches;
+    """The verification without materialised probabilities (``triton.fused``): four launches;
     ``layout`` is (draft_ids [T], target_rows [T], bonus_rows [B], request [T], slot [T], cu [B])."""
     block = _is_block_rule(rule, draft_probs is not None)
     logits, temperature = rows(logits), temperature.contiguous()
