@@ -9,7 +9,8 @@ waits on the host. The hash is written with int64 torch ops that emulate **uint3
   below 2^63 and fits int64; ``(x * C) & MASK32`` is then the wrapped uint32 product;
 * ``>>`` is applied to non-negative values only, so it is the logical uint32 shift.
 
-A triton kernel reproduces it bit-exactly with ``tl.uint32`` values and plain ``*``, ``+``, ``^``, ``>>``.
+A triton kernel reproduces it bit-exactly with ``tl.uint32`` values and plain ``*``, ``+``, ``^``, ``>>``
+(``spec_backend.sampling.triton.rng``).
 
 Definition (all values uint32)::
 

@@ -1,8 +1,7 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""Shared triton kernels of the rejection sampler, part 4: the verification of a batch without
-materialising the target probabilities (requests without top-k / top-p): the token-level rule with or
-without draft probabilities, Sun et al.'s lossless block rule for *point-mass* drafts (no draft
-probabilities: q is 1 at the draft).
+"""The verification of a batch without materialising the target probabilities (requests without
+top-k / top-p): the token-level rule with or without draft probabilities, Sun et al.'s lossless block
+rule for *point-mass* drafts (no draft probabilities: q is 1 at the draft).
 
 Why: then every decision needs only p(x) (and q(x)) of each draft, so the composed path's
 [N, V] probabilities (written once, read again by the residual race) and its ~30 small torch kernels are
@@ -40,15 +39,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton.rng import (
-    online_sum,
-    request_span,
-    row_probs,
-    row_temperature,
-    scaled_logits,
-    uniform_f64,
-)
+from spec_backend.sampling.triton.rng import uniform_f64
+from spec_backend.sampling.triton.softmax import online_sum, row_probs, row_temperature, scaled_logits
 from spec_backend.sampling.triton.split import combine_stats, combined_race
+from spec_backend.sampling.triton.verify import request_span
 
 
 @triton.jit

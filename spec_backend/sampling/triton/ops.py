@@ -4,8 +4,9 @@ One implementation for CUDA and Ascend; the backend's ``SamplerTuning`` supplies
 (``vocab_block``, a constexpr of every vocabulary loop), the grid cap (``max_grid``: every kernel is
 persistent-style, so a capped grid loops over rows and gives identical results) and ``device_uniforms``.
 
-Per op (kernels in ``triton.rng`` / ``triton.verify``; the row-wide softmax and residual
-sampling in ``triton.rows``, with rows split over programs by ``triton.split``):
+Per op (kernels in ``triton.greedy``, ``triton.rng``, ``triton.softmax`` and ``triton.verify``; the
+row-wide softmax and residual sampling launched by ``triton.rows``, with rows split over programs by
+``triton.split``):
 
 =====================  ===================================================================================
 op                     implementation
@@ -42,7 +43,8 @@ import triton
 
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
-from spec_backend.sampling.triton import rng as _k
+from spec_backend.sampling.triton import greedy as _kg
+from spec_backend.sampling.triton import rng as _kr
 from spec_backend.sampling.triton import rows as _rowops
 from spec_backend.sampling.triton import verify as _kv
 from spec_backend.sampling.tuning import SamplerTuning
@@ -105,7 +107,7 @@ class TritonSamplerOps:
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
         if n:
             self._launch(
-                _k.argmax_kernel, n, logits, logits.stride(0), out, n, vocab, BLOCK_V=self.tuning.vocab_block
+                _kg.argmax_kernel, n, logits, logits.stride(0), out, n, vocab, BLOCK_V=self.tuning.vocab_block
             )
         return out
 
@@ -121,7 +123,7 @@ class TritonSamplerOps:
         out = torch.empty(m, dtype=torch.float64, device=seeds.device)
         if m:
             self._launch(
-                _k.uniforms_kernel,
+                _kr.uniforms_kernel,
                 triton.cdiv(m, _ELEMENTWISE_BLOCK),
                 seeds.contiguous(),
                 positions.contiguous(),
@@ -146,7 +148,7 @@ class TritonSamplerOps:
         out = torch.zeros(batch, dtype=torch.int64, device=cu_num_draft_tokens.device)
         if batch and draft_ids.numel():
             self._launch(
-                _k.greedy_verify_kernel,
+                _kg.greedy_verify_kernel,
                 batch,
                 draft_ids.contiguous(),
                 target_argmax.contiguous(),
@@ -176,7 +178,7 @@ class TritonSamplerOps:
             ids = draft_ids if draft_ids.numel() else bonus_rows  # dummy pointer, never read
             rows = target_rows if target_rows.numel() else bonus_rows
             self._launch(
-                _k.greedy_fused_kernel,
+                _kg.greedy_fused_kernel,
                 batch,
                 logits,
                 logits.stride(0),

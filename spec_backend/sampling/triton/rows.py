@@ -1,5 +1,5 @@
 """``TritonSamplerOps``' row-wide ops: the temperature softmax and the residual sampling, each over whole
-vocabulary rows, with one program per row (``triton.rng`` / ``triton.verify``) or, when
+vocabulary rows, with one program per row (``triton.softmax`` / ``triton.verify``) or, when
 ``SamplerTuning.vocab_splits`` > 1, each row shared by up to that many programs and their partial results
 combined by a second launch (``triton.split``)."""
 
@@ -11,7 +11,7 @@ import torch
 
 from spec_backend.sampling import rng
 from spec_backend.sampling.triton import fused as _kf
-from spec_backend.sampling.triton import rng as _k
+from spec_backend.sampling.triton import softmax as _ksm
 from spec_backend.sampling.triton import split as _ks
 from spec_backend.sampling.triton import verify as _kv
 from spec_backend.sampling.tuning import SamplerTuning
@@ -37,7 +37,7 @@ def softmax(
         return out
     if splits == 1:
         launch(
-            _k.temperature_softmax_kernel, n, logits, logits.stride(0), temperature, out, out.stride(0),
+            _ksm.temperature_softmax_kernel, n, logits, logits.stride(0), temperature, out, out.stride(0),
             n, vocab, BLOCK_V=block,
         )  # fmt: skip
         return out

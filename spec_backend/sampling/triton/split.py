@@ -1,6 +1,6 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""Shared triton kernels of the rejection sampler, part 3: the row-wide kernels with each row split over
-several programs (``SamplerTuning.vocab_splits`` > 1).
+"""The row-wide kernels (temperature softmax, residual race) with each row split over several programs
+(``SamplerTuning.vocab_splits`` > 1), and ``split_plan``, the host-side chunking of a row.
 
 Why: the one-program-per-row kernels (``temperature_softmax_kernel``, ``sample_residual_kernel``) walk a
 whole vocabulary row in one program. With few rows (a small batch) only a few programs run, each
@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton.rng import row_temperature, softmax_stats, softmax_store
+from spec_backend.sampling.triton.softmax import row_temperature, softmax_stats, softmax_store
 from spec_backend.sampling.triton.verify import residual_races
 
 

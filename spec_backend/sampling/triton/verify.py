@@ -1,6 +1,11 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""Shared triton kernels of the rejection sampler, part 2: the accept/reject scans and the residual
-sampler (see ``triton.rng`` for the conventions: persistent grids, ``div_rn``, no FMA contraction).
+"""The accept/reject scans of the rejection sampler and its residual sampler: ``scan_verify_kernel``
+(the token-level rule, plain or cumulative, with optional entropy thresholds), ``block_verify_kernel``
+(Sun et al.'s block rule, with the residual-mass vocabulary pass fused), ``synthetic_verify_kernel``, and
+``sample_residual_kernel`` with its pieces (``race_keys``, ``residual_races``: the exponential race over
+max(b·p − q, 0), noise hashed in registers, which the split and fused kernels reuse); ``request_span``,
+the batch layout every per-request kernel reads. The conventions shared by every kernel (persistent
+grids, ``div_rn``, no FMA contraction): the package docstring.
 
 Precision (constexpr ``F64``): with ``F64=True`` (CUDA) every per-token scalar — ratios ρ, thresholds τ,
 uniforms, block weights b_i, the cumulative products — is float64, as in the torch reference, so the
@@ -15,7 +20,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton.rng import request_span, row_key, row_probs, vocab_uniform
+from spec_backend.sampling.triton.rng import row_key, vocab_uniform
+from spec_backend.sampling.triton.softmax import row_probs
+
+
+# --------------------------------------------------------------------------- the batch layout
+@triton.jit
+def request_span(cu_ptr, b):  # -> (first draft index, number of drafts) of request b, int64
+    end = tl.load(cu_ptr + b).to(tl.int64)
+    prev = tl.load(cu_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
+    return prev, end - prev
 
 
 @triton.jit
@@ -374,6 +388,7 @@ __all__ = [
     "draft_ratio",
     "race_keys",
     "race_step",
+    "request_span",
     "residual_mass",
     "residual_races",
     "sample_residual_kernel",
