@@ -222,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.tools.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
     gguf = bundled_gguf()

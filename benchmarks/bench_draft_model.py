@@ -29,7 +29,7 @@ def truncated_draft(layers: int) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from spec_backend.engine.loader import resolve_model
+    from spec_backend.runtime.sources import resolve_model
 
     out = Path.home() / ".cache" / "spec_backend" / f"smollm2-first{layers}"
     if (out / "model.safetensors").exists():
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from spec_backend import LLM, SamplingParams
-    from spec_backend.engine.loader import resolve_model
-    from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.runtime.sources import resolve_model
+    from spec_backend.tools.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
     draft_dir = truncated_draft(args.draft_layers)

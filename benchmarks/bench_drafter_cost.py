@@ -80,8 +80,8 @@ def pard_draft(draft: str) -> str:
 
 def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """method -> (target folder, speculative_config without K)."""
-    from spec_backend.engine.tiny import make_tiny_model
     from spec_backend.testing.fixtures import draft_checkpoints as w
+    from spec_backend.tools.tiny import make_tiny_model
 
     target = make_tiny_model(root / "target", "llama", **SMOLLM2)
     draft = make_tiny_model(root / "draft", "llama", **{**SMOLLM2, "num_hidden_layers": 2})

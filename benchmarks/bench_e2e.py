@@ -12,7 +12,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from spec_backend.engine.cli import add_e2e_args, cmd_bench_e2e
+    from spec_backend.tools.cli import add_e2e_args, cmd_bench_e2e
 
     parser = argparse.ArgumentParser(description=__doc__)
     add_e2e_args(parser)

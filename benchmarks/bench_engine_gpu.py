@@ -93,7 +93,7 @@ def engine_supports_graphs() -> bool:
 def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | None = None) -> str:
     """Save a random Llama of ``shape`` (default 1B; tiny for a dry run) in ``directory``; return its path."""
     if dry_run:
-        from spec_backend.engine.tiny import make_tiny_model
+        from spec_backend.tools.tiny import make_tiny_model
 
         return make_tiny_model(directory, vocab_size=256)
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -111,7 +111,7 @@ def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | Non
 def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
     """``count`` token-id prompts: chat-wrapped code-edit prompts with a tokenizer, else repetitive ids."""
     if llm.tokenizer is not None:
-        from spec_backend.engine.prompts import code_edit_prompts
+        from spec_backend.tools.prompts import code_edit_prompts
 
         texts = [llm.chat_prompt(m) for m in code_edit_prompts(count)]
         return [list(llm.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]

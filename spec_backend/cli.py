@@ -55,9 +55,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def _add_engine_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Engine subcommands live with the engine; they are skipped only if the engine is not built."""
     try:
-        engine_cli = importlib.import_module("spec_backend.engine.cli")
+        engine_cli = importlib.import_module("spec_backend.tools.cli")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("spec_backend.engine", "spec_backend.engine.cli"):
+        if exc.name not in ("spec_backend.engine", "spec_backend.tools.cli"):
             raise
         return
     for hook in ("add_generate_parser", "add_bench_parser", "add_demo_parser"):

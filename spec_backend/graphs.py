@@ -10,12 +10,32 @@ During verification every request carries K+1 query tokens, so a batch of ``n`` 
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from spec_backend.backends.base import Backend
+from dataclasses import dataclass
+from typing import Protocol
 
 #: Request counts captured by default before the ladder switches to steps of 8.
 _SMALL_BATCHES = (1, 2, 4, 8)
 _LADDER_STEP = 8
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    """Defaults and caps for graph capture sizes.
+
+    ``max_capture_size``: largest number of tokens one captured graph may cover (memory-bound on CUDA).
+    ``graph_budget``: most graphs that may be captured (``None``: unlimited; Ascend: hardware streams).
+    ``enabled``: whether this backend captures graphs at all (the reference backend runs eagerly).
+    """
+
+    max_capture_size: int
+    graph_budget: int | None = None
+    enabled: bool = True
+
+
+class PlansCaptures(Protocol):
+    """What the planner reads of a backend (every ``Backend`` has it)."""
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy: ...
 
 
 def _check_positive(name: str, value: int | None) -> None:
@@ -54,7 +74,7 @@ def plan_capture_sizes(
     max_num_seqs: int,
     max_num_batched_tokens: int | None = None,
     requested: Iterable[int] | None = None,
-    backend: Backend | None = None,
+    backend: PlansCaptures | None = None,
     num_hidden_layers: int | None = None,
 ) -> list[int]:
     """Token counts to capture graphs for, sorted ascending, each a multiple of K+1.

@@ -18,12 +18,33 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.sampling.metadata import SpecDecodeMetadata
+
+
+@dataclass(frozen=True)
+class RaggedAttentionMetadata:
+    """Per-request lengths, passed to the model's forward as ``spec_attn_metadata=...``.
+
+    One object describes one step. Code that rewrites ``query_lens`` / ``kv_lens`` in place and reuses
+    the object (static graph buffers) must call ``invalidate()`` unless the tensors track versions
+    (inference-mode tensors do not).
+    """
+
+    query_lens: torch.Tensor  # [B] int64, new tokens per request this step
+    kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
+    #: masks already built for this step, keyed by shape and the length tensors' versions
+    mask_cache: dict[tuple[int, int, int, int], torch.Tensor] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def invalidate(self) -> None:
+        """Forget masks built for earlier values of the length tensors."""
+        self.mask_cache.clear()
 
 
 @dataclass(frozen=True)
@@ -168,4 +189,51 @@ def build_step_batch(
     )
 
 
-__all__ = ["StepBatch", "build_step_batch"]
+@dataclass(frozen=True)
+class HiddenStateRequest:
+    """Which target hidden states a drafter needs from each forward (see the glossary)."""
+
+    final: bool = False  # post-norm last hidden state [N, H]
+    aux_layer_ids: tuple[int, ...] = ()  # residual streams [N, len(ids), H], in this order
+
+    def __or__(self, other: HiddenStateRequest) -> HiddenStateRequest:
+        ids = self.aux_layer_ids + tuple(i for i in other.aux_layer_ids if i not in self.aux_layer_ids)
+        return HiddenStateRequest(self.final or other.final, ids)
+
+    @property
+    def any(self) -> bool:
+        return self.final or bool(self.aux_layer_ids)
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """One target forward: logits of the rows the sampler reads, hidden states of every query row."""
+
+    logits: torch.Tensor  # [R, V] float
+    final: torch.Tensor | None = None  # [N, H] post-norm
+    aux: torch.Tensor | None = None  # [N, n_aux, H]
+
+
+class SlotCache(Protocol):
+    """A per-slot cache a drafter owns; the engine's slot table moves and frees its slots."""
+
+    def add_slot(self) -> int: ...
+
+    def move_slot(self, src: int, dst: int) -> None: ...
+
+    def pop_slot(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    @property
+    def num_slots(self) -> int: ...
+
+
+__all__ = [
+    "HiddenStateRequest",
+    "RaggedAttentionMetadata",
+    "SlotCache",
+    "StepBatch",
+    "TargetOutput",
+    "build_step_batch",
+]

@@ -13,35 +13,15 @@ many cached positions of a request are valid after this step's keys were written
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from spec_backend.step import RaggedAttentionMetadata
+
 #: ``scaled_dot_product_attention(enable_gqa=...)`` exists from torch 2.5.
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-@dataclass(frozen=True)
-class RaggedAttentionMetadata:
-    """Per-request lengths, passed to the model's forward as ``spec_attn_metadata=...``.
-
-    One object describes one step. Code that rewrites ``query_lens`` / ``kv_lens`` in place and reuses
-    the object (static graph buffers) must call ``invalidate()`` unless the tensors track versions
-    (inference-mode tensors do not).
-    """
-
-    query_lens: torch.Tensor  # [B] int64, new tokens per request this step
-    kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
-    #: masks already built for this step, keyed by shape and the length tensors' versions
-    mask_cache: dict[tuple[int, int, int, int], torch.Tensor] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    def invalidate(self) -> None:
-        """Forget masks built for earlier values of the length tensors."""
-        self.mask_cache.clear()
 
 
 def _version(t: torch.Tensor) -> int:

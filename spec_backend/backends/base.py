@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
+# The capture policy lives with the capture-size planner that reads it (below this package); re-exported.
+from spec_backend.graphs import CapturePolicy
+
 # The sampler's tuning and K bound live with the sampler (below this package); re-exported here.
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerTuning
 
@@ -103,20 +106,6 @@ class TokenLimits:
                 f"(max_query_tokens_per_request={limit}), but num_speculative_tokens={k} needs K+1={k + 1}; "
                 f"use num_speculative_tokens <= {limit - 1}"
             )
-
-
-@dataclass(frozen=True)
-class CapturePolicy:
-    """Defaults and caps for graph capture sizes.
-
-    ``max_capture_size``: largest number of tokens one captured graph may cover (memory-bound on CUDA).
-    ``graph_budget``: most graphs that may be captured (``None``: unlimited; Ascend: hardware streams).
-    ``enabled``: whether this backend captures graphs at all (the reference backend runs eagerly).
-    """
-
-    max_capture_size: int
-    graph_budget: int | None = None
-    enabled: bool = True
 
 
 class GraphRunner(ABC):

@@ -18,13 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.attention import (
-    RaggedAttentionMetadata,
-    grouped_kv,
-    ragged_metadata,
-    sdpa_ragged_attention,
-)
+from spec_backend.backends.attention import grouped_kv, ragged_metadata, sdpa_ragged_attention
 from spec_backend.cpu.native import native_op
+from spec_backend.step import RaggedAttentionMetadata
 
 #: modules of the models whose attention rows must not depend on the batch (module docstring)
 _INVARIANT: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

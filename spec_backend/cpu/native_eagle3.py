@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.cpu.native import native_op
 from spec_backend.cpu.native_layer import NATIVE_LAYERS_ENV, NativeDecoderLayer, supported
 from spec_backend.cpu.vocab_projection import replace_modules
 from spec_backend.models.eagle3 import FusedFirstLayer
+from spec_backend.step import RaggedAttentionMetadata
 
 
 class NativeEagle3Layer(NativeDecoderLayer, FusedFirstLayer):

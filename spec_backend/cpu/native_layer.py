@@ -33,11 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.cpu.int4_linear import Int4Linear
 from spec_backend.cpu.native import native_op
 from spec_backend.cpu.vocab_projection import replace_modules
-from spec_backend.step import StepBatch
+from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 NATIVE_LAYERS_ENV = "SPEC_BACKEND_NATIVE_LAYERS"
 #: decoder layer classes whose forward is exactly: norm, attention with rotary embedding, residual, norm,

@@ -13,7 +13,6 @@ from spec_backend.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from spec_backend.engine.llm import LLM
-    from spec_backend.engine.loader import ModelLoadError
     from spec_backend.engine.params import (
         CompletionOutput,
         RequestMetrics,
@@ -21,10 +20,11 @@ if TYPE_CHECKING:
         SamplingParams,
         SpecDecodeRequestStats,
     )
+    from spec_backend.runtime.checkpoint_files import ModelLoadError
 
 _LAZY = {
     "LLM": "spec_backend.engine.llm",
-    "ModelLoadError": "spec_backend.engine.loader",
+    "ModelLoadError": "spec_backend.runtime.checkpoint_files",
     "CompletionOutput": "spec_backend.engine.params",
     "RequestMetrics": "spec_backend.engine.params",
     "RequestOutput": "spec_backend.engine.params",

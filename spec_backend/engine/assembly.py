@@ -17,13 +17,15 @@ import torch
 from spec_backend.backends.base import Backend, ModelOptions
 from spec_backend.config import SpeculativeConfig
 from spec_backend.engine.args import check_quantization
-from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
-from spec_backend.engine.loader import load_model, resolve_model
-from spec_backend.engine.runner import ModelRunner
-from spec_backend.engine.slots import SlotTable
 from spec_backend.methods import METHODS
-from spec_backend.proposers.contract import Drafter, DrafterContext, HiddenStateRequest
+from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
+from spec_backend.runtime.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
+from spec_backend.runtime.loader import load_model
+from spec_backend.runtime.runner import ModelRunner
+from spec_backend.runtime.slots import SlotTable
+from spec_backend.runtime.sources import resolve_model
+from spec_backend.step import HiddenStateRequest
 
 QUANTIZABLE_FAMILIES = ("draft_model", "eagle")  # whose draft weights go through ``draft_preparation``
 

@@ -24,15 +24,15 @@ import random
 from collections import deque
 from typing import Any
 
-from spec_backend.engine.captured import CapturedDecode
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.request import Request
-from spec_backend.engine.runner import ModelRunner
-from spec_backend.engine.slots import SlotTable
 from spec_backend.engine.stepper import Stepper
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
 from spec_backend.proposers.contract import Drafter
+from spec_backend.runtime.captured import CapturedDecode
+from spec_backend.runtime.runner import ModelRunner
+from spec_backend.runtime.slots import SlotTable
 
 logger = logging.getLogger("spec_backend.engine")
 

@@ -17,18 +17,8 @@ from spec_backend.backends.base import Backend, BackendError, ModelOptions
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
 from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
-from spec_backend.engine.captured import maybe_capture
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, parse_prompts
-from spec_backend.engine.loader import (
-    ModelLoadError,
-    ModelSource,
-    load_model,
-    load_tokenizer,
-    register_attention,
-    resolve_dtype,
-    resolve_model,
-)
 from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.params_check import check_vocab
 from spec_backend.engine.request import Request, merge_samples
@@ -42,6 +32,15 @@ from spec_backend.metrics import (
     vllm_metrics,
 )
 from spec_backend.proposers.contract import DrafterContext
+from spec_backend.runtime.captured import maybe_capture
+from spec_backend.runtime.loader import (
+    ModelLoadError,
+    load_model,
+    load_tokenizer,
+    register_attention,
+    resolve_dtype,
+)
+from spec_backend.runtime.sources import ModelSource, resolve_model
 
 logger = logging.getLogger("spec_backend.engine")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from spec_backend.config import SpeculativeConfig
 from spec_backend.config.json_input import json_object
-from spec_backend.engine.checkpoint_files import read_json_config
-from spec_backend.engine.loader import ModelSource
+from spec_backend.runtime.checkpoint_files import read_json_config
+from spec_backend.runtime.sources import ModelSource
 
 
 def parse_speculative_config(value: Any, target: ModelSource | None = None) -> SpeculativeConfig | None:

@@ -8,19 +8,47 @@ one ends with ``finish_reason="error"``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
-from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, TargetOutput
+from spec_backend.proposers.contract import AcceptedTokens, DraftInputs
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
-from spec_backend.step import StepBatch, build_step_batch
+from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
 if TYPE_CHECKING:
-    from spec_backend.engine.core import EngineCore
+    from spec_backend.engine.pending import PendingDrafts
+    from spec_backend.engine.verify import Verifier
+    from spec_backend.metrics import SpecDecodingMetrics
+    from spec_backend.proposers.contract import Drafter
+    from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.runner import ModelRunner
+    from spec_backend.runtime.slots import SlotTable
+
+
+class StepEngine(Protocol):
+    """What a step reads and updates: the collaborators the engine (``EngineCore``) holds, and its rules
+    for the draft budget and for turning speculation off."""
+
+    runner: ModelRunner
+    slots: SlotTable
+    verifier: Verifier
+    drafter: Drafter | None
+    pending: PendingDrafts
+    captured: CapturedDecode | None
+    metrics: SpecDecodingMetrics
+    tokenizer: Any
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def speculation_disabled(self) -> bool: ...
+
+    def draft_budget(self, request: Request) -> int: ...
 
 
 def _error_text(exc: BaseException) -> str:
@@ -48,7 +76,7 @@ def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
 class Stepper:
     """Runs the prefill and decode stages of ``EngineCore.step`` (see the module docstring)."""
 
-    def __init__(self, engine: EngineCore) -> None:
+    def __init__(self, engine: StepEngine) -> None:
         self.engine = engine
 
     @property

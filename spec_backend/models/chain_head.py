@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
-from spec_backend.models.hf_compat import cache_kwargs
+from spec_backend.runtime.hf_compat import cache_kwargs
+from spec_backend.step import RaggedAttentionMetadata
 
 
 class ChainHead(torch.nn.Module, ABC):

@@ -3,7 +3,7 @@ the shapes its config implies, with one clear error.
 
 Every draft head (EAGLE, EAGLE-3, DFlash, Medusa, MLPSpeculator, MTP) reads its folder here: a
 ``config.json`` that is not JSON or a ``*.safetensors`` file that is truncated is a ``ModelLoadError``
-naming the folder and the file (``engine.checkpoint_files``), and a floating-point weight stored as
+naming the folder and the file (``runtime.checkpoint_files``), and a floating-point weight stored as
 integers is refused by ``check_tensors``.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.engine.checkpoint_files import (
+from spec_backend.runtime.checkpoint_files import (
     ModelLoadError,
     read_json_config,
     read_safetensors_dtypes,

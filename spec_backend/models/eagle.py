@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, run_layers
 from spec_backend.models.checkpoint import (
     check_rows,
@@ -29,6 +28,7 @@ from spec_backend.models.checkpoint import (
     read_tensors,
     shipped_embedding,
 )
+from spec_backend.step import RaggedAttentionMetadata
 
 
 class EagleHead(ChainHead):

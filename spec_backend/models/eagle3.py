@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead, decoder_classes, run_layers
 from spec_backend.models.checkpoint import (
     check_rows,
@@ -42,7 +41,8 @@ from spec_backend.models.checkpoint import (
     shipped_embedding,
 )
 from spec_backend.models.draft_vocab import target_ids, to_target_logits
-from spec_backend.models.hf_compat import cache_kwargs
+from spec_backend.runtime.hf_compat import cache_kwargs
+from spec_backend.step import RaggedAttentionMetadata
 
 #: config flags of the speculators format this loader does not implement (refused, never ignored)
 _UNSUPPORTED_FLAGS = ("fc_norm", "norm_output", "enable_sp_ulysses")

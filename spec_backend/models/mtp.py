@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.models.chain_head import ChainHead
 from spec_backend.models.checkpoint import check_tensors, module_shapes, read_config, read_tensors
-from spec_backend.models.hf_compat import cache_kwargs
 from spec_backend.models.mtp_layouts import DEEPSEEK, MtpLayout, layout_for, share_io
+from spec_backend.runtime.hf_compat import cache_kwargs
+from spec_backend.step import RaggedAttentionMetadata
 
 
 class MtpLayer(torch.nn.Module):
@@ -47,7 +47,7 @@ class MtpHead(ChainHead):
     """The MTP layers of a target (see the module docstring)."""
 
     def __init__(self, target: Any, num_layers: int, layout: MtpLayout = DEEPSEEK) -> None:
-        from spec_backend.engine.hidden import decoder_layers, decoder_of
+        from spec_backend.runtime.hidden import decoder_layers, decoder_of
 
         super().__init__()
         self.layout = layout

@@ -33,7 +33,7 @@ import torch
 
 from spec_backend.proposers.base import Proposer
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
-from spec_backend.step import StepBatch
+from spec_backend.step import HiddenStateRequest, SlotCache, StepBatch, TargetOutput
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
@@ -69,31 +69,6 @@ class DrafterContext:
         if self.config.model is None:
             raise ValueError(f"method={self.config.method!r} needs speculative_config['model'] ({what})")
         return self.config.model
-
-
-@dataclass(frozen=True)
-class HiddenStateRequest:
-    """Which target hidden states a drafter needs from each forward (see the glossary)."""
-
-    final: bool = False  # post-norm last hidden state [N, H]
-    aux_layer_ids: tuple[int, ...] = ()  # residual streams [N, len(ids), H], in this order
-
-    def __or__(self, other: HiddenStateRequest) -> HiddenStateRequest:
-        ids = self.aux_layer_ids + tuple(i for i in other.aux_layer_ids if i not in self.aux_layer_ids)
-        return HiddenStateRequest(self.final or other.final, ids)
-
-    @property
-    def any(self) -> bool:
-        return self.final or bool(self.aux_layer_ids)
-
-
-@dataclass(frozen=True)
-class TargetOutput:
-    """One target forward: logits of the rows the sampler reads, hidden states of every query row."""
-
-    logits: torch.Tensor  # [R, V] float
-    final: torch.Tensor | None = None  # [N, H] post-norm
-    aux: torch.Tensor | None = None  # [N, n_aux, H]
 
 
 class DraftRequest(Protocol):
@@ -141,21 +116,6 @@ class DraftOutput:
     num_draft_tokens: tuple[int, ...]  # host [B]
     draft_probs: torch.Tensor | None = None  # [B, K, V] float32
     errors: tuple[str | None, ...] = field(default=())  # host [B] or empty: a message fails that request
-
-
-class SlotCache(Protocol):
-    """A per-slot cache a drafter owns; the engine's slot table moves and frees its slots."""
-
-    def add_slot(self) -> int: ...
-
-    def move_slot(self, src: int, dst: int) -> None: ...
-
-    def pop_slot(self) -> None: ...
-
-    def reset(self) -> None: ...
-
-    @property
-    def num_slots(self) -> int: ...
 
 
 class Drafter(ABC):
@@ -272,10 +232,7 @@ __all__ = [
     "DraftRequest",
     "Drafter",
     "DrafterContext",
-    "HiddenStateRequest",
     "HostDrafter",
-    "SlotCache",
-    "TargetOutput",
     "empty_drafts",
     "last_committed_rows",
     "pack_drafts",

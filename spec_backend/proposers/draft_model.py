@@ -32,18 +32,17 @@ from spec_backend.proposers.contract import (
     DraftInputs,
     DraftOutput,
     DraftRequest,
-    SlotCache,
     empty_drafts,
     pack_drafts,
 )
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.step import build_step_batch
+from spec_backend.step import SlotCache, build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
-    from spec_backend.engine.captured import CapturedDecode
-    from spec_backend.engine.runner import ModelRunner
     from spec_backend.proposers.contract import DrafterContext
+    from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.runner import ModelRunner
 
 
 @dataclass
@@ -67,7 +66,7 @@ class DraftModelDrafter(Drafter):
         enforce_eager: bool = True,
         mask_token_id: int | None = None,
     ) -> None:
-        from spec_backend.engine.kv_cache import kv_layout
+        from spec_backend.runtime.kv_cache import kv_layout
 
         self.model = model
         self.num_speculative_tokens = k
@@ -84,9 +83,9 @@ class DraftModelDrafter(Drafter):
         return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
 
     def allocate_caches(self, num_slots: int) -> None:
-        from spec_backend.engine.captured import maybe_capture
-        from spec_backend.engine.kv_cache import RaggedKVCache
-        from spec_backend.engine.runner import ModelRunner
+        from spec_backend.runtime.captured import maybe_capture
+        from spec_backend.runtime.kv_cache import RaggedKVCache
+        from spec_backend.runtime.runner import ModelRunner
 
         cache = RaggedKVCache(
             self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
@@ -180,7 +179,7 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         raise ValueError(f"draft_tensor_parallel_size must be 1 in the embedded engine, got {tp}")
     dtype = None
     if config.draft_model_config is not None and config.draft_model_config.dtype not in (None, "auto"):
-        from spec_backend.engine.loader import resolve_dtype
+        from spec_backend.runtime.loader import resolve_dtype
 
         dtype = resolve_dtype(str(config.draft_model_config.dtype))
     model = ctx.load_model(path, dtype)
@@ -239,7 +238,8 @@ def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
         )
     if ctx.target_vocab is None:
         return
-    from spec_backend.engine.loader import load_tokenizer, resolve_model
+    from spec_backend.runtime.loader import load_tokenizer
+    from spec_backend.runtime.sources import resolve_model
 
     tokenizer = load_tokenizer(resolve_model(path))
     if tokenizer is None:

@@ -22,14 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_backend.proposers.contract import (
-    DraftInputs,
-    DraftOutput,
-    HiddenStateRequest,
-    empty_drafts,
-)
+from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.head_cache import HeadCacheDrafter
+from spec_backend.step import HiddenStateRequest
 
 if TYPE_CHECKING:
     from spec_backend.models.chain_head import ChainHead

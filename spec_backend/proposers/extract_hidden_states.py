@@ -25,14 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_backend.proposers.contract import (
-    Drafter,
-    DraftInputs,
-    DraftOutput,
-    DraftRequest,
-    HiddenStateRequest,
-    empty_drafts,
-)
+from spec_backend.proposers.contract import Drafter, DraftInputs, DraftOutput, DraftRequest, empty_drafts
+from spec_backend.step import HiddenStateRequest
 
 if TYPE_CHECKING:
     from spec_backend.proposers.contract import DrafterContext

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_backend.proposers.contract import Drafter, DraftInputs, DraftRequest, HiddenStateRequest, SlotCache
-from spec_backend.step import StepBatch, build_step_batch
+from spec_backend.proposers.contract import Drafter, DraftInputs, DraftRequest
+from spec_backend.step import HiddenStateRequest, SlotCache, StepBatch, build_step_batch
 
 if TYPE_CHECKING:
-    from spec_backend.engine.kv_cache import RaggedKVCache
+    from spec_backend.runtime.kv_cache import RaggedKVCache
 
 
 class HeadCacheDrafter(Drafter):
@@ -31,7 +31,7 @@ class HeadCacheDrafter(Drafter):
         max_model_len: int,
         probabilistic: bool,
     ) -> None:
-        from spec_backend.engine.kv_cache import kv_layout
+        from spec_backend.runtime.kv_cache import kv_layout
 
         self.hidden_states = hidden_states
         self.num_speculative_tokens = k
@@ -45,7 +45,7 @@ class HeadCacheDrafter(Drafter):
         return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
 
     def allocate_caches(self, num_slots: int) -> None:
-        from spec_backend.engine.kv_cache import RaggedKVCache
+        from spec_backend.runtime.kv_cache import RaggedKVCache
 
         self.cache = RaggedKVCache(
             self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens

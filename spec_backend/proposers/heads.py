@@ -21,11 +21,11 @@ from spec_backend.proposers.contract import (
     Drafter,
     DraftInputs,
     DraftOutput,
-    HiddenStateRequest,
     empty_drafts,
     last_committed_rows,
 )
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.step import HiddenStateRequest
 
 
 class HeadDrafter(Drafter):

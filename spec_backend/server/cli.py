@@ -14,8 +14,8 @@ from typing import Any
 
 
 def add_serve_parser(sub: Any) -> None:
-    from spec_backend.engine.cli import add_engine_args
     from spec_backend.server.limits import DEFAULT_MAX_BODY_BYTES
+    from spec_backend.tools.cli import add_engine_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     add_engine_args(p, positional_model=True)
@@ -59,9 +59,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn  # a missing serve extra is reported by spec_backend.cli.main
     from prometheus_client import CollectorRegistry
 
-    from spec_backend.engine.cli import CliError, build_llm, fail
-    from spec_backend.server.app import Server, build_app
+    from spec_backend.server.app import build_app
+    from spec_backend.server.state import Server
     from spec_backend.server.loop import AsyncEngine
+    from spec_backend.tools.cli import build_llm
+    from spec_backend.tools.errors import CliError, fail
 
     if args.max_body_bytes < 1:
         return fail(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")

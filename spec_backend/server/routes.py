@@ -17,9 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from spec_backend.engine.params import Logprob, RequestOutput
-from spec_backend.server.app import ApiError, Server
 from spec_backend.server.logprobs import CompletionLogprobs, chat_logprobs
 from spec_backend.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from spec_backend.server.state import ApiError, Server
 from spec_backend.server.streaming import Queued, Step, stream
 
 

@@ -21,7 +21,7 @@ from spec_backend.server.detokenize import IncrementalDetokenizer
 from spec_backend.server.loop import Event
 
 if TYPE_CHECKING:
-    from spec_backend.server.app import Server
+    from spec_backend.server.state import Server
 
 T = TypeVar("T")
 Queued = tuple[str, "asyncio.Queue[Event]"]

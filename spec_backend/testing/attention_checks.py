@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+from spec_backend.backends.attention import sdpa_ragged_attention
 from spec_backend.backends.base import Backend
+from spec_backend.step import RaggedAttentionMetadata
 from spec_backend.testing.report import CheckResult
 
 #: (requests, query tokens per request, longest cached prefix, head dim): decode, verify, prefill

@@ -11,11 +11,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.cpu.attention import is_batch_invariant, native_attention_rows
 from spec_backend.cpu.native import native_op
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.prompts import code_edit_prompts
+from spec_backend.step import RaggedAttentionMetadata
+from spec_backend.tools.prompts import code_edit_prompts
 
 pytestmark = [
     pytest.mark.e2e,

@@ -24,9 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import engine_laws
 
 from spec_backend import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures.draft_checkpoints import write_dflash2
 from spec_backend.testing.montecarlo import chi_square
+from spec_backend.tools.tiny import make_tiny_model
 
 pytestmark = pytest.mark.statistical
 

@@ -6,7 +6,7 @@ import pytest
 from engine_fixtures import GREEDY, PROMPTS
 
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
+from spec_backend.step import RaggedAttentionMetadata
 
 H, HKV, D = 6, 2, 16
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from engine_fixtures import require_native_kernels
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant, native_attention_rows
 from spec_backend.cpu.native import native_op
+from spec_backend.step import RaggedAttentionMetadata
 
 
 @pytest.fixture(scope="module", autouse=True)

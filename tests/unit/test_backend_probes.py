@@ -89,7 +89,8 @@ def test_capture_policies() -> None:
 
 
 def test_ragged_mask_is_built_once_per_step_and_never_stale() -> None:
-    from spec_backend.backends.attention import RaggedAttentionMetadata, ragged_causal_mask
+    from spec_backend.backends.attention import ragged_causal_mask
+    from spec_backend.step import RaggedAttentionMetadata
 
     meta = RaggedAttentionMetadata(query_lens=torch.tensor([2, 1]), kv_lens=torch.tensor([5, 3]))
     first = ragged_causal_mask(meta, 2, 5)  # [B, 1, Q, L]
@@ -106,7 +107,8 @@ def test_ragged_mask_is_built_once_per_step_and_never_stale() -> None:
 
 
 def test_ragged_mask_cache_under_inference_mode_uses_invalidate() -> None:
-    from spec_backend.backends.attention import RaggedAttentionMetadata, ragged_causal_mask
+    from spec_backend.backends.attention import ragged_causal_mask
+    from spec_backend.step import RaggedAttentionMetadata
 
     with torch.inference_mode():
         meta = RaggedAttentionMetadata(query_lens=torch.tensor([1]), kv_lens=torch.tensor([3]))

@@ -25,8 +25,8 @@ from engine_fixtures import one_thread  # noqa: F401 - autouse
 from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM, ModelLoadError
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures import draft_checkpoints as ckpt
+from spec_backend.tools.tiny import make_tiny_model
 
 # conftest's target: a tiny Llama with vocabulary 128, hidden size 32, 2 layers, 512 positions
 Writer = Callable[[Path, str], str]

@@ -20,10 +20,10 @@ from spec_backend.cpu import CpuBackend
 from spec_backend.cpu.attention import is_batch_invariant, mark_batch_invariant
 from spec_backend.cpu.int4_linear import Int4Linear
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing import run_conformance
 from spec_backend.testing.attention_checks import check_attention
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
+from spec_backend.tools.tiny import make_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)

@@ -20,9 +20,9 @@ from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, draft_histor
 from safetensors.torch import load_file, save_file
 
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.testing.fixtures.draft_checkpoints import write_dflash
+from spec_backend.tools.tiny import make_tiny_model
 
 MASK = 127
 

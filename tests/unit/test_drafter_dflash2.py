@@ -26,9 +26,9 @@ from safetensors.torch import load_file, save_file
 from test_drafter_dflash import _rms, _rope
 
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.testing.fixtures.draft_checkpoints import write_dflash2
+from spec_backend.tools.tiny import make_tiny_model
 
 MASK = 127
 

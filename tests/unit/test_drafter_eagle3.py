@@ -23,9 +23,9 @@ from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, draft_histor
 from safetensors.torch import save_file
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.eagle import EagleDrafter
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engine_fixtures import PROMPTS, check_rebuilds, one_thread  # noqa: F401 - one_thread is autouse
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.proposers.draft_model import DraftModelDrafter
+from spec_backend.tools.tiny import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
 PARD = 3  # the mask token id

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_backend.engine.bench import format_report, run_e2e_bench
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.bench import format_report, run_e2e_bench
+from spec_backend.tools.tiny import make_tiny_model
 
 
 def test_e2e_bench_reports_medians_ranges_and_consistent_ratios(

@@ -20,8 +20,8 @@ from test_drafter_mtp import write_glm_with_mtp
 from test_engine_graphs import SimulatedGraphBackend
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures import draft_checkpoints as ckpt
+from spec_backend.tools.tiny import make_tiny_model
 
 LIMIT = 128
 K = 5

@@ -12,8 +12,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from spec_backend.engine import LLM, ModelLoadError, SamplingParams
-from spec_backend.engine.loader import resolve_model
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.runtime.sources import resolve_model
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
 from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],

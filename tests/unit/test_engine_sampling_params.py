@@ -18,7 +18,7 @@ from engine_fixtures import PROMPTS
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.logits import RowHistory, process_logits
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 PENALTIES = dict(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3)
 

@@ -12,7 +12,7 @@ import pytest
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.engine.params import RequestOutput
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 EOS = 1  # make_tiny_model's character tokenizer: "<eos>" = 1
 MAX_TOKENS = 16  # SamplingParams' default max_tokens

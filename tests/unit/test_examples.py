@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from safetensors import safe_open
 
 from spec_backend import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 LAYERS = 4  # tiny target depth
 

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from spec_backend import paths
-from spec_backend.engine import ModelLoadError, gguf_cache
+from spec_backend.engine import ModelLoadError
+from spec_backend.runtime import gguf_cache
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: py
     """``LLM(file.gguf)`` converts once; the second engine loads the cached folder, and both generate
     the same tokens (the folder stands in for the de-quantized GGUF)."""
     from spec_backend.engine import LLM, SamplingParams
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     tiny = Path(make_tiny_model(tmp_path / "tiny", vocab_size=128, with_tokenizer=True))
@@ -149,7 +150,7 @@ def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: py
             (out / item.name).write_bytes(item.read_bytes())
 
     monkeypatch.setattr(gguf_cache, "_write_folder", convert)
-    from spec_backend.engine import loader
+    from spec_backend.runtime import loader
 
     parses: list[str] = []
     check = loader.check_gguf_architecture
@@ -171,7 +172,8 @@ def test_engine_loads_gguf_models_from_the_cache(tmp_path: Path, monkeypatch: py
 def test_unwritable_cache_falls_back_to_the_gguf(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from spec_backend.engine.loader import ModelSource, loadable
+    from spec_backend.runtime.loader import loadable
+    from spec_backend.runtime.sources import ModelSource
 
     llama_gguf(tmp_path / "m.gguf")
 
@@ -214,7 +216,8 @@ def test_a_damaged_slot_is_rebuilt(
 ) -> None:
     """The loader sees the damage (it does not load the slot as it is), parses the GGUF again and the
     cache rebuilds the slot in place, with a warning naming the folder and what was wrong."""
-    from spec_backend.engine.loader import ModelSource, loadable
+    from spec_backend.runtime.loader import loadable
+    from spec_backend.runtime.sources import ModelSource
 
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     calls: list[str] = []

@@ -15,8 +15,8 @@ from spec_backend.cpu.attention import is_batch_invariant
 from spec_backend.cpu.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
 from spec_backend.cpu.native import native_op
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model, q4_1_round_trip
+from spec_backend.tools.tiny import make_tiny_model
 
 
 def _q4_1(n: int, k: int, seed: int = 0) -> torch.Tensor:

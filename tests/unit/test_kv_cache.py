@@ -11,11 +11,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from spec_backend.backends import load_backend
-from spec_backend.engine.kv_cache import KVLayout, RaggedKVCache, kv_layout, plan_num_slots
-from spec_backend.engine.loader import ModelSource, load_model, register_attention
-from spec_backend.engine.runner import ModelRunner
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.runtime.kv_cache import KVLayout, RaggedKVCache, kv_layout, plan_num_slots
+from spec_backend.runtime.loader import load_model, register_attention
+from spec_backend.runtime.runner import ModelRunner
+from spec_backend.runtime.sources import ModelSource
 from spec_backend.step import StepBatch, build_step_batch
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -89,7 +89,7 @@ def test_speculation_log_line_shows_by_default(tmp_path: Path, configure: str) -
     import subprocess
     import sys
 
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m", vocab_size=128, with_tokenizer=True)
     env = {**os.environ, "SPEC_BACKEND_CONFIGURE_LOGGING": configure}

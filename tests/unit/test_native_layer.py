@@ -16,8 +16,8 @@ from spec_backend.cpu.int4_linear import install_int4_linears
 from spec_backend.cpu.native import native_op
 from spec_backend.cpu.native_layer import NativeDecoderLayer, install_native_layers, weight_names
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
+from spec_backend.tools.tiny import make_tiny_model
 
 #: head dim 16 (the op needs a multiple of 16), every product a multiple of 16 outputs and 32 inputs
 WIDE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -145,8 +145,8 @@ def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[i
     """transformers' generate (its cache: the general path) with the row attention kernel."""
     from transformers import AttentionInterface
 
-    from spec_backend.backends.attention import RaggedAttentionMetadata
     from spec_backend.cpu.attention import native_attention_rows
+    from spec_backend.step import RaggedAttentionMetadata
 
     def rows(
         module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **k: Any

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.models.hf_compat import cache_kwargs
+from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engine_fixtures import GREEDY, PROMPTS
 
 from spec_backend.engine import LLM
-from spec_backend.engine.runner import boolean_logits_to_keep
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.runtime.runner import boolean_logits_to_keep
+from spec_backend.tools.tiny import make_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 

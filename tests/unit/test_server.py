@@ -30,7 +30,7 @@ from server_fixtures import (  # noqa: E402
 )
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
-from spec_backend.engine.tiny import make_tiny_model  # noqa: E402
+from spec_backend.tools.tiny import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ pytest.importorskip("fastapi", reason="the server needs the serve extra")
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from spec_backend.engine.tiny import make_tiny_tokenizer
-from spec_backend.server.app import ApiError, Server
+from spec_backend.server.state import ApiError, Server
 from spec_backend.server.textbound import chars_per_token_bound, too_long_for
+from spec_backend.tools.tiny import make_tiny_tokenizer
 
 CORPUS = [
     "hello world, the quick brown fox",

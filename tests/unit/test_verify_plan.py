@@ -108,7 +108,7 @@ def test_the_verifier_hands_its_plan_to_the_sampler() -> None:
 
 def test_llm_builds_one_plan_from_its_configs(tmp_path_factory: pytest.TempPathFactory) -> None:
     from spec_backend.engine import LLM
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
     config = {

@@ -32,7 +32,7 @@ def test_matches_linear_for_every_row_count(rows: int, bias: bool) -> None:
 def test_cpu_backend_installs_it_keeping_tied_weights(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "tiny", tie_word_embeddings=True)
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -58,7 +58,7 @@ def test_models_without_a_linear_head_are_left_alone() -> None:
 def test_cpu_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "tiny", num_hidden_layers=2)
     model = AutoModelForCausalLM.from_pretrained(folder)

@@ -13,7 +13,7 @@ from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  
 from spec_backend.cpu.int4_linear import Int4Linear, quantize_int4
 from spec_backend.cpu.int8_linear import Int8Linear
 from spec_backend.engine import LLM
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 KINDS = {"int4": Int4Linear, "int8": Int8Linear}
 

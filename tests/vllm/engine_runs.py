@@ -62,8 +62,8 @@ class EngineRun:
 
 def model_dir() -> str:
     """The bundled SmolLM2 as a safetensors folder (made once by ``make test-vllm``'s set-up)."""
-    from spec_backend.engine.gguf_cache import materialize
-    from spec_backend.engine.loader import resolve_model
+    from spec_backend.runtime.gguf_cache import materialize
+    from spec_backend.runtime.sources import resolve_model
 
     source = resolve_model("smollm2")
     assert source.gguf_file is not None

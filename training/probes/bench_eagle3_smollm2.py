@@ -201,7 +201,7 @@ def main() -> None:
     import torch
     from spec_backend_train.prompts import instruction_prompts
 
-    from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.tools.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
     ks = sorted({int(k) for k in args.ks.split(",")} | {3})

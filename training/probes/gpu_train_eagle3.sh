@@ -36,7 +36,7 @@ $PY -c "import torch, transformers; print(torch.__version__, transformers.__vers
 if [ "${SMOKE:-0}" = 1 ]; then
     $PY - >"$OUT/smoke.log" 2>&1 <<'EOF'
 import os, time
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 from spec_backend_train.online import OnlineConfig, run
 target = make_tiny_model("/tmp/smoke/target", "llama", num_hidden_layers=6, with_tokenizer=True)
 config = OnlineConfig(target, "/tmp/smoke/out", device=os.environ["DEVICE"], prompts=64, variants=2, answer_tokens=24,

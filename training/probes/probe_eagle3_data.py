@@ -62,7 +62,8 @@ def main() -> None:
     from probe_eagle3_qat import answerer, capture_for, fine_tune, scored_sets, trainer_for
     from spec_backend_train import online
 
-    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
+    from spec_backend.runtime.loader import load_model, load_tokenizer
+    from spec_backend.runtime.sources import resolve_model
 
     args = _parser().parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -121,7 +122,7 @@ def full_vocabulary_head(head: str, target: Any, out: str) -> str:
 
     from safetensors.torch import load_file, save_file
 
-    from spec_backend.engine.hidden import decoder_of
+    from spec_backend.runtime.hidden import decoder_of
 
     saved = load_file(os.path.join(head, "model.safetensors"))
     rows = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
@@ -151,7 +152,7 @@ def by_confidence(trainer: Any, capture: Any, sets: dict[str, tuple[list[list[in
     because the target itself is less sure of what it says there?"""
     from spec_backend_train import online
 
-    from spec_backend.engine.hidden import decoder_of
+    from spec_backend.runtime.hidden import decoder_of
 
     print("| set | target top-1 p | share of rows | first draft agrees | not in draft vocabulary |")
     print("|---|---|---:|---:|---:|")

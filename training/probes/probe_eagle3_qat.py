@@ -67,8 +67,8 @@ def capture_for(target: Any) -> Any:
     """The hooks that capture the states a trainer reads (``spec_backend_train.eagle3.layer_ids``)."""
     from spec_backend_train.eagle3 import layer_ids
 
-    from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.proposers.contract import HiddenStateRequest
+    from spec_backend.runtime.hidden import HiddenCapture
+    from spec_backend.step import HiddenStateRequest
 
     layers = int(target.config.get_text_config().num_hidden_layers)
     return HiddenCapture(target, HiddenStateRequest(aux_layer_ids=layer_ids(layers)[1]), layers)
@@ -89,7 +89,8 @@ def main() -> None:
     from spec_backend_train.prompts import prompt_variants
     from spec_backend_train.quant import int4_linears, int4_weights
 
-    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
+    from spec_backend.runtime.loader import load_model, load_tokenizer
+    from spec_backend.runtime.sources import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--head", required=True)

@@ -31,7 +31,7 @@ def flag(dest: str) -> str:
 
 def target_sizes(target: str) -> tuple[int, int]:
     """(decoder layers, vocabulary size) of the target, from its config alone (no weights read)."""
-    from spec_backend.engine.loader import resolve_model
+    from spec_backend.runtime.sources import resolve_model
 
     source = resolve_model(target)  # ModelLoadError (a ValueError) names what is wrong with it
     config = os.path.join(source.directory, source.gguf_file or "config.json")

@@ -67,7 +67,7 @@ def copy_target_layer(head: Eagle3Head, target: Any, layer_id: int) -> None:
     target's residual stream after ``layer_id`` (``training/tests/test_training_eagle3.py``), a far better
     start than random weights: the head begins with the target's attention and MLP of that depth.
     """
-    from spec_backend.engine.hidden import decoder_of
+    from spec_backend.runtime.hidden import decoder_of
 
     decoder: Any = decoder_of(target)
     source, owner = decoder.layers[layer_id], cast(Any, head)
@@ -164,7 +164,8 @@ class Eagle3Trainer:
     already loaded ``target`` (any dtype and device; the head trains in float32 on its device)."""
 
     def __init__(self, target_dir: str, config: TrainConfig, target: Any | None = None) -> None:
-        from spec_backend.engine.loader import load_model, resolve_model
+        from spec_backend.runtime.loader import load_model
+        from spec_backend.runtime.sources import resolve_model
 
         torch.manual_seed(config.seed)
         self.target_dir, self.config = target_dir, config
@@ -221,7 +222,7 @@ class Eagle3Trainer:
         self._factor = lr_factor(total_steps)
 
     def _final_norm(self) -> Any:
-        from spec_backend.engine.hidden import decoder_of
+        from spec_backend.runtime.hidden import decoder_of
 
         return decoder_of(self.target).norm
 

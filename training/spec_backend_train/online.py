@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from spec_backend_train.prompts import CORE, FAMILIES
+from spec_backend_train.self_prompts import end_token
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def padded(seqs: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Ten
 @torch.no_grad()
 def batch_states(target: Any, capture: Any, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The captured layers' states ``[B, T, n, H]`` of right-padded ``tokens [B, T]``."""
-    from spec_backend.engine.hidden import decoder_of
+    from spec_backend.runtime.hidden import decoder_of
 
     mask = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]).long()  # [B, T]
     decoder_of(target)(input_ids=tokens, attention_mask=mask, use_cache=False)
@@ -239,12 +240,6 @@ def train_batches(
     return losses
 
 
-def end_token(model: Any) -> int | None:
-    """The target's end token (its generation config may name one, several or none: the first, or None)."""
-    eos = model.generation_config.eos_token_id  # int, list or None
-    return int(eos[0]) if isinstance(eos, list) else eos
-
-
 def gather(
     model: Any,
     prompts: Sequence[list[int]],
@@ -302,8 +297,8 @@ def save_answers(path: str, seqs: Sequence[list[int]]) -> None:
 def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -> tuple[Any, Any]:
     """The trainer (draft vocabulary from the answers' token counts, init from the target layer) and the
     hooks that capture the target's states for it."""
-    from spec_backend.engine.hidden import HiddenCapture
-    from spec_backend.proposers.contract import HiddenStateRequest
+    from spec_backend.runtime.hidden import HiddenCapture
+    from spec_backend.step import HiddenStateRequest
     from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
     from spec_backend_train.vocab import draft_vocabulary
 
@@ -320,7 +315,8 @@ def head_trainer(config: OnlineConfig, target: Any, seqs: Sequence[list[int]]) -
 
 def run(config: OnlineConfig, log: Callable[[str], None] = print) -> str:
     """Answer, train, score and save (module docstring); returns the output folder."""
-    from spec_backend.engine.loader import load_model, load_tokenizer, resolve_dtype, resolve_model
+    from spec_backend.runtime.loader import load_model, load_tokenizer, resolve_dtype
+    from spec_backend.runtime.sources import resolve_model
     from spec_backend_train.args_check import check_target
     from spec_backend_train.prompts import prompt_variants
     from spec_backend_train.quant import int4_linears, int4_weights

@@ -119,7 +119,8 @@ def run(config: PipelineConfig, log: Callable[[str], None] = print) -> str:
     """Run (or resume) the pipeline; returns the output folder."""
     import torch
 
-    from spec_backend.engine.loader import load_tokenizer, resolve_model
+    from spec_backend.runtime.loader import load_tokenizer
+    from spec_backend.runtime.sources import resolve_model
     from spec_backend_train import corpus
     from spec_backend_train.data import load
     from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig, layer_ids
@@ -305,7 +306,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
 
 def _cmd(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Refuse bad arguments in one line (exit status 2) before any work, then run the chosen pipeline."""
-    from spec_backend.engine.cli import fail
+    from spec_backend.tools.errors import fail
 
     try:
         check_arguments(parser, args)

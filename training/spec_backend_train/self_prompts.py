@@ -24,6 +24,12 @@ MIN_WORDS = 4
 _MARK = "\x00user-text\x00"
 
 
+def end_token(model: Any) -> int | None:
+    """The target's end token (its generation config may name one, several or none: the first, or None)."""
+    eos = model.generation_config.eos_token_id  # int, list or None
+    return int(eos[0]) if isinstance(eos, list) else eos
+
+
 def user_turn_opening(tokenizer: Any) -> list[int]:
     """The token ids of the user-turn opening (glossary); refused for a tokenizer without a chat template,
     where no turn exists to open."""
@@ -66,8 +72,6 @@ def self_prompts(
             f"count, batch and max_tokens must be at least 1 and temperature above 0, got count={count},"
             f" batch={batch}, max_tokens={max_tokens}, temperature={temperature}"
         )
-    from spec_backend_train.online import end_token
-
     eos = end_token(model)
     eos = tokenizer.eos_token_id if eos is None else eos
     if eos is None:

@@ -16,8 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from spec_backend_train import online, pipeline
 
 from spec_backend.cli import main
-from spec_backend.engine import loader
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.runtime import loader
+from spec_backend.tools.tiny import make_tiny_model
 
 
 @pytest.fixture(scope="module")

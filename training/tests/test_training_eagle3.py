@@ -29,7 +29,7 @@ from spec_backend_train.eagle3 import (
 from spec_backend_train.vocab import draft_vocabulary
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 AUX = (1, 2, 3)
 

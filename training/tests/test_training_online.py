@@ -24,10 +24,11 @@ from spec_backend_train.eagle3 import Eagle3Trainer, TrainConfig
 from spec_backend_train.vocab import draft_vocabulary
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.hidden import HiddenCapture
-from spec_backend.engine.loader import load_model, resolve_model
-from spec_backend.engine.tiny import make_tiny_model
-from spec_backend.proposers.contract import HiddenStateRequest
+from spec_backend.runtime.hidden import HiddenCapture
+from spec_backend.runtime.loader import load_model
+from spec_backend.runtime.sources import resolve_model
+from spec_backend.step import HiddenStateRequest
+from spec_backend.tools.tiny import make_tiny_model
 
 AUX, STATES = (1, 2, 3), (1, 2, 3, 6)
 

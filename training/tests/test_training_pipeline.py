@@ -16,7 +16,7 @@ from spec_backend_train.data import respond
 from spec_backend_train.pipeline import PipelineConfig, run
 
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.tools.tiny import make_tiny_model
 
 
 def test_corpus_is_stable_and_split_by_file() -> None:
@@ -33,7 +33,7 @@ def test_corpus_is_stable_and_split_by_file() -> None:
 def test_chats_use_the_tokenizers_chat_template(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from spec_backend.engine.tiny import make_tiny_tokenizer
+    from spec_backend.tools.tiny import make_tiny_tokenizer
 
     make_tiny_tokenizer(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))

@@ -14,8 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from spec_backend_train import self_prompts as sp
 from spec_backend_train.prompts import BENCHMARK_CHAT_SUBJECTS
 
-from spec_backend.engine.loader import load_model, load_tokenizer, resolve_model
-from spec_backend.engine.tiny import make_tiny_model
+from spec_backend.runtime.loader import load_model, load_tokenizer
+from spec_backend.runtime.sources import resolve_model
+from spec_backend.tools.tiny import make_tiny_model
 
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
 from spec_backend_ascend.limits import (
     HEAD_DIM_ALIGN,

@@ -11,7 +11,7 @@ from helpers import ragged_batch, real_rows, reference
 from spec_backend_ascend import AscendBackend
 from spec_backend_ascend.attention import ascend_ragged_attention
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.step import RaggedAttentionMetadata
 
 #: FIA returns float16 for a float32 model (the op has no float32): outputs carry float16 rounding.
 FP16_OUT_TOL = {"atol": 2e-3, "rtol": 2e-3}

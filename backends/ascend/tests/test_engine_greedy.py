@@ -24,7 +24,7 @@ class CpuEmulatedAscend(AscendBackend):
 def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Path, head_dim: int) -> None:
     """Head dims TND accepts (64, 128) verify through TND; the others (32, 256) through BNSD."""
     engine = pytest.importorskip("spec_backend.engine")
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(
         tmp_path / "tiny", hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim
@@ -51,7 +51,7 @@ def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
     128-token page: alone (batch 1: the paged cache used to reach the op as a strided view, refused
     with "key must be contiguous") and batched, the captured TND steps give the reference's tokens."""
     engine = pytest.importorskip("spec_backend.engine")
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(
         tmp_path / "fp16",

@@ -12,9 +12,9 @@ from spec_backend_ascend import GRAPH_STREAM_BUDGET, AscendBackend, StreamLedger
 from spec_backend_ascend.attention import ascend_ragged_attention
 from spec_backend_ascend.graph_runner import AclGraphRunner
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.backends.base import BackendError
 from spec_backend.graphs import plan_capture_sizes
+from spec_backend.step import RaggedAttentionMetadata
 
 
 def _events(fake: ModuleType, *names: str) -> list[str]:

@@ -8,7 +8,7 @@ from helpers import ragged_batch, real_rows, reference
 from spec_backend_ascend import AscendBackend
 from spec_backend_ascend.attention import ascend_ragged_attention
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
+from spec_backend.step import RaggedAttentionMetadata
 
 pytestmark = pytest.mark.ascend
 

@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+from spec_backend.backends.attention import sdpa_ragged_attention
+from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_cuda.limits import FLASH_MIN_CAPABILITY
 
 #: ``flash_attn_with_kvcache``-compatible kernel: (q [B,Q,Hq,D], k [B,L,Hkv,D], v, **kw) -> [B,Q,Hq,D].

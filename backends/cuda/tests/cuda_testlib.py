@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata, sdpa_ragged_attention
+from spec_backend.backends.attention import sdpa_ragged_attention
+from spec_backend.step import RaggedAttentionMetadata
 
 
 def ragged_batch(

@@ -109,10 +109,11 @@ def _step(runner: Any, seqs: list[list[int]], last_only: bool) -> torch.Tensor:
 def test_registered_in_transformers_it_matches_the_reference_model(tmp_path: object) -> None:
     """A tiny Llama run through AttentionInterface['cuda'] (SDPA path on CPU) == the reference."""
     from spec_backend.backends.reference import ReferenceBackend
-    from spec_backend.engine.kv_cache import RaggedKVCache, kv_layout
-    from spec_backend.engine.loader import load_model, register_attention, resolve_model
-    from spec_backend.engine.runner import ModelRunner
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.runtime.kv_cache import RaggedKVCache, kv_layout
+    from spec_backend.runtime.loader import load_model, register_attention
+    from spec_backend.runtime.runner import ModelRunner
+    from spec_backend.runtime.sources import resolve_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     path = make_tiny_model(str(tmp_path), vocab_size=64)
     logits = []

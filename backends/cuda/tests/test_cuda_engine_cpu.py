@@ -60,7 +60,7 @@ class CpuEmulatedCudaFlash(CpuEmulatedCuda):
 def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     engine = pytest.importorskip("spec_backend.engine")
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     params = engine.SamplingParams(temperature=0.0, max_tokens=10)

@@ -47,15 +47,15 @@ class RecordingCudaBackend(CudaBackend):
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> str:
     pytest.importorskip("transformers")
-    from spec_backend.engine.tiny import make_tiny_model
+    from spec_backend.tools.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("target"), "llama")
 
 
 def _spec(method: str, target_dir: str, tmp: Path) -> tuple[dict[str, Any], str]:
     """The speculative config of ``method`` (writing its checkpoint) and the target it runs on."""
-    from spec_backend.engine.tiny import make_tiny_model
     from spec_backend.testing.fixtures import draft_checkpoints as w
+    from spec_backend.tools.tiny import make_tiny_model
 
     free: dict[str, dict[str, Any]] = {
         "ngram": {"prompt_lookup_max": 3, "prompt_lookup_min": 1},

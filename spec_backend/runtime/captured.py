@@ -17,13 +17,11 @@ import logging
 
 import torch
 
-from spec_backend.backends.attention import RaggedAttentionMetadata
 from spec_backend.backends.base import Backend, GraphRunner
-from spec_backend.engine.runner import ModelRunner, num_decoder_layers
 from spec_backend.graphs import plan_capture_sizes
-from spec_backend.models.hf_compat import cache_kwargs
-from spec_backend.proposers.contract import TargetOutput
-from spec_backend.step import StepBatch
+from spec_backend.runtime.hf_compat import cache_kwargs
+from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
+from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput
 
 logger = logging.getLogger("spec_backend.engine")
 

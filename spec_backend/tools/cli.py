@@ -12,15 +12,7 @@ import sys
 import time
 from typing import Any
 
-
-class CliError(Exception):
-    """A user error the CLI reports as one ``error: ...`` line on stderr with exit status 2."""
-
-
-def fail(message: object) -> int:
-    """Print ``message`` as one line (``error: ...``) on stderr; return the usage-error status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
+from spec_backend.tools.errors import CliError, fail
 
 
 def _json_arg(text: str | None, name: str) -> dict[str, Any] | None:
@@ -225,7 +217,7 @@ def add_generate_parser(sub: Any) -> None:
 
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     """Run the end-to-end benchmark and print (and optionally save) the report."""
-    from spec_backend.engine.bench import format_report, run_e2e_bench
+    from spec_backend.tools.bench import format_report, run_e2e_bench
 
     if args.threads:
         import torch
@@ -278,7 +270,7 @@ def add_bench_parser(sub: Any) -> None:
 
 def add_demo_parser(sub: Any) -> None:
     """``spec-backend demo``."""
-    from spec_backend.engine.demo import add_demo_args, run_demo
+    from spec_backend.tools.demo import add_demo_args, run_demo
 
     p = sub.add_parser("demo", help="SmolLM2 with plain decoding, ngram and suffix speculation side by side")
     add_demo_args(p)

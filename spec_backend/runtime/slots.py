@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spec_backend.engine.kv_cache import RaggedKVCache
-from spec_backend.proposers.contract import SlotCache
+from spec_backend.runtime.kv_cache import RaggedKVCache
+from spec_backend.step import SlotCache
 
 
 class SlotTable:

@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.proposers.contract import HiddenStateRequest
-from spec_backend.step import StepBatch
+from spec_backend.step import HiddenStateRequest, StepBatch
 
 _NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_layer_norm")
 

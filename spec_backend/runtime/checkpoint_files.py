@@ -1,6 +1,6 @@
 """A checkpoint folder's files read with errors that name the folder, the file and what to do.
 
-Shared by the target loader (``engine.loader``), the GGUF cache (``engine.gguf_cache``), the speculative
+Shared by the target loader (``runtime.loader``), the GGUF cache (``runtime.gguf_cache``), the speculative
 config (``engine.spec_config``) and every draft-head reader (``models.checkpoint``), so a truncated
 ``model.safetensors`` or a ``config.json`` that is not JSON gives the same ``ModelLoadError`` wherever it
 is found.
