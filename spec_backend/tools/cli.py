@@ -106,7 +106,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--quantization",
         default=None,
         choices=["int4", "int8"],
-        help="weight-only quantization on the reference backend (opt-in, lossy)",
+        help="weight-only quantization on the cpu backend (opt-in, lossy)",
     )
     p.add_argument(
         "--seed",
