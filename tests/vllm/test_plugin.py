@@ -141,13 +141,62 @@ def test_vllm_block_method_contradicts_cumulative(loaded: Any) -> None:
         vllm_rejection_sampler(cfg, _spec(rejection_sample_method="block"))
 
 
-def test_synthetic_stays_with_vllm(loaded: Any) -> None:
+def test_synthetic_runs_in_our_sampler_with_vllms_rates(loaded: Any) -> None:
     from spec_backend.integrations.vllm_sampler import active_verifier
 
     spec = _spec(rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.9, 0.5, 0.2])
-    assert active_verifier(vllm_rejection_sampler(rsc(), spec)) is None
+    verifier = active_verifier(vllm_rejection_sampler(rsc(), spec))
+    assert verifier is not None and verifier.mode_name == "synthetic"
+    assert verifier.sampler.plan.rates == (0.9, 0.5, 0.2)
     with pytest.raises(ValueError, match="synthetic"):
         vllm_rejection_sampler(rsc(enable_block_verify=True), spec)
+
+
+def _real_spec(rule: str) -> Any:
+    """vLLM's own ``SpeculativeConfig`` (ngram, K=4) with ``rejection_sample_method=rule``."""
+    from vllm.config import SpeculativeConfig
+
+    extra: dict[str, Any] = (
+        {"synthetic_acceptance_rates": [1.0, 1.0, 0.0, 0.0]} if rule == "synthetic" else {}
+    )
+    return SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=4,
+        prompt_lookup_max=4,
+        prompt_lookup_min=2,
+        rejection_sample_method=rule,
+        **extra,
+    )
+
+
+def _installed_rules() -> list[str]:
+    from typing import get_args
+
+    from vllm.config.speculative import RejectionSampleMethod
+
+    return list(get_args(RejectionSampleMethod))
+
+
+def test_every_rule_the_installed_vllm_names_runs_in_our_sampler(loaded: Any) -> None:
+    """Each ``rejection_sample_method`` the installed vLLM accepts (0.32: standard, synthetic, block;
+    0.33 adds fly) builds our sampler with that rule and vLLM's parameters: none is swapped for another."""
+    from spec_backend.config import RejectionSamplerConfig, VerifyPlan
+    from spec_backend.config.fly import FlyConfig
+    from spec_backend.integrations.vllm_sampler import active_verifier
+
+    expected = {
+        "standard": VerifyPlan.of(),
+        "block": VerifyPlan.of(RejectionSamplerConfig(enable_block_verify=True)),
+        "synthetic": VerifyPlan.of(method="synthetic", rates=[1.0, 1.0, 0.0, 0.0]),
+        "fly": VerifyPlan.of(method="fly", fly=FlyConfig(3, 0.3, 3)),  # vLLM's window: min(6, K - 1)
+    }
+    rules = _installed_rules()
+    assert {"standard", "synthetic", "block"} <= set(rules) <= set(expected), rules
+    for rule in rules:
+        spec = _real_spec(rule)
+        vllm_config(rsc(), spec)  # the configuration hook accepts it
+        verifier = active_verifier(vllm_rejection_sampler(rsc(), spec))
+        assert verifier is not None and verifier.sampler.plan == expected[rule], rule
 
 
 def test_backend_token_limits_enforced(loaded: Any) -> None:

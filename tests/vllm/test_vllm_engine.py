@@ -2,7 +2,8 @@
 
 Engines: ``plain`` (no speculation: the greedy reference), ``vllm-sampler`` (speculation, vLLM's own
 rejection sampler), ``plugin-standard`` / ``plugin-block`` (speculation, ours through
-``rejection_sampler_config``). Greedy outputs are compared token for token; the verification trace is
+``rejection_sampler_config``), ``plugin-synthetic`` (vLLM's ``rejection_sample_method="synthetic"``,
+run by ours). Greedy outputs are compared token for token; the verification trace is
 compared with vLLM's own acceptance metrics.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from engine_runs import NGRAM, EngineRun, engine_env, model_dir, run
+from engine_runs import NGRAM, EngineRun, K, engine_env, model_dir, run
 from vllm_helpers import VLLM_CPU
 
 pytestmark = [
@@ -32,7 +33,7 @@ def trace_totals(result: EngineRun) -> dict[str, Any]:
     drafts = [
         (d, e) for line in result.trace for d, e in zip(line["drafts"], line["emitted"], strict=True) if d > 0
     ]
-    per_pos = [0] * NGRAM["num_speculative_tokens"]
+    per_pos = [0] * K
     for d, e in drafts:
         for pos in range(min(e - 1, d)):
             per_pos[pos] += 1
@@ -118,6 +119,19 @@ def test_vllm_own_sampler_mixed_batch() -> None:
 def test_seeded_sampling_reproduces(name: str) -> None:
     first, second = run(name).seeded
     assert first == second and len(first) > 0
+
+
+def test_vllms_synthetic_rule_runs_in_our_sampler() -> None:
+    """``rejection_sample_method="synthetic"`` in vLLM's ``speculative_config`` with our plugin on: our
+    sampler verifies every step with that rule and vLLM's rates (1, 1, 0, 0: exactly min(drafts, 2)
+    drafts accepted), not the standard rule and not vLLM's sampler; vLLM's counters agree."""
+    result = run("plugin-synthetic")
+    assert result.trace, "our verifier never ran inside the engine"
+    assert {line["mode"] for line in result.trace} == {"synthetic"}
+    pairs = [(d, e) for line in result.trace for d, e in zip(line["drafts"], line["emitted"], strict=True)]
+    assert any(d > 2 for d, _ in pairs), pairs  # the rates' cut at 2 was exercised
+    assert all(e == min(d, 2) + 1 for d, e in pairs), pairs
+    assert trace_totals(result) == result.metrics
 
 
 def test_suffix_method_runs_without_arctic_inference() -> None:
