@@ -61,9 +61,12 @@ class ModelOptions:
     """What the user asked of one loaded model, handed to ``Backend.prepare_model`` (never stashed on the
     model's config). ``quantization``: a weight-only mode (one of the backend's
     ``supported_quantizations``), from ``LLM(quantization=...)`` for the target or
-    ``speculative_config['quantization']`` for draft weights; ``None``: the weights as loaded."""
+    ``speculative_config['quantization']`` for draft weights; ``None``: the weights as loaded.
+    ``speculative_tokens``: K of the speculative config the model verifies for (its verify steps have K+1
+    rows per request), ``None`` where not known; a backend may measure its kernels at that shape."""
 
     quantization: str | None = None
+    speculative_tokens: int | None = None
 
 
 @dataclass(frozen=True)
