@@ -5,7 +5,7 @@ A decode step multiplies M rows (batch × (K+1) positions) by every weight of th
 have the shapes of SmolLM2-135M's decoder (30 layers × q, k, v, o, gate, up, down; ~480 MB float32, so
 they are read from memory, not cache, as in a real step). For each M the script times one pass over all
 of them with ``F.linear(x, W)``, with ``TallSkinnyProjection`` (``(W @ x.T).T``, odd M padded to
-even), with ``Int4Linear`` (torch's int4 kernel, and our AVX512-VNNI kernel where the CPU has it) and
+even), with ``Int4Linear`` (torch's int4 kernel, and our native kernel where it builds) and
 with ``Int8Linear``, and prints medians, the float ratio, and each packed kernel's time over its own
 one-row time (what verifying K+1 = M positions costs against decoding one).
 Usage: ``python benchmarks/bench_small_batch_linear.py``.
@@ -61,11 +61,12 @@ def run_modules(modules: list[nn.Module], x: dict[int, torch.Tensor]) -> None:
 
 
 def packed(linears: list[nn.Linear]) -> dict[str, list[nn.Module]]:
-    """The packed variants by name: int4 (torch's kernel), int4 vnni (ours, where available), int8."""
-    kernels = ["torch", *(["vnni"] if native_op("q4_1_q8_mm") is not None else [])]
+    """The packed variants by name: int4 (torch's kernel), int4 native (ours, of the ISA variant selected:
+    ``SPEC_BACKEND_ISA`` caps it, where available), int8."""
+    kernels = ["torch", *(["native"] if native_op("q4_1_q8_mm") is not None else [])]
     variants: dict[str, list[nn.Module]] = {}
     for kernel in kernels:
-        name = "int4" if kernel == "torch" else "int4 vnni"
+        name = "int4" if kernel == "torch" else "int4 native"
         variants[name] = []
         for linear in linears:
             found = quantize_int4(linear.weight)

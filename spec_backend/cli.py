@@ -29,12 +29,14 @@ def _limit(value: int | None) -> str:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    """Print every installed backend: availability and reason, device and token limits."""
+    """Print every installed backend: availability and reason, device and token limits, then what each adds
+    to its ``describe()`` summary."""
     from spec_backend.backends import list_backends
     from spec_backend.backends.base import Availability
 
     rows = [("backend", "device", "status", "max query tokens/request", "max spec tokens")]
-    for info in list_backends():
+    infos = list_backends()
+    for info in infos:
         limits = info.backend.token_limits()
         status = str(Availability(info.available, info.reason))
         rows.append(
@@ -49,6 +51,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    shown = {"name", "device", "status", "max_query_tokens_per_request", "max_speculative_tokens"}
+    for info in infos:  # what a backend adds to its summary (the cpu one: ISA variants, fast path)
+        extra = {k: v for k, v in info.backend.describe().items() if k not in shown}
+        if extra:
+            print(f"\n{info.name}:")
+        for key, value in extra.items():
+            print(f"  {key}: {value}")
     return 0
 
 

@@ -1,13 +1,15 @@
 """The cpu backend: the reference backend's semantics with this project's native CPU kernels.
 
-It is available where the native kernels (``native.py``: ``csrc/*.cpp``, built once per machine with
-``-march=native``) build and run; ``load_backend()`` then prefers it to ``reference``. What it changes,
-all in ``prepare_model`` and the attention function (the conformance suite checks it against the
-reference):
+It is available where the native kernels (``native.py``: ``csrc/*.cpp``, built once per machine for the
+fastest ISA variant this CPU runs, ``isa.py``; ``SPEC_BACKEND_ISA`` caps it) build and run;
+``load_backend()`` then prefers it to ``reference``. What it changes, all in ``prepare_model`` and the
+attention function (the conformance suite checks it against the reference):
 
-* GGUF Q4_1 linear layers run packed (``int4_linear``: int8 activations with the AVX512-VNNI kernel,
-  else bfloat16 with torch's int4 kernel; lossy, logged) unless ``SPEC_BACKEND_INT4=0``;
-  ``ModelOptions.quantization`` "int4" / "int8" quantizes every linear layer (opt-in, lossy).
+* GGUF Q4_1 linear layers run the path measured fastest on this machine when the model loads
+  (``fast_path``: our int8-activation kernel with native decoder layers, torch's int4 kernel with
+  bfloat16 activations, or the de-quantized float32 weights; the packed ones are lossy; logged with the
+  times) unless ``SPEC_BACKEND_INT4=0``; ``ModelOptions.quantization`` "int4" / "int8" quantizes every
+  linear layer (opt-in, lossy).
 * a packed model's decoder layers (and an EAGLE-3 head's first layer) run as one native call each, and
   its attention rows are computed independently of the batch (``attention``), so speculative greedy
   output still equals plain greedy output;
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
 from spec_backend.backends.base import AttentionFn, Availability, ModelOptions
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
+from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe
 from spec_backend.cpu.int4_linear import install_int4_linears
 from spec_backend.cpu.int8_linear import install_int8_linears
-from spec_backend.cpu.native import native_kernel_error, native_op
+from spec_backend.cpu.isa import cpu_flags, machine_variants, missing_flags
+from spec_backend.cpu.native import native_op, selection
 from spec_backend.cpu.native_eagle3 import install_native_eagle3_layers
 from spec_backend.cpu.native_layer import install_native_layers
 from spec_backend.cpu.q8_0_projection import install_q8_0_projection
@@ -47,15 +52,41 @@ class CpuBackend(ReferenceBackend):
     supported_quantizations = ("int4", "int8")
 
     def probe(self) -> Availability:
-        """Available once the native kernels are built (the first probe on a machine builds them, about
-        15 s; later ones load the cached build) and answer; the note says which int4 kernel runs."""
-        error = native_kernel_error()
-        if error is not None:
-            return Availability(False, f"the native CPU kernels do not build here: {error}")
+        """Available once a variant of the native kernels is built (the first probe on a machine builds it,
+        about 15 s; later ones load the cached build) and answers; the note names the variant and why."""
+        try:
+            chosen = selection()
+        except ValueError as exc:  # an unknown SPEC_BACKEND_ISA
+            return Availability(False, str(exc))
+        if chosen.variant is None:
+            return Availability(False, f"the native CPU kernels do not build here: {chosen.reason}")
         if native_op("attention_rows") is None:
             return Availability(False, "the native CPU kernels built but define no attention_rows op")
-        vnni = native_op("q4_1_q8_mm") is not None
-        return Availability(True, "int4 layers: AVX512-VNNI kernel" if vnni else "int4 layers: torch kernel")
+        return Availability(
+            True, f"{chosen.variant.name} kernels: {chosen.reason}; Q4_1 path measured per model at load"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """``Backend.describe`` plus the kernels' ISA variant and why, every variant of this architecture
+        and whether this CPU runs it, its SIMD flags, and the Q4_1 path the measurement picks for a layer
+        of the bundled model's shapes (``fast_path.default_model_decision``; no model is loaded here)."""
+        summary = super().describe()
+        try:
+            chosen = selection()
+        except ValueError as exc:  # an unknown SPEC_BACKEND_ISA
+            summary["kernels"] = str(exc)
+            return summary
+        name = chosen.variant.name if chosen.variant is not None else "none"
+        summary["kernels"] = f"{name} ({chosen.reason})"
+        runs = {v.name: ", ".join(missing_flags(v)) for v in machine_variants()}
+        summary["isa variants"] = "; ".join(
+            f"{n}: " + (f"this CPU lacks {lacks}" if lacks else "runs here") for n, lacks in runs.items()
+        )
+        simd = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "f16c", "asimd")))
+        summary["cpu flags"] = " ".join(simd) or "none found"
+        if chosen.variant is not None:
+            summary["q4_1 path for a SmolLM2-135M layer, measured now"] = describe(default_model_decision())
+        return summary
 
     def attention_function(self) -> AttentionFn:
         return cpu_ragged_attention
@@ -66,8 +97,7 @@ class CpuBackend(ReferenceBackend):
         if mode == "int8":
             packed, what = install_int8_linears(model), "int8 (opt-in, lossy)"
         elif mode == "int4" or os.environ.get(INT4_ENV, "1") != "0":
-            packed = install_int4_linears(model, quantize=mode == "int4")
-            what = "int4 (opt-in, lossy)" if mode == "int4" else "GGUF Q4_1 packed as int4"
+            packed, what = _int4_path(model, mode == "int4", options.speculative_tokens)
         else:
             packed, what = 0, ""
         if packed:
@@ -78,16 +108,32 @@ class CpuBackend(ReferenceBackend):
         install_tall_skinny_projection(model)
 
 
+def _int4_path(model: torch.nn.Module, quantize: bool, speculative_tokens: int | None) -> tuple[int, str]:
+    """The measured path's packing (``fast_path``): how many layers were packed, and how."""
+    decision: Decision = decide(model, quantize, speculative_tokens)
+    if decision.path == "float32":
+        if decision.times:
+            logger.info("spec_backend: GGUF Q4_1 layers stay float32: %s", describe(decision))
+        return 0, ""
+    packed = install_int4_linears(
+        model, quantize=quantize, kernel="native" if decision.path == "native" else "torch"
+    )
+    if packed:
+        logger.info("spec_backend: int4 path for this model: %s", describe(decision))
+    return packed, "int4 (opt-in, lossy)" if quantize else "GGUF Q4_1 packed as int4"
+
+
 def _native_layers(model: torch.nn.Module, packed: int, what: str) -> None:
     """A packed model: batch-invariant attention rows (rounding amplifies tiny batch-dependent
-    differences), decoder layers and an EAGLE-3 head's first layer as one native call each."""
-    vnni = any(getattr(m, "kernel", "") == "vnni" for m in model.modules())
+    differences), decoder layers and an EAGLE-3 head's first layer as one native call each (where their
+    products run on the native kernel)."""
+    isa = {str(getattr(m, "isa", "")) for m in model.modules() if getattr(m, "kernel", "") == "native"}
     logger.info(
         "spec_backend: %d linear layers run %s with %s activations; logits differ slightly from the "
         "float32 model",
         packed,
         what,
-        "int8 (per 32 values, AVX512-VNNI kernel)" if vnni else "bfloat16",
+        f"int8 (per 32 values, {', '.join(sorted(isa))} kernel)" if isa else "bfloat16",
     )
     native = install_native_layers(model)
     if native:

@@ -17,15 +17,19 @@ Glossary:
   and ``zero`` are rounded to bfloat16 (relative 2⁻⁹) and the output is returned as float32: this is
   **lossy** against the de-quantized float32 model, as llama.cpp's own int8 activation rounding is.
 
-* **VNNI kernel** — where the CPU has AVX512-VNNI and the native kernels build (``cpu/native.py``),
-  ``csrc/q4_1_vnni.cpp`` replaces torch's: each row's activations are quantized per 32 values to int8
-  codes with a float32 scale (``amax / 127``, as llama.cpp's Q8_1), each block's dot product with the
-  4-bit codes is an exact integer (``vpdpbusd``), then ``d·dot·scale_x + m·scale_x·Σcodes_x`` accumulates
-  in float32. **Lossy** like the bfloat16 path (an activation moves by at most half its block's step,
-  ``amax / 254``), 3–4× faster on the reference machine, and a row's result does not depend on the batch.
-  Its layout: 16 output rows per tile; for each tile and block, 256 bytes where 32-bit lane ``j`` of
-  64-byte part ``c`` holds codes ``4c .. 4c+3`` of row ``j`` (low nibbles) and ``16+4c .. 16+4c+3``
-  (high nibbles); scales and minima ``[N/16, K/32, 16]``.
+* **native kernel** — where the native kernels build (``cpu/native.py``, one build per ISA variant:
+  ``cpu/isa.py``), ``csrc/q4_1_mm.cpp`` replaces torch's: each row's activations are quantized per 32
+  values to int8 codes with a float32 scale (``amax / 127``, as llama.cpp's Q8_1), each block's dot
+  product with the 4-bit codes is an exact integer (``vpdpbusd`` on AVX512-VNNI and AVX-VNNI,
+  ``vpmaddubsw`` + ``vpmaddwd`` on AVX2, plain C++ in the generic variant), then
+  ``d·dot·scale_x + m·scale_x·Σcodes_x`` accumulates in float32 by two FMAs per block in a fixed order —
+  the same bits on every variant. **Lossy** like the bfloat16 path (an activation moves by at most half
+  its block's step, ``amax / 254``), 3–4× faster on the reference machine, and a row's result does not
+  depend on the batch. Which of the three paths (native, bfloat16, the float32 weights) a model runs is
+  measured when it loads (``fast_path``).
+* **tile layout** — 16 output rows per tile; for each tile and block, 256 bytes where 32-bit lane ``j``
+  of 64-byte part ``c`` holds codes ``4c .. 4c+3`` of row ``j`` (low nibbles) and ``16+4c .. 16+4c+3``
+  (high nibbles) — what one ``vpdpbusd`` lane multiplies; scales and minima ``[N/16, K/32, 16]``.
 
 Numerics: ``tests/unit/test_int4_linear.py`` bounds one layer's error against the de-quantized float32
 layer; the logit difference and greedy agreement on the bundled model are in ``docs/benchmarks.md``.
@@ -40,11 +44,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from spec_backend.cpu.native import native_op
+from spec_backend.cpu.native import active_variant, native_op
 from spec_backend.cpu.vocab_projection import output_embedding, replace_modules
 
 GROUP = 32  # Q4_1 block size, and the kernel's group size
-LANES = 16  # output rows per tile of the VNNI kernel
+LANES = 16  # output rows per tile of the native kernel
+#: ``Int4Linear``'s kernels: ours (the selected ISA variant's) and torch's bfloat16 one
+KERNELS = ("native", "torch")
 
 
 def _levels(
@@ -104,8 +110,8 @@ class PackedLinear(nn.Module):
 
 class Int4Linear(PackedLinear):
     """A Q4_1 ``nn.Linear`` replaced by its packed codes (module glossary); float32 in and out. ``kernel``
-    is ``"vnni"`` (ours) where it is available and the layer has a multiple of 16 outputs, else
-    ``"torch"``; ``kernel="torch"`` asks for torch's."""
+    is ``"native"`` (ours, of the ISA variant selected now: ``isa``) where it is available and the layer
+    has a multiple of 16 outputs, else ``"torch"``; ``kernel="torch"`` asks for torch's."""
 
     def __init__(
         self,
@@ -117,14 +123,17 @@ class Int4Linear(PackedLinear):
     ) -> None:
         super().__init__(linear)
         n, k = codes.shape
-        if kernel not in (None, "torch", "vnni"):
-            raise ValueError(f"kernel must be None, 'torch' or 'vnni', got {kernel!r}")
-        vnni = n % LANES == 0 and native_op("q4_1_q8_mm") is not None
-        if kernel == "vnni" and not vnni:
-            raise ValueError(f"kernel='vnni' needs AVX512-VNNI, the native kernels and N % 16 == 0 (N={n})")
-        if vnni and kernel != "torch":
-            self.kernel, self.activation_dtype = "vnni", torch.float32
-            self.register_buffer("tiles", vnni_tiles(codes))  # [N/16, G, 256] uint8
+        if kernel not in (None, *KERNELS):
+            raise ValueError(f"kernel must be None, 'native' or 'torch', got {kernel!r}")
+        op = native_op("q4_1_q8_mm") if n % LANES == 0 and kernel != "torch" else None
+        if kernel == "native" and op is None:
+            raise ValueError(f"kernel='native' needs the native kernels and N % 16 == 0 (N={n})")
+        self._op = op
+        variant = active_variant() if op is not None else None
+        self.isa = variant.name if variant is not None else ""  # the native kernel's ISA variant
+        if op is not None:
+            self.kernel, self.activation_dtype = "native", torch.float32
+            self.register_buffer("tiles", q4_1_tiles(codes))  # [N/16, G, 256] uint8
             by_tile = (n // LANES, LANES, k // GROUP)
             self.register_buffer("tile_scale", scale.reshape(by_tile).transpose(1, 2).contiguous())
             self.register_buffer("tile_low", low.reshape(by_tile).transpose(1, 2).contiguous())
@@ -137,17 +146,16 @@ class Int4Linear(PackedLinear):
         self.register_buffer("scales_and_zeros", pairs)
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "vnni":
-            out: torch.Tensor = torch.ops.spec_backend_native.q4_1_q8_mm(
-                rows, self.tiles, self.tile_scale, self.tile_low
-            )
-            return out
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        if self._op is not None:  # the native kernel
+            return self._op(rows, self.tiles, self.tile_scale, self.tile_low)
+        out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, GROUP, self.scales_and_zeros
+        )
         return out
 
 
-def vnni_tiles(codes: torch.Tensor) -> torch.Tensor:
-    """Codes ``[N, K]`` (0..15, N a multiple of 16) in the VNNI kernel's layout ``[N/16, K/32, 256]``
+def q4_1_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[N, K]`` (0..15, N a multiple of 16) in the native kernel's tile layout ``[N/16, K/32, 256]``
     (module glossary)."""
     n, k = codes.shape
     parts = codes.reshape(n // LANES, LANES, k // GROUP, 8, 4).permute(0, 2, 3, 1, 4)  # [T, G, 8, 16, 4]
@@ -163,11 +171,11 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return torch.clamp(codes, 0, 15).reshape(weight.shape).to(torch.int32), scale, low
 
 
-def install_int4_linears(model: Any, quantize: bool = False) -> int:
+def install_int4_linears(model: Any, quantize: bool = False, kernel: str | None = None) -> int:
     """Replace every CPU ``nn.Linear`` of ``model`` but the output embedding (drafters and the engine read
     its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks by an ``Int4Linear``
-    (and, with ``quantize``, every other one whose input size is a multiple of 32, lossily); returns how
-    many were replaced."""
+    with ``kernel`` (and, with ``quantize``, every other one whose input size is a multiple of 32,
+    lossily); returns how many were replaced."""
     head = output_embedding(model)
     swaps = []
     for name, module in model.named_modules():
@@ -177,17 +185,18 @@ def install_int4_linears(model: Any, quantize: bool = False) -> int:
         if found is None and quantize:
             found = quantize_int4(module.weight)
         if found is not None:
-            swaps.append((name, Int4Linear(module, *found)))
+            swaps.append((name, Int4Linear(module, *found, kernel=kernel)))
     return replace_modules(model, swaps)
 
 
 __all__ = [
     "GROUP",
+    "KERNELS",
     "LANES",
     "Int4Linear",
     "PackedLinear",
     "install_int4_linears",
+    "q4_1_tiles",
     "quantize_int4",
     "recover_q4_1",
-    "vnni_tiles",
 ]

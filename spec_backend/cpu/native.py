@@ -1,16 +1,18 @@
-"""The cpu backend's native kernels (``csrc/*.cpp``): built once per machine, loaded on first use.
+"""The cpu backend's native kernels (``csrc/*.cpp``): built once per machine and ISA variant, loaded on use.
 
 Torch lacks three things the GGUF models we run need: products with Q8_0 weights (int8 codes with one
 scale per 32 weights, ``q8_0_projection``), Q4_1 weights against int8-quantized activations
 (``int4_linear``), and attention whose every row is independent of the other rows of the call
 (``attention.native_attention_rows``; torch's SDPA gives a prompt row different last bits when the
-prompt is one token longer). They are compiled together with torch's ``cpp_extension``
-(``g++ -O3 -march=native -fopenmp``, which needs ``ninja``; about 15 s) into
-``<cache root>/kernels/native-<digest>``, the digest covering the sources, torch's version and the CPU's
-flags, and registered as ``torch.ops.spec_backend_native.*``.
-An op whose instructions the CPU lacks (the Q4_1 one needs AVX512-VNNI) is simply not defined. When the
-build fails the callers keep torch's kernels and log the reason; ``SPEC_BACKEND_NATIVE=0`` (read once
-per process) skips the build.
+prompt is one token longer); whole decoder layers (``native_layer``) build on them.
+
+They are compiled with torch's ``cpp_extension`` (``g++ -O3 -fopenmp`` and the variant's ISA flags,
+which needs ``ninja``; about 15 s per variant) into ``<cache root>/kernels/<variant>-<digest>``, the
+digest covering the sources, the flags and torch's version, and registered as
+``torch.ops.spec_backend_<variant>.*`` (``isa``: which variants exist, which this CPU runs, the
+``SPEC_BACKEND_ISA`` cap). Only the selected variant is built, on first use; one that does not build
+falls back to the next, and the reason is kept (``selection()``). ``SPEC_BACKEND_NATIVE=0`` (read once
+per process) skips them all: the callers keep torch's kernels and log why.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import logging
 import os
 import platform
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from spec_backend.cpu.isa import ISA_ENV, Variant, candidates, variant, why
 from spec_backend.paths import cache_root
 
 logger = logging.getLogger("spec_backend.backends")
@@ -32,54 +36,138 @@ logger = logging.getLogger("spec_backend.backends")
 NATIVE_ENV = "SPEC_BACKEND_NATIVE"
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = sorted(_CSRC.glob("*.cpp"))
+#: every variant: optimised, OpenMP threads, nothing exported (two variants' inline functions must never
+#: resolve to each other's code when both are loaded)
+_COMMON_FLAGS = ("-O3", "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden")
 
 
-def _build_digest() -> str:
-    flags = ""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+def build_flags(v: Variant) -> list[str]:
+    """The compiler flags of variant ``v``: common, its ISA, its macro and its op namespace."""
+    return [*_COMMON_FLAGS, *v.cflags, f"-D{v.macro}", f"-DSPEC_OPS={v.namespace}"]
+
+
+def _build_digest(v: Variant) -> str:
     sources = "|".join(source.read_text() for source in sorted([*_SOURCES, *_CSRC.glob("*.h")]))
-    key = f"{sources}|{torch.__version__}|{platform.machine()}|{flags}"
+    key = f"{sources}|{' '.join(build_flags(v))}|{torch.__version__}|{platform.machine()}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=1)
-def native_kernel_error() -> str | None:
-    """``None`` once the native kernels are loaded (built on first use), else why they are not."""
+def variant_error(name: str) -> str | None:
+    """``None`` once variant ``name`` is loaded (built on first use, once per process), else why not. The
+    caller checks that this CPU runs it (``isa.missing_flags``): loading is not running, but nothing of a
+    variant the CPU lacks should be loaded."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return f"{NATIVE_ENV}=0"
+    return _load(variant(name).name)
+
+
+@functools.cache
+def _load(name: str) -> str | None:
+    v = variant(name)
     try:
         from torch.utils.cpp_extension import load
 
-        digest = _build_digest()
-        folder = cache_root() / "kernels" / f"native-{digest}"
+        digest = _build_digest(v)
+        folder = cache_root() / "kernels" / f"{v.name}-{digest}"
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob("*.so")):
-            logger.info("spec_backend: building the native CPU kernels into %s (once per machine)", folder)
+            logger.info(
+                "spec_backend: building the %s CPU kernels into %s (once per machine)", v.name, folder
+            )
         load(
-            name=f"spec_backend_native_{digest}",
+            name=f"spec_backend_{v.name}_{digest}",
             sources=[str(source) for source in _SOURCES],
             build_directory=str(folder),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=build_flags(v),
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
         )
-    except Exception as exc:  # a missing compiler or ninja: torch's kernels still work
-        return f"{type(exc).__name__}: {exc}".strip()
+    except Exception as exc:  # a missing compiler, ninja or ISA flag: the next variant, or torch's kernels
+        lines = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
     return None
 
 
-def native_op(name: str) -> Callable[..., torch.Tensor] | None:
-    """``torch.ops.spec_backend_native.<name>`` when the kernels are loaded and this CPU has the op."""
-    if native_kernel_error() is not None:
-        return None
+@dataclass(frozen=True)
+class Selection:
+    """The variant the kernels run (``None``: none builds) and why: the cap, a faster variant that did not
+    build (with its error), or that it is the fastest this CPU runs."""
+
+    variant: Variant | None
+    reason: str
+
+
+def selection() -> Selection:
+    """The variant selected now (``isa`` glossary): the first of ``isa.candidates()`` that builds. Reads
+    ``SPEC_BACKEND_ISA`` and ``SPEC_BACKEND_NATIVE`` at every call (cheap: the result is cached per value);
+    an unknown ``SPEC_BACKEND_ISA`` raises a ``ValueError`` naming the allowed values."""
+    return _selection(os.environ.get(ISA_ENV, ""), os.environ.get(NATIVE_ENV, "1"))
+
+
+@functools.cache
+def _selection(cap: str, native: str) -> Selection:
+    del cap  # the cache key: isa.candidates() reads it
+    if native == "0":
+        return Selection(None, f"{NATIVE_ENV}=0")
+    failures: list[tuple[Variant, str]] = []
+    for v in candidates():
+        error = variant_error(v.name)
+        if error is None:
+            return Selection(v, why(v, failures))
+        failures.append((v, error))
+    if not failures:
+        return Selection(None, "no ISA variant under the cap runs on this CPU")
+    return Selection(None, "; ".join(f"{v.name}: {error}" for v, error in failures))
+
+
+def native_kernel_error() -> str | None:
+    """``None`` when a variant of the native kernels is loaded (built on first use), else why none is."""
+    chosen = selection()
+    return None if chosen.variant is not None else chosen.reason
+
+
+def active_variant() -> Variant | None:
+    """The variant native ops come from now (``selection``), ``None`` when none builds."""
+    return selection().variant
+
+
+def native_op(name: str, isa: str | None = None) -> Callable[..., torch.Tensor] | None:
+    """``torch.ops.spec_backend_<variant>.<name>`` of variant ``isa`` (default: the selected one) when it is
+    loaded and defines the op, else ``None``."""
+    if isa is None:
+        v = active_variant()
+        if v is None:
+            return None
+    else:
+        v = variant(isa)
+        if variant_error(v.name) is not None:
+            return None
     try:
-        op: Callable[..., torch.Tensor] = getattr(torch.ops.spec_backend_native, name)
+        op: Callable[..., torch.Tensor] = getattr(getattr(torch.ops, v.namespace), name)
     except (AttributeError, RuntimeError):
         return None
     return op
 
 
-__all__ = ["NATIVE_ENV", "native_kernel_error", "native_op"]
+def required_op(name: str) -> Callable[..., torch.Tensor]:
+    """``native_op(name)``, or a ``RuntimeError`` saying why the native kernels are not loaded."""
+    op = native_op(name)
+    if op is None:
+        raise RuntimeError(
+            f"the native op {name!r} is not available: {native_kernel_error() or 'its variant lacks it'}"
+        )
+    return op
+
+
+__all__ = [
+    "NATIVE_ENV",
+    "Selection",
+    "active_variant",
+    "build_flags",
+    "native_kernel_error",
+    "native_op",
+    "required_op",
+    "selection",
+    "variant_error",
+]

@@ -8,7 +8,7 @@ the residual (``models/eagle3.py``), so the native decoder layer's steps apply w
 2H-wide q/k/v tiles.
 
 Where: ``install_native_eagle3_layers`` replaces the first layer of every ``Eagle3Head`` whose
-projections all run on the VNNI kernel (``speculative_config["quantization"] = "int4"``: drafts only,
+projections all run on the native Q4_1 kernel (``speculative_config["quantization"] = "int4"``: drafts only,
 lossy for the drafts, never for the output) by a ``NativeEagle3Layer``; ``Eagle3Head`` calls it through
 ``FusedFirstLayer``'s interface. Paths as ``native_layer``: ragged inside an engine step (norms, fused
 products, rotary embedding, cache write, row attention, MLP in one call), general elsewhere (the caller's
@@ -34,6 +34,8 @@ from spec_backend.step import RaggedAttentionMetadata
 class NativeEagle3Layer(NativeDecoderLayer, FusedFirstLayer):
     """An EAGLE-3 head's first layer as native calls (module docstring)."""
 
+    OPS = ("eagle3_layer", "eagle3_layer_qkv", "decoder_layer_out")
+
     def __init__(self, layer: Any, norm_before_residual: bool) -> None:
         super().__init__(layer)
         self.register_buffer("hidden_norm", layer.hidden_norm.weight.detach().float().contiguous())  # [H]
@@ -50,18 +52,18 @@ class NativeEagle3Layer(NativeDecoderLayer, FusedFirstLayer):
         position_ids: torch.Tensor,  # [B, Q]
     ) -> torch.Tensor:  # [B, Q, H] the first layer's output
         cos, sin = position_embeddings
-        ops, ragged = torch.ops.spec_backend_native, self._ragged_cache(cache, meta)
+        ops, ragged = self._ops, self._ragged_cache(cache, meta)
         inputs = (embeds, hidden, self.hidden_norm, cos, sin, self._weights)
         if ragged is not None and meta is not None:
-            out: torch.Tensor = ops.eagle3_layer(
+            out: torch.Tensor = ops["eagle3_layer"](
                 *inputs, *ragged, meta.query_lens, meta.kv_lens, *self.shape, self.self_attn.scaling,
                 self.norm_before_residual,
             )  # fmt: skip
             return out
-        query, key, value, residual = ops.eagle3_layer_qkv(*inputs, *self.shape, self.norm_before_residual)
+        query, key, value, residual = ops["eagle3_layer_qkv"](*inputs, *self.shape, self.norm_before_residual)
         kwargs = {"position_ids": position_ids, "spec_attn_metadata": meta}
         attn = self._attend(query, key, value, attention_mask, cache, kwargs)
-        out = ops.decoder_layer_out(residual, attn, self._weights, *self.shape)
+        out = ops["decoder_layer_out"](residual, attn, self._weights, *self.shape)
         return out
 
 

@@ -3,8 +3,8 @@
 Why: at batch 1 a SmolLM2 decode step on the reference machine spent about 11 of its 18 ms in Python —
 transformers' module calls and some twenty small torch ops per layer — against about 7 ms in the
 products. A ``NativeDecoderLayer`` replaces a whole ``LlamaDecoderLayer`` (or ``MistralDecoderLayer``)
-whose seven projections are Q4_1 layers on our VNNI kernel (``int4_linear``), so a layer costs one
-Python call.
+whose seven projections are Q4_1 layers on our native kernel (``int4_linear``), so a layer costs one
+Python call. The ops are those of the ISA variant selected when the layer is built (``isa``).
 
 Glossary:
 
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from spec_backend.cpu.int4_linear import Int4Linear
-from spec_backend.cpu.native import native_op
+from spec_backend.cpu.native import active_variant, native_op, required_op
 from spec_backend.cpu.vocab_projection import replace_modules
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
@@ -66,7 +66,7 @@ class AttentionInfo(nn.Module):
 
 
 def _fuse(linears: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The layers' VNNI tiles, scales and minima concatenated along their output tiles."""
+    """The layers' native tiles, scales and minima concatenated along their output tiles."""
     return (
         torch.cat([m.tiles for m in linears]),  # [sum N/16, G, 256] uint8
         torch.cat([m.tile_scale for m in linears]),  # [sum N/16, G, 16]
@@ -91,8 +91,14 @@ class NativeDecoderLayer(nn.Module):
     """One supported decoder layer as native calls (module glossary); takes and returns what the layer
     it replaces does."""
 
+    #: the native ops it calls, resolved when it is built (``isa``: their ISA variant)
+    OPS: tuple[str, ...] = ("decoder_layer", "decoder_layer_qkv", "decoder_layer_out")
+
     def __init__(self, layer: Any) -> None:
         nn.Module.__init__(self)  # not the replaced class's __init__ (``native_class``)
+        self._ops = {name: required_op(name) for name in self.OPS}
+        variant = active_variant()
+        self.isa = variant.name if variant is not None else ""
         attn, mlp = layer.self_attn, layer.mlp
         head_dim = int(attn.head_dim)
         heads, kv_heads = int(attn.q_proj.out_features) // head_dim, int(attn.k_proj.out_features) // head_dim
@@ -137,7 +143,7 @@ class NativeDecoderLayer(nn.Module):
         meta = kwargs.get("spec_attn_metadata")
         ragged = self._ragged_cache(cache, meta)
         if ragged is not None and isinstance(meta, RaggedAttentionMetadata):
-            out: torch.Tensor = torch.ops.spec_backend_native.decoder_layer(
+            out: torch.Tensor = self._ops["decoder_layer"](
                 hidden_states, cos, sin, self._weights, *ragged, meta.query_lens, meta.kv_lens, *self.shape,
                 self.self_attn.scaling,
             )  # fmt: skip
@@ -167,10 +173,10 @@ class NativeDecoderLayer(nn.Module):
         cache: Any,
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
-        ops = torch.ops.spec_backend_native
-        query, key, value = ops.decoder_layer_qkv(x, cos, sin, self._weights, *self.shape)  # [B, H, Q, D]
+        qkv, finish = self._ops["decoder_layer_qkv"], self._ops["decoder_layer_out"]
+        query, key, value = qkv(x, cos, sin, self._weights, *self.shape)  # [B, H, Q, D]
         attn = self._attend(query, key, value, attention_mask, cache, kwargs)
-        out: torch.Tensor = ops.decoder_layer_out(x, attn, self._weights, *self.shape)
+        out: torch.Tensor = finish(x, attn, self._weights, *self.shape)
         return out
 
     def _attend(
@@ -215,7 +221,7 @@ def native_class(layer_class: type[nn.Module]) -> type[NativeDecoderLayer]:
 
 
 def supported(layer: nn.Module, extra: tuple[str, ...] = ()) -> bool:
-    """Whether ``layer`` is a supported class whose projections all run on the VNNI kernel without bias,
+    """Whether ``layer`` is a supported class whose projections all run on the native kernel without bias,
     with no module beyond the expected ones and the extra norms named in ``extra`` (EAGLE-3's
     ``hidden_norm``), float32 norms of one epsilon, SiLU and a head dim in 16, 32, .. 256."""
     names = SUPPORTED_LAYERS.get(type(layer).__name__)
@@ -236,7 +242,7 @@ def supported(layer: nn.Module, extra: tuple[str, ...] = ()) -> bool:
     for parent, projections in _PROJECTIONS.items():
         for name in projections:
             proj = getattr(children[parent], name, None)
-            if not isinstance(proj, Int4Linear) or proj.kernel != "vnni" or proj.bias is not None:
+            if not isinstance(proj, Int4Linear) or proj.kernel != "native" or proj.bias is not None:
                 return False
     norms = [children["input_layernorm"], children["post_attention_layernorm"], *(children[e] for e in extra)]
     return all(

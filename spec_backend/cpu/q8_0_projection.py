@@ -15,7 +15,7 @@ Glossary:
   and its codes ``w / d``; then checked: every code an integer in [-127, 127], ``d`` an fp16 value, and
   ``d·q`` equal to the weight. Any other head (a float model, another GGUF type) fails the check and
   keeps the float32 projection — nothing is approximated.
-* **kernel** — ``spec_backend_native::q8_0_mm(x [M, K] float32, codes [N, K] int8, scale [N, K/32]
+* **kernel** — ``q8_0_mm(x [M, K] float32, codes [N, K] int8, scale [N, K/32]
   float32) -> [M, N]``: each block is de-quantized once in float32 (``d·q`` is exact there) and dotted
   with up to 8 rows, accumulating in float32 in a fixed order. So the logits equal the float32 model's
   up to summation order (**not lossy**), and every row is computed by the same instructions whatever the
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spec_backend.cpu.int4_linear import PackedLinear
-from spec_backend.cpu.native import native_kernel_error, native_op
+from spec_backend.cpu.native import native_kernel_error, required_op
 from spec_backend.cpu.vocab_projection import output_embedding
 
 logger = logging.getLogger("spec_backend.backends")
@@ -64,11 +64,9 @@ def recover_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
 
 
 def q8_0_mm(rows: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``rows [M, K] float32 @ (scale·codes).T -> [M, N]`` with the native kernel (loaded by the caller)."""
-    op = native_op("q8_0_mm")
-    if op is None:
-        raise RuntimeError(f"the native Q8_0 kernel is not loaded: {native_kernel_error()}")
-    return op(rows, codes, scale)
+    """``rows [M, K] float32 @ (scale·codes).T -> [M, N]`` with the native kernel of the ISA variant selected
+    now (a ``RuntimeError`` says why where none is loaded)."""
+    return required_op("q8_0_mm")(rows, codes, scale)
 
 
 class Q80Projection(PackedLinear):
@@ -84,9 +82,10 @@ class Q80Projection(PackedLinear):
         self.scale: torch.Tensor
         self.register_buffer("codes", codes)  # [V, H] int8
         self.register_buffer("scale", scale)  # [V, H/32] float32
+        self._op = required_op("q8_0_mm")  # the ISA variant selected now
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:  # [M, H] float32 -> [M, V]
-        return q8_0_mm(rows, self.codes, self.scale)
+        return self._op(rows, self.codes, self.scale)
 
 
 def install_q8_0_projection(model: Any) -> bool:

@@ -1,22 +1,23 @@
 """The native row attention kernel (``csrc/attention_rows.cpp``) behind the cpu backend's
 batch-invariant attention: SDPA's values within float32 rounding, every row independent of the other rows
-of the call (prefill, verify and decode give a position the same bits), and clear errors on bad input."""
+of the call (prefill, verify and decode give a position the same bits), and clear errors on bad input — on
+every ISA variant of the kernels this CPU runs (``isa_fixtures``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_fixtures import require_native_kernels
+from isa_fixtures import VARIANTS, use_variant
 
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant, native_attention_rows
 from spec_backend.cpu.native import native_op
 from spec_backend.step import RaggedAttentionMetadata
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native_kernel() -> None:
-    require_native_kernels()
+@pytest.fixture(autouse=True, params=VARIANTS)
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    return use_variant(str(request.param), monkeypatch)
 
 
 HQ, HKV, D = 6, 2, 32

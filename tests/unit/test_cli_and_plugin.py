@@ -16,7 +16,8 @@ from spec_backend.integrations import vllm as vllm_plugin
 
 def test_backends_command_lists_all_with_status_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["backends"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines, details = out.split("\n\n", 1)[0].splitlines(), out.split("\n\n")[1:]
     assert lines[0].split()[:3] == ["backend", "device", "status"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {"ascend", "cpu", "cuda", "reference"}
@@ -27,6 +28,9 @@ def test_backends_command_lists_all_with_status_and_limits(capsys: pytest.Captur
         "128",
     ]
     assert "unavailable:" in rows["cuda"] and "unlimited" in rows["cuda"]
+    cpu = details[0].splitlines()  # the cpu backend's kernels: their ISA variant and why, the fast path
+    assert cpu[0] == "cpu:" and cpu[1].startswith("  kernels: ") and "generic: runs here" in cpu[2]
+    assert cpu[4].startswith("  q4_1 path for a SmolLM2-135M layer, measured now: ")
 
 
 def test_console_script_is_installed() -> None:

@@ -18,6 +18,7 @@ from spec_backend.backends.base import ModelOptions
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.cpu import CpuBackend
 from spec_backend.cpu.attention import is_batch_invariant, mark_batch_invariant
+from spec_backend.cpu.fast_path import PATH_ENV
 from spec_backend.cpu.int4_linear import Int4Linear
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.testing import run_conformance
@@ -78,11 +79,16 @@ def test_the_attention_tier_has_teeth() -> None:
     assert failed and all("Q=1," not in r.name for r in failed)  # decode rows see every key anyway
 
 
-def test_the_reference_prepares_nothing_and_the_cpu_backend_packs(tmp_path: Path) -> None:
+def test_the_reference_prepares_nothing_and_the_cpu_backend_packs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A GGUF Q4_1 model: the reference runs the de-quantized float32 weights as transformers loaded them
-    (its greedy output is transformers' own); the cpu backend packs every decoder linear (lossy, its
-    speculative output still equals its plain output)."""
+    (its greedy output is transformers' own); the cpu backend on its native path (pinned: which path runs
+    is measured, ``test_fast_path.py``) packs every decoder linear (lossy, its speculative output still
+    equals its plain output)."""
     from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv(PATH_ENV, "native")
 
     model_dir = make_q4_1_model(tmp_path / "q4", seed=3)
     reference = LLM(model_dir, backend="reference", speculative_config=NGRAM)

@@ -1,6 +1,7 @@
-"""GGUF Q4_1 layers kept packed (``backends/int4_linear``): exact recovery of the blocks from their
-de-quantized floats, refusal of anything else, the kernel's error against the float32 layer, and the
-engine's guarantee on a prepared model (speculative greedy = plain greedy, token for token)."""
+"""GGUF Q4_1 layers kept packed (``cpu/int4_linear``): exact recovery of the blocks from their
+de-quantized floats, refusal of anything else, each kernel's error against the float32 layer (torch's, and
+ours on every ISA variant this CPU runs), and the engine's guarantee on a prepared model (speculative
+greedy = plain greedy, token for token)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
+from isa_fixtures import VARIANTS, use_variant
 
-from spec_backend.cpu import int4_linear
 from spec_backend.cpu.attention import is_batch_invariant
-from spec_backend.cpu.int4_linear import Int4Linear, install_int4_linears, recover_q4_1, vnni_tiles
-from spec_backend.cpu.native import native_op
+from spec_backend.cpu.fast_path import PATH_ENV
+from spec_backend.cpu.int4_linear import Int4Linear, install_int4_linears, q4_1_tiles, recover_q4_1
+from spec_backend.cpu.native import active_variant
 from spec_backend.engine import LLM
 from spec_backend.testing.fixtures.q4_1 import make_q4_1_model, q4_1_round_trip
 from spec_backend.tools.tiny import make_tiny_model
@@ -43,8 +45,17 @@ def test_anything_else_is_left_alone() -> None:
     assert recover_q4_1(torch.randn(16, 40)) is None  # K not a multiple of 32
 
 
-VNNI = pytest.mark.skipif(native_op("q4_1_q8_mm") is None, reason="needs AVX512-VNNI and the native kernels")
-KERNELS = ["torch", pytest.param("vnni", marks=VNNI)]
+#: torch's kernel, and ours on each ISA variant (an instance skips where this CPU cannot run it)
+KERNELS = ["torch", *VARIANTS]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``"torch"``, or ``"native"`` with the parameter's ISA variant selected."""
+    if request.param == "torch":
+        return "torch"
+    use_variant(str(request.param), monkeypatch)
+    return "native"
 
 
 def _packed(kernel: str, n: int = 64, k: int = 128) -> tuple[torch.nn.Linear, Int4Linear]:
@@ -60,7 +71,7 @@ def _packed(kernel: str, n: int = 64, k: int = 128) -> tuple[torch.nn.Linear, In
 
 def _noise_floor(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """torch: activations, scales and zeros are rounded to bfloat16 (relative 2^-9) and the output too, so
-    an output may differ from float32 by ~2^-8 of the sum of |x_i w_i|; the bound is 2^-7. vnni: each
+    an output may differ from float32 by ~2^-8 of the sum of |x_i w_i|; the bound is 2^-7. native: each
     activation moves by at most half its block's step (block max / 254), so an output moves by at most
     sum over blocks of that times the block's sum of |w_i|, plus float32 accumulation (2^-14 of the sum
     of |x_i w_i|)."""
@@ -71,7 +82,6 @@ def _noise_floor(kernel: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tens
     return steps.repeat_interleave(32, dim=1) @ w.abs().T + magnitude * 2**-14  # [rows, N]
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 64])
 def test_kernel_matches_the_float_layer_within_its_rounding(kernel: str, rows: int) -> None:
     linear, packed = _packed(kernel)
@@ -84,9 +94,8 @@ def test_kernel_matches_the_float_layer_within_its_rounding(kernel: str, rows: i
     assert not torch.equal(got, ref)  # lossy, as documented (a kernel that ignored the rounding would pass)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 def test_rows_do_not_depend_on_the_batch(kernel: str) -> None:
-    """Each row bit-identical alone and in batches of 1..9 (the VNNI kernel's tiles of 4 rows and their
+    """Each row bit-identical alone and in batches of 1..9 (the native kernel's tiles of 4 rows and their
     remainders): what speculative greedy output equal to plain greedy output rests on."""
     _, packed = _packed(kernel)
     x = torch.randn(9, 128, generator=torch.Generator().manual_seed(3))  # [M, K]
@@ -96,9 +105,9 @@ def test_rows_do_not_depend_on_the_batch(kernel: str) -> None:
             assert torch.equal(packed(x[:m]), alone[:m]), m
 
 
-def test_vnni_layout_follows_the_glossary() -> None:
+def test_tile_layout_follows_the_glossary() -> None:
     codes = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
-    tiles = vnni_tiles(codes)  # [N/16, G, 256]
+    tiles = q4_1_tiles(codes)  # [N/16, G, 256]
     assert tiles.shape == (2, 2, 256) and tiles.dtype == torch.uint8
     for t, g, c, j, b in [(0, 0, 0, 0, 0), (1, 1, 3, 15, 3), (0, 1, 2, 7, 1), (1, 0, 1, 9, 2)]:
         byte = int(tiles[t, g, 64 * c + 4 * j + b])
@@ -110,18 +119,17 @@ def test_kernel_choice_is_checked() -> None:
     linear = torch.nn.Linear(64, 8)
     found = recover_q4_1(_q4_1(8, 64))
     assert found is not None
-    with pytest.raises(ValueError, match="kernel must be None, 'torch' or 'vnni', got 'fast'"):
+    with pytest.raises(ValueError, match="kernel must be None, 'native' or 'torch', got 'fast'"):
         Int4Linear(linear, *found, kernel="fast")
-    with pytest.raises(ValueError, match=r"kernel='vnni' needs .* N % 16 == 0 \(N=8\)"):
-        Int4Linear(linear, *found, kernel="vnni")
+    with pytest.raises(ValueError, match=r"kernel='native' needs .* N % 16 == 0 \(N=8\)"):
+        Int4Linear(linear, *found, kernel="native")
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 def test_the_engine_packs_q4_1_models_and_stays_lossless(
     kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if kernel == "torch":  # as on a CPU without AVX512-VNNI
-        monkeypatch.setattr(int4_linear, "native_op", lambda name: None)
+    """Each packed path pinned (``cpu/fast_path``: the measurement would pick one), on each ISA variant."""
+    monkeypatch.setenv(PATH_ENV, "native" if kernel == "native" else "int4-bf16")
     model_dir = make_q4_1_model(tmp_path / "q4", seed=3)
     llm = LLM(
         model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
@@ -129,6 +137,8 @@ def test_the_engine_packs_q4_1_models_and_stays_lossless(
     packed = [m for m in llm.model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
     assert {m.kernel for m in packed} == {kernel}
+    selected = active_variant()
+    assert selected is not None and {m.isa for m in packed} == {selected.name if kernel == "native" else ""}
     check_speculation_is_lossless(llm)
     assert is_batch_invariant(llm.model)  # the attention keeps rows independent of the batch
 

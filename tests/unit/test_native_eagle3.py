@@ -1,6 +1,7 @@
 """EAGLE-3's first draft layer as one native call (``cpu/native_eagle3``): which heads get it, its
 result against transformers' modules on the same packed products, the ragged op against the general
-path bit for bit with rows that never depend on the batch, and the engine's output staying the target's."""
+path bit for bit with rows that never depend on the batch, and the engine's output staying the target's —
+on every ISA variant of the kernels this CPU runs (``isa_fixtures``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread, require_native_kernels  # noqa: F401 - autouse
+from engine_fixtures import GREEDY, PROMPTS, draft_history, one_thread  # noqa: F401 - autouse
+from isa_fixtures import VARIANTS, use_variant
 
+from spec_backend.cpu.fast_path import PATH_ENV
 from spec_backend.cpu.int4_linear import install_int4_linears
 from spec_backend.cpu.native import native_op
 from spec_backend.cpu.native_eagle3 import NativeEagle3Layer, install_native_eagle3_layers
@@ -24,11 +27,11 @@ from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
 WIDE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
-@pytest.fixture(autouse=True)
-def _needs_the_op() -> None:
-    require_native_kernels()
-    if native_op("eagle3_layer") is None:
-        pytest.skip("the native EAGLE-3 layer needs AVX512-VNNI")
+@pytest.fixture(autouse=True, params=VARIANTS)
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on each ISA variant this CPU runs; the engine's packed path pinned to the native one."""
+    monkeypatch.setenv(PATH_ENV, "native")
+    return use_variant(str(request.param), monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,8 @@ def test_ragged_op_equals_the_general_path_and_ignores_the_batch(target_dir: str
     head = _head(target_dir, tmp_path / "h", norm_before_residual=True)
     assert install_native_eagle3_layers(head) == 1
     layer: Any = head.layers[0]
-    ops, shape = torch.ops.spec_backend_native, (*layer.shape, layer.self_attn.scaling, True)
+    names = ("eagle3_layer", "eagle3_layer_qkv", "attention_rows", "decoder_layer_out")
+    ops, shape = {name: native_op(name) for name in names}, (*layer.shape, layer.self_attn.scaling, True)
     gen = torch.Generator().manual_seed(12)
     e, g = torch.randn(2, 3, 64, generator=gen), torch.randn(2, 3, 64, generator=gen)  # [B, Q, H]
     cos, sin = head.rotary_emb(g, torch.tensor([[4, 5, 6], [1, 2, 3]]))  # [B, Q, D]
@@ -105,7 +109,7 @@ def test_ragged_op_equals_the_general_path_and_ignores_the_batch(target_dir: str
 
     def run(b: slice, q_lens: list[int], kv_lens: list[int], kv: torch.Tensor) -> Any:
         lens = (torch.tensor(q_lens), torch.tensor(kv_lens))
-        return ops.eagle3_layer(
+        return ops["eagle3_layer"](
             e[b], g[b], weights[0], cos[b], sin[b], weights[1], kv[0, b], kv[1, b], *lens, *shape
         )
 
@@ -116,19 +120,19 @@ def test_ragged_op_equals_the_general_path_and_ignores_the_batch(target_dir: str
     assert torch.equal(alone_kv, batched_kv) and not torch.equal(batched_kv, cache)
 
     general_kv = cache.clone()
-    q, k, v, residual = ops.eagle3_layer_qkv(e, g, weights[0], cos, sin, weights[1], *shape[:4], True)
+    q, k, v, residual = ops["eagle3_layer_qkv"](e, g, weights[0], cos, sin, weights[1], *shape[:4], True)
     general_kv[0, 0, :, 4:7], general_kv[1, 0, :, 4:7] = k[0], v[0]
     general_kv[0, 1, :, 1:2], general_kv[1, 1, :, 1:2] = k[1, :, :1], v[1, :, :1]
-    attn = ops.attention_rows(
+    attn = ops["attention_rows"](
         q, general_kv[0], general_kv[1], torch.tensor([3, 1]), torch.tensor([7, 2]), shape[4]
     )
-    general = ops.decoder_layer_out(residual, attn, weights[1], *shape[:4])
+    general = ops["decoder_layer_out"](residual, attn, weights[1], *shape[:4])
     assert torch.equal(general[0], batched[0]) and torch.equal(general[1, 0], batched[1, 0])
     assert torch.equal(general_kv, batched_kv)
     with pytest.raises(RuntimeError, match=r"hidden_norm must be contiguous float32 \[64\], got \[32\]"):
-        ops.eagle3_layer_qkv(e, g, weights[0][:32], cos, sin, weights[1], *shape[:4], True)
+        ops["eagle3_layer_qkv"](e, g, weights[0][:32], cos, sin, weights[1], *shape[:4], True)
     with pytest.raises(RuntimeError, match=r"embeds must be float32 \[2, 3, 64\] like hidden"):
-        ops.eagle3_layer_qkv(e[:1], g, weights[0], cos, sin, weights[1], *shape[:4], True)
+        ops["eagle3_layer_qkv"](e[:1], g, weights[0], cos, sin, weights[1], *shape[:4], True)
 
 
 def test_engine_drafts_natively_and_stays_lossless(target_dir: str, tmp_path: Path) -> None:

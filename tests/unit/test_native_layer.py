@@ -1,7 +1,8 @@
 """Whole decoder layers as native calls (``cpu/native_layer``): which layers are replaced and which are
 left alone, the op's rows never depending on the batch or on how a token's row is split between calls
 (what speculative greedy = plain greedy rests on), the ragged path against the general path bit for bit,
-closeness to transformers' layers on the same packed products, and the engine's guarantee."""
+closeness to transformers' layers on the same packed products, and the engine's guarantee — on every ISA
+variant of the kernels this CPU runs (``isa_fixtures``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread, require_native_kernels  # noqa: F401 - autouse
+from engine_fixtures import PROMPTS, check_speculation_is_lossless, one_thread  # noqa: F401 - autouse
+from isa_fixtures import VARIANTS, use_variant
 
+from spec_backend.cpu.fast_path import PATH_ENV
 from spec_backend.cpu.int4_linear import install_int4_linears
 from spec_backend.cpu.native import native_op
 from spec_backend.cpu.native_layer import NativeDecoderLayer, install_native_layers, weight_names
@@ -23,11 +26,17 @@ from spec_backend.tools.tiny import make_tiny_model
 WIDE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
-@pytest.fixture(autouse=True)
-def _needs_the_op() -> None:
-    require_native_kernels()
-    if native_op("decoder_layer") is None:
-        pytest.skip("the native decoder layer needs AVX512-VNNI")
+@pytest.fixture(autouse=True, params=VARIANTS)
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on each ISA variant this CPU runs; the engine's packed path pinned to the native one."""
+    monkeypatch.setenv(PATH_ENV, "native")
+    return use_variant(str(request.param), monkeypatch)
+
+
+def _ops(*names: str) -> list[Any]:
+    ops = [native_op(name) for name in names]
+    assert all(op is not None for op in ops)
+    return ops
 
 
 def _packed(path: Path, arch: str = "llama", **overrides: Any) -> Any:
@@ -74,13 +83,16 @@ def test_rows_do_not_depend_on_the_batch_or_the_split(tmp_path: Path) -> None:
     attention kernel give the ragged op's result bit for bit."""
     model = _packed(tmp_path / "wide")
     layer = NativeDecoderLayer(model.model.layers[0])
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
+    layer_op, qkv_op, out_op, rows_op = _ops(
+        "decoder_layer", "decoder_layer_qkv", "decoder_layer_out", "attention_rows"
+    )
+    shape = (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
     x, cos, sin = _inputs(model, [[5, 6, 7, 8], [2, 3, 4, 5]])
     cache = torch.randn(2, 2, 2, 12, 16, generator=torch.Generator().manual_seed(8))  # k|v, [B, Hkv, C, D]
 
     def run(rows: slice, b: slice, q_lens: list[int], kv_lens: list[int], kv: torch.Tensor) -> torch.Tensor:
         q, k = torch.tensor(q_lens), torch.tensor(kv_lens)
-        return ops.decoder_layer(
+        return layer_op(
             x[b, rows], cos[b, rows], sin[b, rows], layer._weights, kv[0, b], kv[1, b], q, k, *shape
         )
 
@@ -96,12 +108,12 @@ def test_rows_do_not_depend_on_the_batch_or_the_split(tmp_path: Path) -> None:
     assert not torch.equal(batched_kv, cache)  # the keys were written
 
     general_kv = cache.clone()
-    q, k, v = ops.decoder_layer_qkv(x, cos, sin, layer._weights, *shape[:4])  # [B, H, Q, D]
+    q, k, v = qkv_op(x, cos, sin, layer._weights, *shape[:4])  # [B, H, Q, D]
     general_kv[0, 0, :, 5:9], general_kv[1, 0, :, 5:9] = k[0], v[0]
     general_kv[0, 1, :, 2:3], general_kv[1, 1, :, 2:3] = k[1, :, :1], v[1, :, :1]
     lens = (torch.tensor([4, 1]), torch.tensor([9, 3]))
-    attn = ops.attention_rows(q, general_kv[0], general_kv[1], *lens, shape[4])
-    general = ops.decoder_layer_out(x, attn, layer._weights, *shape[:4])
+    attn = rows_op(q, general_kv[0], general_kv[1], *lens, shape[4])
+    general = out_op(x, attn, layer._weights, *shape[:4])
     assert torch.equal(general[0], batched[0]) and torch.equal(general[1, 0], batched[1, 0])
     assert torch.equal(general_kv, batched_kv)
 
@@ -132,13 +144,13 @@ def test_op_refuses_bad_inputs(tmp_path: Path) -> None:
     layer = NativeDecoderLayer(model.model.layers[0])
     x, cos, sin = _inputs(model, [[0, 1]])
     kv, lens = torch.zeros(2, 1, 2, 4, 16), (torch.tensor([2]), torch.tensor([2]))
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], 0.25)
+    (op,), shape = _ops("decoder_layer"), (4, 2, 16, layer.shape[3], 0.25)
     with pytest.raises(RuntimeError, match="decoder layer needs 14 weight tensors, got 13"):
-        ops.decoder_layer(x, cos, sin, layer._weights[:13], kv[0], kv[1], *lens, *shape)
+        op(x, cos, sin, layer._weights[:13], kv[0], kv[1], *lens, *shape)
     with pytest.raises(RuntimeError, match="q_len 2, kv_len 5 do not fit"):
-        ops.decoder_layer(x, cos, sin, layer._weights, kv[0], kv[1], lens[0], torch.tensor([5]), *shape)
+        op(x, cos, sin, layer._weights, kv[0], kv[1], lens[0], torch.tensor([5]), *shape)
     with pytest.raises(RuntimeError, match="weight shapes do not match hidden 64"):
-        ops.decoder_layer(x, cos, sin, layer._weights, kv[0], kv[1], *lens, 2, 2, 16, layer.shape[3], 0.25)
+        op(x, cos, sin, layer._weights, kv[0], kv[1], *lens, 2, 2, 16, layer.shape[3], 0.25)
 
 
 def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -166,10 +178,11 @@ def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[i
     return [o.tolist() for o in outs]
 
 
-def test_the_engine_runs_native_layers_and_stays_lossless(tmp_path: Path) -> None:
+def test_the_engine_runs_native_layers_and_stays_lossless(tmp_path: Path, isa: str) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE), speculative_config=spec)
     assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
+    assert {layer.isa for layer in llm.model.model.layers} == {isa}
     speculative = check_speculation_is_lossless(llm)
     assert _rows_reference(llm.model, PROMPTS, 16) == speculative  # the general path agrees
 
@@ -200,13 +213,13 @@ def test_a_prefill_split_across_threads_equals_decoding_row_by_row(tmp_path: Pat
     torch.set_num_threads(2)
     model = _packed(tmp_path / "wide")
     layer = NativeDecoderLayer(model.model.layers[0])
-    ops, shape = torch.ops.spec_backend_native, (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
+    (op,), shape = _ops("decoder_layer"), (4, 2, 16, layer.shape[3], layer.self_attn.scaling)
     x, cos, sin = _inputs(model, [list(range(40))])
     prefill_kv, split_kv = torch.zeros(2, 1, 2, 48, 16), torch.zeros(2, 1, 2, 48, 16)  # k|v [1, Hkv, C, D]
     lens = (torch.tensor([40]), torch.tensor([40]))
-    prefill = ops.decoder_layer(x, cos, sin, layer._weights, prefill_kv[0], prefill_kv[1], *lens, *shape)
+    prefill = op(x, cos, sin, layer._weights, prefill_kv[0], prefill_kv[1], *lens, *shape)
     for i in range(40):
-        row = ops.decoder_layer(
+        row = op(
             x[:, i : i + 1], cos[:, i : i + 1], sin[:, i : i + 1], layer._weights, split_kv[0], split_kv[1],
             torch.tensor([1]), torch.tensor([i + 1]), *shape,
         )  # fmt: skip

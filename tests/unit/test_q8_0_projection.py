@@ -1,6 +1,7 @@
-"""The LM head from GGUF Q8_0 blocks (``backends/q8_0_projection``): exact recovery of the blocks, refusal
+"""The LM head from GGUF Q8_0 blocks (``cpu/q8_0_projection``): exact recovery of the blocks, refusal
 of anything else, the native kernel against a float64 product (not lossy), rows independent of the batch,
-clear errors on bad inputs, and the engine's guarantee on a model prepared with it."""
+clear errors on bad inputs, and the engine's guarantee on a model prepared with it — the kernel's tests on
+every ISA variant this CPU runs (``isa_fixtures``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_fixtures import PROMPTS, one_thread, require_native_kernels  # noqa: F401 - autouse
+from isa_fixtures import VARIANTS, use_variant
 
 from spec_backend.cpu import q8_0_projection as q8
 from spec_backend.cpu.vocab_projection import TallSkinnyProjection
@@ -20,6 +22,12 @@ from spec_backend.testing.fixtures.q8_0 import make_q8_0_head_model, q8_0_round_
 @pytest.fixture(scope="module", autouse=True)
 def native_kernel() -> None:
     require_native_kernels()
+
+
+@pytest.fixture(params=VARIANTS)
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ISA variant of this instance's kernel (``isa_fixtures``)."""
+    return use_variant(str(request.param), monkeypatch)
 
 
 def _q8_0(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -46,7 +54,7 @@ def test_anything_else_is_left_alone() -> None:
     assert q8.recover_q8_0(_q8_0(16, 64) * 1.001) is None  # scales that are not fp16 values
 
 
-def test_kernel_equals_the_float_product_up_to_summation_order() -> None:
+def test_kernel_equals_the_float_product_up_to_summation_order(isa: str) -> None:
     """Noise floor: float32 accumulation of K = 576 products, |error| <= K·2^-24 of sum |x_i w_i| (2^-14.8);
     the bound is 2^-14. Negative control: activations rounded to bfloat16 (torch's packed kernels) break
     it, so the bound tells an exact kernel from a lossy one."""
@@ -60,7 +68,7 @@ def test_kernel_equals_the_float_product_up_to_summation_order() -> None:
     assert not ((lossy - ref).abs() <= bound).all()
 
 
-def test_rows_do_not_depend_on_the_batch() -> None:
+def test_rows_do_not_depend_on_the_batch(isa: str) -> None:
     """Rows are bit-identical alone and in batches of 1..19 (tiles of 8 and their remainders)."""
     codes, scale = q8.recover_q8_0(_q8_0(100, 64, seed=3)) or pytest.fail("not Q8_0")
     x = torch.randn(19, 64, generator=torch.Generator().manual_seed(4))  # [M, K]
@@ -69,7 +77,7 @@ def test_rows_do_not_depend_on_the_batch() -> None:
         assert torch.equal(q8.q8_0_mm(x[:m].contiguous(), codes, scale), alone[:m]), m
 
 
-def test_kernel_refuses_bad_inputs() -> None:
+def test_kernel_refuses_bad_inputs(isa: str) -> None:
     codes, scale = q8.recover_q8_0(_q8_0(8, 64)) or pytest.fail("not Q8_0")
     with pytest.raises(RuntimeError, match="x must be a contiguous float32"):
         q8.q8_0_mm(torch.zeros(2, 64, dtype=torch.float64), codes, scale)
@@ -96,7 +104,7 @@ def test_a_tied_head_stays_tied() -> None:
     assert isinstance(head, q8.Q80Projection) and head.weight is model.get_input_embeddings().weight
 
 
-def test_the_engine_runs_a_q8_0_head_and_stays_lossless(tmp_path: Path) -> None:
+def test_the_engine_runs_a_q8_0_head_and_stays_lossless(tmp_path: Path, isa: str) -> None:
     from transformers import AutoModelForCausalLM
 
     model_dir = make_q8_0_head_model(tmp_path / "q8", seed=5)

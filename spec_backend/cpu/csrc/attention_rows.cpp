@@ -1,11 +1,12 @@
-// Causal attention computed row by row, for the reference backend's batch-invariant attention
-// (spec_backend/backends/attention.py): each query row's output depends only on that row and the keys
+// Causal attention computed row by row, for the cpu backend's batch-invariant attention
+// (spec_backend/cpu/attention.py): each query row's output depends only on that row and the keys
 // and values it sees, computed in one fixed order, never on how many other rows the call holds. A
 // token verified among drafts, decoded alone or prefilled with its prompt gets the same output.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "isa.h"
 #include "native_ops.h"
 #include "vec16.h"
 
@@ -112,7 +113,7 @@ at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const 
 
 }  // namespace spec_backend_native
 
-TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
+TORCH_LIBRARY_FRAGMENT(SPEC_OPS, m) {
   m.def("attention_rows(Tensor query, Tensor key, Tensor value, Tensor q_lens, Tensor kv_lens, float scale) -> Tensor",
         &spec_backend_native::attention_rows);
 }

@@ -1,5 +1,5 @@
-// A whole Llama-shaped decoder layer in one native call, for GGUF Q4_1 models on the reference backend
-// (spec_backend/backends/native_layer.py has the glossary and the weight list): RMS norm, the fused
+// A whole Llama-shaped decoder layer in one native call, for GGUF Q4_1 models on the cpu backend
+// (spec_backend/cpu/native_layer.py has the glossary and the weight list): RMS norm, the fused
 // q/k/v product, rotary embedding, the KV cache write, row attention, the output product and residual,
 // RMS norm, the fused gate/up product, SiLU-gated product, the down product and residual. Every step
 // computes each row on its own in a fixed order, so a row's result does not depend on the batch.
@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "isa.h"
 #include "native_ops.h"
 #include "vec16.h"
 
@@ -16,8 +17,6 @@
 #include <tuple>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-
 namespace {
 
 using spec_backend_native::exp16;
@@ -26,7 +25,7 @@ using spec_backend_native::sum16;
 using spec_backend_native::v16f;
 
 // weights: input norm [H]; q|k|v tiles, scales, minima; o tiles, scales, minima; post-attention norm [H];
-// gate|up tiles, scales, minima; down tiles, scales, minima (Q4_1 VNNI layout, see int4_linear.py).
+// gate|up tiles, scales, minima; down tiles, scales, minima (Q4_1 tile layout, see int4_linear.py).
 constexpr size_t kWeights = 14;
 constexpr size_t kNorm1 = 0, kQkv = 1, kOut = 4, kNorm2 = 7, kGateUp = 8, kDown = 11;
 
@@ -211,7 +210,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& cos, const at::T
   return attend_and_finish(x, q, k, v, keys, values, q_lens, kv_lens, layer, scale);
 }
 
-// EAGLE-3's first draft layer (spec_backend/backends/native_eagle3.py): attention reads
+// EAGLE-3's first draft layer (spec_backend/cpu/native_eagle3.py): attention reads
 // [input_norm(embeds) | hidden_norm(hidden)] [B * Q, 2H]; the residual is hidden, or its norm when
 // norm_before_residual. Same weight list as a decoder layer, the q|k|v tiles being 2H wide.
 std::tuple<at::Tensor, at::Tensor> eagle3_rows(const at::Tensor& embeds, const at::Tensor& hidden,
@@ -258,7 +257,7 @@ at::Tensor eagle3_layer(const at::Tensor& embeds, const at::Tensor& hidden, cons
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
+TORCH_LIBRARY_FRAGMENT(SPEC_OPS, m) {
   m.def("decoder_layer_qkv(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, int heads, int kv_heads, "
         "int head_dim, float eps) -> (Tensor, Tensor, Tensor)",
         &decoder_layer_qkv);
@@ -277,4 +276,3 @@ TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
         "int head_dim, float eps, float scale, bool norm_before_residual) -> Tensor",
         &eagle3_layer);
 }
-#endif  // AVX512-VNNI: the layer runs the Q4_1 VNNI kernel; without it the op is not defined

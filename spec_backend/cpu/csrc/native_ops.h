@@ -1,11 +1,12 @@
-// Native ops that other native kernels call directly (one shared library: no dispatcher, no Python).
+// Native ops that other native kernels call directly (one shared library per ISA variant: no dispatcher,
+// no Python).
 #pragma once
 
 #include <ATen/ATen.h>
 
 namespace spec_backend_native {
 
-// GGUF Q4_1 weights in the VNNI tile layout times float32 rows [M, K] (q4_1_vnni.cpp; AVX512-VNNI only).
+// GGUF Q4_1 weights in the tile layout times float32 rows [M, K] (q4_1_mm.cpp; every ISA variant).
 at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                       const at::Tensor& low);
 

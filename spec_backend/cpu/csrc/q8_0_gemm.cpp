@@ -1,11 +1,12 @@
 // Few-row products with GGUF Q8_0 weights kept packed (int8 codes, one float32 scale per 32 weights) and
-// float32 activations; the glossary and the layout are in spec_backend/backends/q8_0_projection.py.
+// float32 activations; the glossary and the layout are in spec_backend/cpu/q8_0_projection.py.
 // Each output element is computed by the same instruction sequence whatever the number of rows (every
 // row runs the same unrolled body), so a row's result does not depend on the batch it is computed in.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "isa.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -127,6 +128,6 @@ at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(spec_backend_native, m) {
+TORCH_LIBRARY_FRAGMENT(SPEC_OPS, m) {
   m.def("q8_0_mm(Tensor x, Tensor codes, Tensor scale) -> Tensor", &q8_0_mm);
 }
