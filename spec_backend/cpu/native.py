@@ -61,21 +61,23 @@ def variant_error(name: str) -> str | None:
     return _load(variant(name).name)
 
 
+def build_folder(v: Variant) -> Path:
+    """Where variant ``v`` is built: ``<cache root>/kernels/<variant>-<digest>``."""
+    return cache_root() / "kernels" / f"{v.name}-{_build_digest(v)}"
+
+
 @functools.cache
 def _load(name: str) -> str | None:
     v = variant(name)
     try:
         from torch.utils.cpp_extension import load
 
-        digest = _build_digest(v)
-        folder = cache_root() / "kernels" / f"{v.name}-{digest}"
+        folder = build_folder(v)
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob("*.so")):
-            logger.info(
-                "spec_backend: building the %s CPU kernels into %s (once per machine)", v.name, folder
-            )
+            logger.info("spec_backend: building the %s CPU kernels in %s (once per machine)", v.name, folder)
         load(
-            name=f"spec_backend_{v.name}_{digest}",
+            name=f"spec_backend_{v.name}_{folder.name.rsplit('-', 1)[-1]}",
             sources=[str(source) for source in _SOURCES],
             build_directory=str(folder),
             extra_cflags=build_flags(v),
@@ -84,9 +86,15 @@ def _load(name: str) -> str | None:
             verbose=False,
         )
     except Exception as exc:  # a missing compiler, ninja or ISA flag: the next variant, or torch's kernels
-        lines = f"{type(exc).__name__}: {exc}".strip().splitlines()
-        return lines[0] if lines else type(exc).__name__
+        return _first_lines(exc)
     return None
+
+
+def _first_lines(exc: Exception) -> str:
+    """An exception's first line, and the compiler's first error where it quotes one."""
+    lines = [line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    error = next((line for line in lines[1:] if "error" in line.lower()), None)
+    return lines[0] + (f" ({error})" if error else "")
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,7 @@ __all__ = [
     "Selection",
     "active_variant",
     "build_flags",
+    "build_folder",
     "native_kernel_error",
     "native_op",
     "required_op",

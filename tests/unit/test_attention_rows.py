@@ -113,3 +113,19 @@ def test_rows_match_a_float64_softmax(n: int) -> None:
     weights = torch.softmax((q.double() @ k[:, :, :n].double().transpose(-1, -2)) * 0.125, -1)  # [1, 1, 1, n]
     ref = (weights @ v[:, :, :n].double())[0, 0, 0]  # [D]
     assert float((out.double() - ref).abs().max()) <= 4e-6 * float(ref.abs().max())
+
+
+def test_key_and_value_of_different_layouts_are_accepted() -> None:
+    """Key and value of one decode row as a layer computes them without a cache (the fast-path
+    measurement): the key a new tensor out of the rotary embedding, the value a transposed view of its
+    projection. Their strides differ only on dims of size 1, which are only indexed at 0: accepted, the
+    contiguous inputs' result bit for bit. Layouts that differ on a longer dim are refused."""
+    q, k, v = _qkv(1, 1)  # [1, H, 1, D]
+    value_view = v.clone().as_strided(v.shape, (HKV * D, D, HKV * D, 1))  # as [1, 1, Hkv, D] transposed
+    assert value_view.stride() != k.stride()
+    assert torch.equal(_rows(q, k, value_view, [1], [1]), _rows(q, k, v, [1], [1]))
+    q, k, v = _qkv(2, 4)
+    op = native_op("attention_rows")
+    assert op is not None
+    with pytest.raises(RuntimeError, match=r"key and value must share strides \(on dims longer than 1\)"):
+        op(q, k, v.transpose(1, 2).contiguous().transpose(1, 2), torch.tensor([2]), torch.tensor([4]), 0.1)

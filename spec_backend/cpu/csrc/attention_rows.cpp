@@ -65,6 +65,14 @@ void attend(const float* q, const float* k, const float* v, int64_t k_stride, in
   }
 }
 
+// Whether two tensors of one shape index alike: equal strides on every dim longer than 1 (a dim of size 1
+// is only ever indexed at 0, so its stride does not matter: a fresh key beside a transposed value).
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  for (int64_t i = 0; i < a.dim(); ++i)
+    if (a.size(i) > 1 && a.stride(i) != b.stride(i)) return false;
+  return true;
+}
+
 }  // namespace
 
 namespace spec_backend_native {
@@ -83,7 +91,8 @@ at::Tensor attention_rows(const at::Tensor& query, const at::Tensor& key, const 
   TORCH_CHECK(d % 16 == 0 && d <= 256, "head dim must be a multiple of 16 up to 256, got ", d);
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == b_size && key.size(3) == d && hq % hkv == 0,
               "key/value ", key.sizes(), " do not match query ", query.sizes());
-  TORCH_CHECK(key.strides() == value.strides(), "key and value must share strides");
+  TORCH_CHECK(same_layout(key, value), "key and value must share strides (on dims longer than 1), got ",
+              key.strides(), " and ", value.strides());
   auto ql = q_lens.to(at::kLong).contiguous(), kl = kv_lens.to(at::kLong).contiguous();
   TORCH_CHECK(ql.numel() == b_size && kl.numel() == b_size, "q_lens and kv_lens need one entry per request");
   const int64_t* qlp = ql.data_ptr<int64_t>();
