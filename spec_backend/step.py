@@ -82,6 +82,11 @@ class StepBatch:
         return max(self.query_lens_host)
 
     @property
+    def query_start_loc_host(self) -> list[int]:
+        """``query_start_loc`` on the host, from ``query_lens_host`` (no device read): ``[B+1]``."""
+        return list(itertools.accumulate(self.query_lens_host, initial=0))
+
+    @property
     def last_token_index(self) -> torch.Tensor:
         """``[B]`` flat index of each request's last query token."""
         return self.query_start_loc[1:] - 1

@@ -26,6 +26,7 @@ from typing import Any
 
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.request import Request
+from spec_backend.engine.sampling_state import SamplingState
 from spec_backend.engine.stepper import Stepper
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
@@ -68,6 +69,8 @@ class EngineCore:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.pending = PendingDrafts()
+        self.sampling_state = SamplingState(slots.capacity, runner.cache.layout.device)
+        slots.join(self.sampling_state)
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
         self.num_steps = 0
         self.stepper = Stepper(self)
@@ -124,7 +127,7 @@ class EngineCore:
 
     def _admit(self, requests: list[Request]) -> None:
         for request in requests:
-            self.slots.add()
+            self.sampling_state.admit(self.slots.add(), request)
             self.running.append(request)
             if self.drafter is not None:
                 try:

@@ -13,7 +13,7 @@ from spec_backend.engine.params_check import (
     refuse_unknown,
 )
 from spec_backend.metrics import SpecDecodingStats
-from spec_backend.sampling.metadata import check_seed
+from spec_backend.sampling.sampling_metadata import check_seed
 
 FinishReason = Literal["stop", "length", "error"]
 

@@ -37,12 +37,14 @@ class PendingDrafts:
     def store(
         self, requests: Sequence[Request], out: DraftOutput, budgets: Sequence[int], vocab_size: int
     ) -> None:
-        """Keep ``out``'s drafts; a count is cut at its budget and at the first id outside [0, V)."""
+        """Keep ``out``'s drafts; a count is cut at its budget. From the first id outside [0, V) on, ids
+        become placeholders on the device (no read back): the sampler ends that request's drafts there,
+        as if the count had been cut, and the step counts only the valid ones (``valid_drafts``)."""
         ids = out.token_ids  # [B, K]
-        valid = (ids >= 0) & (ids < vocab_size)  # [B, K]
-        prefix = torch.cumprod(valid.to(torch.int64), dim=1).sum(dim=1).tolist()  # [B] valid prefix lengths
+        valid = torch.cumprod(((ids >= 0) & (ids < vocab_size)).to(torch.int64), dim=1).bool()  # [B, K]
+        ids = torch.where(valid, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID))  # [B, K]
         for b, request in enumerate(requests):
-            count = min(out.num_draft_tokens[b], budgets[b], int(prefix[b]))
+            count = min(out.num_draft_tokens[b], budgets[b])
             probs = out.draft_probs[b] if out.draft_probs is not None else None
             self._drafts[request.request_id] = _Drafts(ids[b], max(0, count), probs)
 
@@ -84,4 +86,11 @@ class PendingDrafts:
         return DecodeInputs(tokens, counts, probs)
 
 
-__all__ = ["DecodeInputs", "PendingDrafts"]
+def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64
+    """Each request's drafts before its first placeholder, from the query tokens ``[B, 1 + K]`` (the
+    last token, then the drafts)."""
+    drafts = tokens[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, K]
+    return torch.cumprod(drafts.to(torch.int64), dim=1).sum(dim=1)
+
+
+__all__ = ["DecodeInputs", "PendingDrafts", "valid_drafts"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
-from spec_backend.engine.pending import DecodeInputs
+from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
@@ -21,6 +21,7 @@ from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts
+    from spec_backend.engine.sampling_state import SamplingState
     from spec_backend.engine.verify import Verifier
     from spec_backend.metrics import SpecDecodingMetrics
     from spec_backend.proposers.contract import Drafter
@@ -38,6 +39,7 @@ class StepEngine(Protocol):
     verifier: Verifier
     drafter: Drafter | None
     pending: PendingDrafts
+    sampling_state: SamplingState
     captured: CapturedDecode | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
@@ -60,6 +62,7 @@ class _Result:
     batch: StepBatch
     target: TargetOutput
     emitted: list[list[int]]  # per request: accepted drafts, then the recovered or bonus token
+    drafted: list[int]  # per request: drafts verified (those before its first placeholder)
 
 
 def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
@@ -111,7 +114,7 @@ class Stepper:
                 one = DecodeInputs(inputs.tokens[i : i + 1], inputs.counts[i : i + 1], probs)
                 self._group(start + i, [request], one, last_only)
             return
-        self._accept(start, requests, result, inputs.counts, last_only)
+        self._accept(start, requests, result, last_only)
 
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
@@ -139,12 +142,15 @@ class Stepper:
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
             flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
-        emitted = engine.verifier(batch, requests, target.logits, flat_probs, last_only)
-        return _Result(batch, target, emitted)
+        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
+        sampling = engine.sampling_state.metadata(start, positions)  # the first draft's position: RNG counter
+        valid = None if last_only else valid_drafts(inputs.tokens)  # [B]
+        emitted, drafted = engine.verifier(
+            batch, requests, target.logits, sampling, flat_probs, last_only, valid
+        )
+        return _Result(batch, target, emitted, drafted)
 
-    def _accept(
-        self, start: int, requests: list[Request], result: _Result, counts: list[int], last_only: bool
-    ) -> None:
+    def _accept(self, start: int, requests: list[Request], result: _Result, last_only: bool) -> None:
         engine = self.engine
         kept_all: list[list[int]] = []
         drafted, accepted = [], []
@@ -153,8 +159,8 @@ class Stepper:
             if not request.finished:
                 try:
                     if not last_only:
-                        request.record_verification(counts[i], len(tokens) - 1)
-                        drafted.append(counts[i])
+                        request.record_verification(result.drafted[i], len(tokens) - 1)
+                        drafted.append(result.drafted[i])
                         accepted.append(len(tokens) - 1)
                     kept = request.append_tokens(tokens, engine.tokenizer, engine.max_model_len)
                     # the cache holds every token but the newest (the next step's first input)

@@ -15,6 +15,7 @@ from spec_backend.backends.base import Backend
 from spec_backend.config.verify_plan import VerifyPlan
 from spec_backend.engine.logits import RowHistory, process_logits
 from spec_backend.engine.request import Request
+from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.step import StepBatch
 
 
@@ -49,16 +50,21 @@ class Verifier:
         batch: StepBatch,
         requests: Sequence[Request],
         logits: torch.Tensor,
+        sampling: SamplingMetadata,
         draft_probs: torch.Tensor | None = None,
         last_only: bool = False,
-    ) -> list[list[int]]:
+        valid_drafts: torch.Tensor | None = None,
+    ) -> tuple[list[list[int]], list[int]]:
         """Verify the drafts of ``batch`` (its ``SpecDecodeMetadata`` view) against ``logits``.
 
         ``logits``: ``[N, V]`` (every query row), or ``[B, V]`` with ``last_only`` (a prefill: no drafts).
-        ``draft_probs``: ``[T, V]`` the probabilities the drafts were sampled from (``None``: point masses).
-        Returns, per request, its accepted drafts followed by the recovered or bonus token.
+        ``sampling``: the requests' parameters (``SamplingState.metadata``). ``draft_probs``: ``[T, V]`` the
+        probabilities the drafts were sampled from (``None``: point masses). ``valid_drafts`` [B]: each
+        request's drafts before its first placeholder (device; ``None``: no drafts).
+        Returns, per request, its accepted drafts followed by the recovered or bonus token, and its valid
+        draft count; both reach the host in the step's one device-to-host copy.
         """
-        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID, SamplingMetadata
+        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID
 
         metadata = batch.spec_decode_metadata(last_only)
         if any(r.params.processes_logits for r in requests):
@@ -70,14 +76,10 @@ class Verifier:
                 [r.min_tokens_stop_ids for r in requests],
                 RowHistory.of(batch.query_lens_host, batch_drafts(batch), last_only),
             )
-        sampling = SamplingMetadata.from_lists(
-            temperature=[r.params.temperature for r in requests],
-            top_k=[r.params.top_k for r in requests],
-            top_p=[r.params.top_p for r in requests],
-            seeds=[r.seed for r in requests],
-            positions=[r.num_tokens for r in requests],  # absolute position of each first draft token
-            device=logits.device,
-        )
         out = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max_K + 1] int32
-        rows: list[list[int]] = out.cpu().tolist()
-        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+        if valid_drafts is None:
+            valid_drafts = torch.zeros(out.shape[0], dtype=out.dtype, device=out.device)  # [B]
+        packed = torch.cat([out, valid_drafts.to(out.dtype)[:, None]], dim=1)  # [B, max_K + 2]
+        rows: list[list[int]] = packed.tolist()  # the step's one device-to-host copy
+        emitted = [[t for t in row[:-1] if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+        return emitted, [row[-1] for row in rows]

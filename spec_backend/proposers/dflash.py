@@ -37,7 +37,7 @@ class DFlashDrafter(HeadCacheDrafter):
 
     def _context(self, inputs: DraftInputs, features: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """This step's committed rows' features ``[B, C, F]`` and their counts."""
-        loc = inputs.batch.query_start_loc.tolist()
+        loc = inputs.batch.query_start_loc_host
         accepted = inputs.accepted
         lens = [
             loc[b + 1] - loc[b] if accepted.is_prefill else accepted.num_accepted[b] + 1

@@ -113,7 +113,7 @@ class EagleDrafter(HeadCacheDrafter):
         """This step's committed rows: tokens ``[B, M]`` (each row's next token), hidden ``[B, M, H]``,
         counts."""
         batch = inputs.batch
-        loc = batch.query_start_loc.tolist()
+        loc = batch.query_start_loc_host
         rows: list[tuple[torch.Tensor, list[int]]] = []
         for b in range(len(inputs.requests)):
             kept = inputs.accepted.new_token_ids[b]

@@ -63,7 +63,7 @@ class HiddenStatesExtractor(Drafter):
         aux = inputs.target.aux  # [N, n, H]
         if aux is None:
             raise RuntimeError("the target returned no auxiliary hidden states for extract_hidden_states")
-        loc = inputs.batch.query_start_loc.tolist()
+        loc = inputs.batch.query_start_loc_host
         for b, request in enumerate(inputs.requests):
             record = self._records.setdefault(request.request_id, _Record())
             first = loc[b]

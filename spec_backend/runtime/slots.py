@@ -19,6 +19,13 @@ class SlotTable:
         self.target = target
         self.caches: tuple[SlotCache, ...] = (target, *drafter_caches)
 
+    def join(self, cache: SlotCache) -> None:
+        """Keep ``cache`` in step with the others from now on (the engine's per-slot state); only while
+        no slot is live, so every cache starts from the same slots."""
+        if self.num_slots or cache.num_slots:
+            raise RuntimeError(f"a cache joins the slot table only while empty ({self.num_slots} live slots)")
+        self.caches = (*self.caches, cache)
+
     @property
     def num_slots(self) -> int:
         """Live slots (the target's count; ``consistent`` checks the others agree)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from spec_backend.config.fly import FlyConfig
 from spec_backend.sampling.errors import SamplerInputError
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output, parse_output
 from spec_backend.sampling.sampler import METHODS, RejectionSampler
+from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 __all__ = [
     "METHODS",

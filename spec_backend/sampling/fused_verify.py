@@ -15,8 +15,9 @@ from typing import cast
 
 import torch
 
-from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.ops import FusedVerifyOps, SamplerOps
+from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.verify_rules import VerifyRule
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,10 @@ from spec_backend.sampling.fly import fly_rescues
 from spec_backend.sampling.fused_verify import fused_output
 from spec_backend.sampling.grouping import merge_outputs, split_batch
 from spec_backend.sampling.layout import VerifyStep
-from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
+from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
 from spec_backend.sampling.output import build_output
+from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
 from spec_backend.sampling.validation import check_inputs, check_values

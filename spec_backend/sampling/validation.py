@@ -17,7 +17,8 @@ from spec_backend.sampling.errors import SamplerInputError
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS
 
 if TYPE_CHECKING:
-    from spec_backend.sampling.metadata import SamplingMetadata, SpecDecodeMetadata
+    from spec_backend.sampling.metadata import SpecDecodeMetadata
+    from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 
 def check_inputs(
