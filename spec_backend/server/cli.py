@@ -60,8 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from spec_backend.server.app import build_app
-    from spec_backend.server.state import Server
     from spec_backend.server.loop import AsyncEngine
+    from spec_backend.server.state import Server
     from spec_backend.tools.cli import build_llm
     from spec_backend.tools.errors import CliError, fail
 
