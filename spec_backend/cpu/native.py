@@ -11,8 +11,11 @@ which needs ``ninja``; about 15 s per variant) into ``<cache root>/kernels/<vari
 digest covering the sources, the flags and torch's version, and registered as
 ``torch.ops.spec_backend_<variant>.*`` (``isa``: which variants exist, which this CPU runs, the
 ``SPEC_BACKEND_ISA`` cap). Only the selected variant is built, on first use; one that does not build
-falls back to the next, and the reason is kept (``selection()``). ``SPEC_BACKEND_NATIVE=0`` (read once
-per process) skips them all: the callers keep torch's kernels and log why.
+falls back to the next, and the reason is kept (``selection()``). ``SPEC_BACKEND_NATIVE=0`` skips them
+all: the callers keep torch's kernels and log why. Modules that call native ops (``Int4Linear``,
+``NativeDecoderLayer``, ``Q80Projection``) bind the selected variant's ops when they are built; the
+row attention function looks its op up at each call. An ARM variant slots in as a row of
+``isa.VARIANTS`` and a ``csrc/q4_1_<isa>.h`` tile.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from spec_backend.cpu.isa import ISA_ENV, Variant, candidates, variant, why
+from spec_backend.cpu.isa import ISA_ENV, Variant, candidates, missing_flags, variant, why
 from spec_backend.paths import cache_root
 
 logger = logging.getLogger("spec_backend.backends")
@@ -53,12 +56,14 @@ def _build_digest(v: Variant) -> str:
 
 
 def variant_error(name: str) -> str | None:
-    """``None`` once variant ``name`` is loaded (built on first use, once per process), else why not. The
-    caller checks that this CPU runs it (``isa.missing_flags``): loading is not running, but nothing of a
-    variant the CPU lacks should be loaded."""
+    """``None`` once variant ``name`` is loaded (built on first use, once per process), else why not;
+    nothing of a variant this CPU cannot run is built or loaded."""
     if os.environ.get(NATIVE_ENV, "1") == "0":
         return f"{NATIVE_ENV}=0"
-    return _load(variant(name).name)
+    lacks = missing_flags(variant(name))
+    if lacks:
+        return f"this CPU lacks {', '.join(lacks)}"
+    return _load(name)
 
 
 def build_folder(v: Variant) -> Path:

@@ -143,8 +143,9 @@ def test_the_q4_1_product_gives_the_same_bits_on_every_variant(monkeypatch: pyte
 
 @pytest.mark.skipif(not X86, reason="an x86 variant")
 def test_the_avx_vnni_variant_compiles(tmp_path: Path) -> None:
-    """The AVX-VNNI tile (``csrc/q4_1_avx256.h``) compiles with its flags, also where this CPU cannot run
-    it (there its kernel tests skip); a compiler without ``-mavxvnni`` (GCC < 11) is the only skip."""
+    """Every source compiles as the AVX-VNNI variant (its Q4_1 tile in ``csrc/q4_1_avx256.h``, its 256-bit
+    vectors), also where this CPU cannot run it (there its kernel tests skip); a compiler without
+    ``-mavxvnni`` (GCC < 11) is the only skip."""
     from torch.utils.cpp_extension import get_cxx_compiler, include_paths
 
     compiler = shutil.which(get_cxx_compiler())
@@ -155,21 +156,25 @@ def test_the_avx_vnni_variant_compiles(tmp_path: Path) -> None:
     )
     if probe.returncode != 0:
         pytest.skip(f"{compiler} does not know -mavxvnni: {probe.stderr.strip()[:200]}")
-    source = Path(native.__file__).parent / "csrc" / "q4_1_mm.cpp"
     flags = [*native.build_flags(variant("avx_vnni")), *(f"-I{p}" for p in include_paths())]
-    out = subprocess.run(
-        [compiler, "-std=c++20", "-fPIC", "-c", str(source), "-o", str(tmp_path / "q4_1_mm.o"), *flags],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
+    sources = sorted((Path(native.__file__).parent / "csrc").glob("*.cpp"))
+    jobs = [
+        subprocess.Popen(
+            [compiler, "-std=c++20", "-fPIC", "-c", str(s), "-o", str(tmp_path / f"{s.stem}.o"), *flags],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in sources
+    ]
+    for source, job in zip(sources, jobs, strict=True):
+        _, err = job.communicate(timeout=900)
+        assert job.returncode == 0, f"{source.name}: {err[-2000:]}"
     dump = shutil.which("objdump")
     if dump is not None:  # the VEX-encoded dot product is there
-        assert (
-            "vpdpbusd"
-            in subprocess.run(
-                [dump, "-d", str(tmp_path / "q4_1_mm.o")], capture_output=True, text=True
-            ).stdout
+        disassembly = subprocess.run(
+            [dump, "-d", str(tmp_path / "q4_1_mm.o")], capture_output=True, text=True
         )
+        assert "vpdpbusd" in disassembly.stdout
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -185,3 +190,15 @@ def test_no_variant_exports_its_code(name: str, monkeypatch: pytest.MonkeyPatch)
         [nm, "-DC", "--defined-only", str(library)], capture_output=True, text=True
     ).stdout
     assert "spec_backend_native" not in symbols and "q4_1_q8_mm" not in symbols
+
+
+def test_nothing_of_a_variant_this_cpu_cannot_run_is_loaded() -> None:
+    lacking = [v for v in machine_variants() if missing_flags(v)]
+    if not lacking:
+        pytest.skip("this CPU runs every variant of its architecture")
+    for v in lacking:
+        assert native.variant_error(v.name) == f"this CPU lacks {', '.join(missing_flags(v))}"
+        assert native.native_op("q4_1_q8_mm", v.name) is None
+        assert not hasattr(torch.ops, v.namespace) or not hasattr(
+            getattr(torch.ops, v.namespace), "q4_1_q8_mm"
+        )

@@ -15,27 +15,20 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
 using spec_backend_native::exp16;
 using spec_backend_native::load16;
+using spec_backend_native::store16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
+using spec_backend_native::zero_from;
 
 inline float dot(const float* a, const float* b, int64_t d) {  // d a multiple of 16
   v16f acc = {};
   for (int64_t i = 0; i < d; i += 16) acc += load16(a + i) * load16(b + i);
-#if defined(__AVX512F__)
-  __m512 v;
-  std::memcpy(&v, &acc, sizeof(v));
-  return _mm512_reduce_add_ps(v);  // one fixed shuffle-and-add order
-#else
   return sum16(acc);
-#endif
 }
 
 // One query row of one head over keys [0, n): softmax(scale * q.k) @ v into out[0, d). `scores` holds
@@ -51,18 +44,15 @@ void attend(const float* q, const float* k, const float* v, int64_t k_stride, in
   v16f sums = {};
   for (int64_t j = 0; j < padded; j += 16) {
     v16f e = exp16(load16(scores + j) - top);
-    for (int64_t i = n - j; i < 16; ++i) e[i] = 0.0f;  // keys past n (only in the last block)
-    std::memcpy(scores + j, &e, sizeof(e));
+    if (n - j < 16) e = zero_from(e, n - j);  // keys past n (only in the last block)
+    store16(scores + j, e);
     sums += e;
   }
   const float total = sum16(sums);
   v16f acc[16] = {};  // d <= 256
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < d / 16; ++i) acc[i] += scores[j] * load16(v + j * k_stride + 16 * i);
-  for (int64_t i = 0; i < d / 16; ++i) {
-    const v16f row = acc[i] / total;
-    std::memcpy(out + 16 * i, &row, sizeof(row));
-  }
+  for (int64_t i = 0; i < d / 16; ++i) store16(out + 16 * i, acc[i] / total);
 }
 
 // Whether two tensors of one shape index alike: equal strides on every dim longer than 1 (a dim of size 1

@@ -19,10 +19,13 @@
 
 namespace {
 
-using spec_backend_native::exp16;
+using spec_backend_native::exp_lanes;
+using spec_backend_native::kParts;
 using spec_backend_native::load16;
+using spec_backend_native::store16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
+using spec_backend_native::vf;
 
 // weights: input norm [H]; q|k|v tiles, scales, minima; o tiles, scales, minima; post-attention norm [H];
 // gate|up tiles, scales, minima; down tiles, scales, minima (Q4_1 tile layout, see int4_linear.py).
@@ -104,13 +107,16 @@ at::Tensor swiglu(const at::Tensor& gu) {
   const float* gp = gu.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, m, kRowGrain, [&](int64_t begin, int64_t end) {
-    const v16f zero = {}, one = zero + 1.0f;
+    const vf zero = {}, one = zero + 1.0f;
     for (int64_t r = begin; r < end; ++r)
       for (int64_t i = 0; i < inner; i += 16) {
-        const v16f g = load16(gp + r * 2 * inner + i), u = load16(gp + r * 2 * inner + inner + i);
-        const v16f e = exp16(g < zero ? g : -g);
-        const v16f y = g * ((g < zero ? e : one) / (one + e)) * u;
-        std::memcpy(op + r * inner + i, &y, sizeof(y));
+        v16f g = load16(gp + r * 2 * inner + i);
+        const v16f u = load16(gp + r * 2 * inner + inner + i);
+        for (int part = 0; part < kParts; ++part) {  // lane-wise, one register at a time
+          const vf x = g.p[part], e = exp_lanes(x < zero ? x : -x);
+          g.p[part] = x * ((x < zero ? e : one) / (one + e)) * u.p[part];
+        }
+        store16(op + r * inner + i, g);
       }
   });
   return out;

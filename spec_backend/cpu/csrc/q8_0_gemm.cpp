@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(SPEC_ISA_AVX512_VNNI) || defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -25,31 +25,32 @@ constexpr int64_t kColTile = 16;  // output features per task: their codes stay 
 using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
-using spec_backend_native::v16i;
-typedef int8_t v16s8 __attribute__((vector_size(16)));
 
-#if defined(__AVX512F__)
-inline v16f as_v16f(__m512 v) {
-  v16f out;
-  std::memcpy(&out, &v, sizeof(out));
-  return out;
-}
-#endif
-
-// Q8_0 block codes: 32 signed bytes, code j is byte j.
+// Q8_0 block codes: 32 signed bytes, code j is byte j; decoded to float32 lanes 0-15 and 16-31 (with the
+// ISA's sign-extending loads: GCC turns a generic int8 -> int32 vector conversion into scalar code).
 struct Q80 {
   static constexpr int64_t kBytes = 32;
   static inline void decode(const int8_t* p, v16f& lo, v16f& hi) {
-#if defined(__AVX512F__)
+#if defined(SPEC_ISA_AVX512_VNNI)
     const __m128i* q = reinterpret_cast<const __m128i*>(p);
-    lo = as_v16f(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
-    hi = as_v16f(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+    std::memcpy(&lo.p[0], &a, sizeof(a));
+    std::memcpy(&hi.p[0], &b, sizeof(b));
+#elif defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
+    const auto eight = [](const int8_t* codes) {  // 8 codes -> one 256-bit register of float32
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+    };
+    for (int i = 0; i < 2; ++i) {
+      const __m256 a = eight(p + 8 * i), b = eight(p + 16 + 8 * i);
+      std::memcpy(&lo.p[i], &a, sizeof(a));
+      std::memcpy(&hi.p[i], &b, sizeof(b));
+    }
 #else
-    v16s8 a, b;
-    std::memcpy(&a, p, sizeof(a));
-    std::memcpy(&b, p + 16, sizeof(b));
-    lo = __builtin_convertvector(__builtin_convertvector(a, v16i), v16f);
-    hi = __builtin_convertvector(__builtin_convertvector(b, v16i), v16f);
+    float f[32];
+    for (int j = 0; j < 32; ++j) f[j] = static_cast<float>(p[j]);
+    lo = load16(f);
+    hi = load16(f + 16);
 #endif
   }
 };
