@@ -200,18 +200,17 @@ class LLM:
         return engine
 
     def _max_model_len(self, requested: int | None) -> int:
+        """The context length: ``requested``, else the model's position limit capped at 4096. A sliding
+        window never bounds it (it bounds what each token sees, the attention applies it)."""
         config = self.model.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         limit = getattr(text, "max_position_embeddings", None)
-        window = getattr(text, "sliding_window", None) if getattr(text, "layer_types", None) is None else None
-        if window:  # sliding-window attention without per-layer types: stay inside one window
-            limit = min(int(limit), int(window)) if limit else int(window)
         if requested is None:
             return min(int(limit), 4096) if limit else 4096
         if limit and requested > int(limit):
             raise ValueError(
                 f"max_model_len={requested} exceeds the model's limit of {limit} positions "
-                "(max_position_embeddings, or its sliding window)"
+                "(max_position_embeddings)"
             )
         return requested
 
