@@ -10,7 +10,7 @@ runs on a GLM-4.5-style target of the same sizes (dense MLPs, one MTP layer) and
 target's own forward. Heads are random checkpoints in their published formats
 (``spec_backend.testing.fixtures.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same
 shape. The EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only;
-int4 on an AVX512-VNNI CPU runs its first layer as one native call, ``cpu/native_eagle3.py``).
+int4 on the cpu backend runs its first layer as one native call, ``cpu/native_eagle3.py``).
 
 Method: one request (a 64-token random prompt), greedy, ``--tokens`` new tokens, K = ``--k``; the
 drafter's ``propose`` and the runner's ``forward`` are timed around each call; the prefill step is
