@@ -5,7 +5,8 @@
 Responses follow the OpenAI API's shapes; every error, the framework's own included (an undecodable
 body, an unknown route), is ``{"error": {"message", "type", "param", "code"}}`` with status 400 (bad
 request), 404 (unknown model or route), 413 (body over the cap), 500 (generation failed) or 503 (the
-server is shutting down).
+server is shutting down); a request that fails validation names its first field at fault in ``param``
+(``messages.0.content``), as OpenAI does.
 
 Nothing slow runs on the event loop: bodies are capped (``limits``), text is measured against
 ``max_model_len`` before it is tokenized (``textbound``), and chat templates, tokenization and the
@@ -44,12 +45,12 @@ def _install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()
+        fields = [".".join(str(p) for p in e["loc"] if p != "body") for e in exc.errors()]
+        problems = "; ".join(f"{f or 'body'}: {e['msg']}" for f, e in zip(fields, exc.errors(), strict=True))
+        body = error_body(
+            f"invalid request: {problems}", 400, "BadRequestError", next(iter(fields), "") or None
         )
-        return JSONResponse(
-            error_body(f"invalid request: {problems}", 400, "BadRequestError"), status_code=400
-        )
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
