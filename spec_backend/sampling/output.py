@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
+
+if TYPE_CHECKING:
+    from spec_backend.sampling.ops import SamplerOps
+    from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 
 def build_output(
@@ -26,6 +32,47 @@ def build_output(
     out = torch.where(slots < n, drafts, torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))
     out = torch.where(slots == n, final_tokens.to(torch.int64)[:, None], out)
     return out.to(torch.int32)
+
+
+def bonus_only(
+    ops: SamplerOps,
+    bonus_rows: torch.Tensor,  # [B] logits row of each request
+    logits: torch.Tensor,  # [B, V]
+    sampling: SamplingMetadata,
+    seeds: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B] int64
+) -> torch.Tensor:  # [B, 1] int32
+    """The output of a batch without drafts (plain decoding): each request's bonus token, from the same
+    ops calls, on the same rows and random numbers, as ``RejectionSampler._verify_batch`` makes for it
+    (argmax for greedy rows, the residual race with no draft to remove for sampled ones), without the
+    draft layout a verification builds."""
+    rows = bonus_rows.to(torch.int64)  # [B]
+    batch = rows.shape[0]
+    argmax = None if sampling.all_random else ops.argmax(logits)  # [N]
+    final = torch.zeros(batch, dtype=torch.int64, device=logits.device)  # [B]
+    if not sampling.all_greedy:
+        arange = torch.arange(batch, device=logits.device)
+        row_req = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device).scatter(
+            0, rows, arange
+        )
+        probs = ops.target_probs(
+            logits,
+            sampling.temperature[row_req],
+            sampling.top_k[row_req],
+            sampling.top_p[row_req],
+            sampling.apply_top_k,
+            sampling.apply_top_p,
+            max_top_k=sampling.max_top_k,
+        )  # [N, V]
+        no_draft = torch.full_like(rows, -1)  # [B] q = 0: nothing to remove from the target
+        scale = torch.ones(batch, dtype=torch.float64, device=logits.device)  # [B]
+        empty = torch.zeros(0, dtype=torch.int32, device=logits.device)  # [T = 0]
+        final = ops.sample_residual(probs, rows, None, empty, no_draft, scale, seeds, positions)
+        if argmax is not None:
+            final = torch.where(sampling.temperature == 0, argmax[rows], final)
+    elif argmax is not None:
+        final = argmax[rows]
+    return final.to(torch.int32)[:, None]
 
 
 def parse_output(

@@ -49,7 +49,7 @@ from spec_backend.sampling.grouping import merge_outputs, split_batch
 from spec_backend.sampling.layout import VerifyStep
 from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
-from spec_backend.sampling.output import build_output
+from spec_backend.sampling.output import bonus_only, build_output
 from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
@@ -250,6 +250,8 @@ class RejectionSampler:
         fused = fused_output(self.ops, self.rule, metadata, draft_probs, logits, sampling, seeds, positions)
         if fused is not None:
             return fused
+        if metadata.max_spec_len == 0 and self._rates is None:  # plain decoding: the bonus rows alone
+            return bonus_only(self.ops, metadata.bonus_logits_indices, logits, sampling, seeds, positions)
         step = VerifyStep.of(metadata, logits.shape[1], seeds, positions)
         greedy_rows = sampling.temperature == 0  # [B]
         argmax = None if sampling.all_random else self.ops.argmax(logits)  # [N]
