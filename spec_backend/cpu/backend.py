@@ -29,7 +29,7 @@ import torch
 from spec_backend.backends.base import AttentionFn, Availability, ModelOptions
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
-from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe
+from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe, path_kernel
 from spec_backend.cpu.int4_linear import install_int4_linears
 from spec_backend.cpu.int8_linear import install_int8_linears
 from spec_backend.cpu.isa import cpu_flags, machine_variants, missing_flags
@@ -115,9 +115,7 @@ def _int4_path(model: torch.nn.Module, quantize: bool, speculative_tokens: int |
         if decision.times:
             logger.info("spec_backend: GGUF Q4_1 layers stay float32: %s", describe(decision))
         return 0, ""
-    packed = install_int4_linears(
-        model, quantize=quantize, kernel="native" if decision.path == "native" else "torch"
-    )
+    packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(decision.path))
     if packed:
         logger.info("spec_backend: int4 path for this model: %s", describe(decision))
     return packed, "int4 (opt-in, lossy)" if quantize else "GGUF Q4_1 packed as int4"

@@ -105,6 +105,12 @@ def choose(times: dict[str, tuple[float, float]]) -> tuple[str, str]:
     return best, reason
 
 
+def path_kernel(path: str) -> str | None:
+    """``Int4Linear``'s kernel for a packed path: ours wherever it applies (16 | N) on the native path,
+    torch's elsewhere."""
+    return None if path == "native" else "torch"
+
+
 def _first_linear(layer: nn.Module) -> nn.Linear | None:
     return next((m for m in layer.modules() if type(m) is nn.Linear), None)
 
@@ -134,7 +140,7 @@ def build(layer: nn.Module, path: str, quantize: bool) -> nn.Module:
     if path == "float32":
         install_small_batch_linears(clone)
         return clone
-    install_int4_linears(clone, quantize=quantize, kernel="native" if path == "native" else "torch")
+    install_int4_linears(clone, quantize=quantize, kernel=path_kernel(path))
     if path == "native" and os.environ.get(NATIVE_LAYERS_ENV, "1") != "0" and supported(clone):
         clone = native_class(type(layer))(clone)
     mark_batch_invariant(clone)
@@ -255,6 +261,7 @@ __all__ = [
     "default_model_decision",
     "describe",
     "measure",
+    "path_kernel",
     "pinned_path",
     "sample_layer",
 ]

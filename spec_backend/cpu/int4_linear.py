@@ -175,11 +175,14 @@ def install_int4_linears(model: Any, quantize: bool = False, kernel: str | None 
     """Replace every CPU ``nn.Linear`` of ``model`` but the output embedding (drafters and the engine read
     its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks by an ``Int4Linear``
     with ``kernel`` (and, with ``quantize``, every other one whose input size is a multiple of 32,
-    lossily); returns how many were replaced."""
+    lossily); returns how many were replaced. Layers whose output size is not a multiple of 16 stay as
+    they are: neither kernel takes them."""
     head = output_embedding(model)
     swaps = []
     for name, module in model.named_modules():
         if type(module) is not nn.Linear or module is head or module.weight.device.type != "cpu":
+            continue
+        if module.out_features % LANES:
             continue
         found = recover_q4_1(module.weight)
         if found is None and quantize:

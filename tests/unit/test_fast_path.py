@@ -8,6 +8,7 @@ checked."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +157,23 @@ def test_unmeasurable_models_take_the_native_path_where_it_runs(model_dir: str) 
     model.model.rotary_emb = None  # no rotary embedding to time a layer with
     decision = decide(model, quantize=False, speculative_tokens=None)
     assert decision == Decision("native", "not measured: no plain decoder layer with Q4_1 weights to time")
+
+
+def test_layers_no_kernel_takes_stay_float(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """k and v with 8 outputs (both int4 kernels take multiples of 16) stay float32 nn.Linear on either
+    packed path, instead of failing the model's load; the rest is packed, and the engine's guarantee
+    holds."""
+    shapes = {"hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 1, "intermediate_size": 64}
+    model_dir = make_q4_1_model(tmp_path / "narrow", "llama", 2, **shapes)
+    for path, kernel in [("native", "native"), ("int4-bf16", "torch")]:
+        monkeypatch.setenv(PATH_ENV, path)
+        llm = LLM(model_dir, speculative_config=NGRAM)
+        kernels = {
+            n.rsplit(".", 1)[-1]: m.kernel for n, m in llm.model.named_modules() if isinstance(m, Int4Linear)
+        }
+        assert kernels == {p: kernel for p in ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+        assert all(
+            type(layer.self_attn.k_proj).__name__ == "TallSkinnyProjection"
+            for layer in llm.model.model.layers
+        )
+        check_speculation_is_lossless(llm)
