@@ -111,13 +111,11 @@ class CpuBackend(ReferenceBackend):
 def _int4_path(model: torch.nn.Module, quantize: bool, speculative_tokens: int | None) -> tuple[int, str]:
     """The measured path's packing (``fast_path``): how many layers were packed, and how."""
     decision: Decision = decide(model, quantize, speculative_tokens)
-    if decision.path == "float32":
-        if decision.times:
-            logger.info("spec_backend: GGUF Q4_1 layers stay float32: %s", describe(decision))
-        return 0, ""
-    packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(decision.path))
-    if packed:
-        logger.info("spec_backend: int4 path for this model: %s", describe(decision))
+    packed = 0
+    if decision.path != "float32":
+        packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(decision.path))
+    if packed or decision.times:
+        logger.info("spec_backend: Q4_1 path for this model: %s", describe(decision))
     return packed, "int4 (opt-in, lossy)" if quantize else "GGUF Q4_1 packed as int4"
 
 

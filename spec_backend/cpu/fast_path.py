@@ -22,8 +22,10 @@ Glossary:
 * **override** — ``SPEC_BACKEND_CPU_PATH=native|int4-bf16|float32`` pins the path (benchmarks, tests, a
   machine whose measurement you distrust); unset or ``measure`` measures.
 
-The choice is logged with every time measured; two loads can choose differently where two paths are
-within noise of each other, which is what the override is for.
+The choice is logged with every time measured. It is made once per process for a layer shape (later
+loads reuse it, so two engines on one model run the same path and give the same tokens); separate
+processes measure anew, and where two paths are within noise of each other (or the machine is
+overloaded) they can choose differently, which is what the override is for.
 """
 
 from __future__ import annotations
@@ -87,21 +89,17 @@ def candidate_paths(quantize: bool) -> list[str]:
 def choose(times: dict[str, tuple[float, float]]) -> tuple[str, str]:
     """The rule (module glossary) on measured ``times``: the path and why."""
     base = times.get("float32")
-    eligible = {
-        p: t
-        for p, t in times.items()
-        if base is None or p == "float32" or (t[0] < base[0] and t[1] < base[1])
-    }
-    best = min(eligible, key=lambda p: sum(eligible[p]))
-    if best == "float32" and len(times) > 1:
+    eligible = [
+        p for p, t in times.items() if base is None or p == "float32" or (t[0] < base[0] and t[1] < base[1])
+    ]
+    slow = [p for p in times if p not in eligible]
+    best = min(eligible, key=lambda p: sum(times[p]))
+    if best == "float32" and slow:
         return best, "no packed path is faster than float32 on both steps"
-    others = [p for p in times if p != best]
-    slower = [p for p in others if p in eligible]
-    reason = "the fastest" + (f" (beats {', '.join(slower)})" if slower else "")
-    if base is not None and len(eligible) < len(times):
-        reason += (
-            f"; {', '.join(p for p in times if p not in eligible)} not faster than float32 on both steps"
-        )
+    reason = f"the fastest of {', '.join(eligible)}" if len(eligible) > 1 else "the only candidate"
+    if slow:
+        verb = "is" if len(slow) == 1 else "are"
+        reason += f"; {' and '.join(slow)} {verb} not faster than float32 on both steps"
     return best, reason
 
 
@@ -187,9 +185,23 @@ def measure(
     return {path: (best[path, 1], best[path, verify_rows]) for path in paths}
 
 
+#: decisions measured in this process, by what they depend on (``_key``): every later load of a model with
+#: the same layers runs the same path, so two engines on one model give the same tokens
+_DECISIONS: dict[tuple[object, ...], Decision] = {}
+
+
+def _key(layer: nn.Module, paths: list[str], quantize: bool, verify_rows: int) -> tuple[object, ...]:
+    """What a measurement depends on: the layer's class and weight shapes, the candidates, the step
+    shapes, the threads, the ISA variant and whether native layers are allowed."""
+    variant = active_variant()
+    shapes = tuple((name, tuple(p.shape)) for name, p in layer.named_parameters())
+    return (type(layer).__name__, shapes, tuple(paths), quantize, verify_rows, torch.get_num_threads(),
+            variant.name if variant else None, os.environ.get(NATIVE_LAYERS_ENV, "1"))  # fmt: skip
+
+
 def decide(model: nn.Module, quantize: bool, speculative_tokens: int | None) -> Decision:
-    """The path ``model`` runs (module glossary): pinned, measured, or — where no layer can be timed —
-    native where its kernel loads, else int4-bf16."""
+    """The path ``model`` runs (module glossary): pinned, measured (once per process for a layer shape:
+    ``_DECISIONS``), or — where no layer can be timed — native where its kernel loads, else int4-bf16."""
     pinned, paths = pinned_path(), candidate_paths(quantize)
     if pinned is not None:
         if pinned not in paths:
@@ -201,12 +213,14 @@ def decide(model: nn.Module, quantize: bool, speculative_tokens: int | None) -> 
     if sample is None:
         return Decision(paths[0], "not measured: no plain decoder layer with Q4_1 weights to time")
     verify_rows = (speculative_tokens or DEFAULT_SPECULATIVE_TOKENS) + 1
-    try:
-        times = measure(*sample, paths, quantize, verify_rows)
-    except Exception as exc:  # an architecture whose layer cannot be called alone
-        return Decision(paths[0], f"not measured: {type(exc).__name__}: {exc}")
-    path, reason = choose(times)
-    return Decision(path, reason, times, verify_rows)
+    key = _key(sample[0], paths, quantize, verify_rows)
+    if key not in _DECISIONS:
+        try:
+            times = measure(*sample, paths, quantize, verify_rows)
+        except Exception as exc:  # an architecture whose layer cannot be called alone
+            return Decision(paths[0], f"not measured: {type(exc).__name__}: {exc}")
+        _DECISIONS[key] = Decision(*choose(times), times, verify_rows)
+    return _DECISIONS[key]
 
 
 #: SmolLM2-135M's layer shapes (the bundled default model), for ``spec-backend backends``
@@ -239,13 +253,13 @@ def default_model_decision() -> Decision:
 def describe(decision: Decision) -> str:
     """One line for the log: the path, why, and every time measured (ms per layer)."""
     variant = active_variant()
-    text = f"{decision.path} ({decision.reason}"
+    text = f"{decision.path}: {decision.reason}"
     if decision.times:
         shown = ", ".join(f"{p} {d * 1e3:.3f}/{v * 1e3:.3f}" for p, (d, v) in decision.times.items())
-        text += f"; ms per layer for 1/{decision.verify_rows} rows: {shown}"
+        text += f" (ms per layer for 1/{decision.verify_rows} rows: {shown})"
     if variant is not None and decision.path == "native":
-        text += f"; {variant.name} kernels"
-    return text + ")"
+        text += f", {variant.name} kernels"
+    return text
 
 
 __all__ = [

@@ -8,6 +8,7 @@ checked."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ def native_kernels() -> None:
     require_native_kernels()
 
 
+@pytest.fixture(autouse=True)
+def fresh_decisions() -> Iterator[None]:
+    """Each test measures (or fakes a measurement) itself: no decision kept from an earlier test."""
+    fast_path._DECISIONS.clear()
+    yield
+    fast_path._DECISIONS.clear()
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_q4_1_model(tmp_path_factory.mktemp("wide"), "llama", 5, **WIDE)
@@ -48,17 +57,21 @@ def _loaded(model_dir: str) -> Any:
 
 def test_the_fastest_path_that_beats_float32_on_both_steps_wins() -> None:
     assert choose({"native": (1, 2), "int4-bf16": (3, 3), "float32": (4, 5)}) == (
-        "native", "the fastest (beats int4-bf16, float32)",
+        "native", "the fastest of native, int4-bf16, float32",
     )  # fmt: skip
     # native is the fastest at decode but slower than float32 at verify: never picked
     assert choose({"native": (1, 6), "int4-bf16": (3, 4), "float32": (4, 5)}) == (
-        "int4-bf16", "the fastest (beats float32); native not faster than float32 on both steps",
+        "int4-bf16", "the fastest of int4-bf16, float32; native is not faster than float32 on both steps",
     )  # fmt: skip
     assert choose({"native": (5, 1), "int4-bf16": (4, 6), "float32": (4, 5)}) == (
         "float32", "no packed path is faster than float32 on both steps",
     )  # fmt: skip
     # quantization="int4": the user asked for packed weights, float32 is no candidate
-    assert choose({"native": (2, 2), "int4-bf16": (1, 1)}) == ("int4-bf16", "the fastest (beats native)")
+    assert choose({"native": (2, 2), "int4-bf16": (1, 1)}) == (
+        "int4-bf16",
+        "the fastest of native, int4-bf16",
+    )
+    assert choose({"int4-bf16": (1, 1)}) == ("int4-bf16", "the only candidate")
 
 
 def test_the_pin_and_its_refusals(monkeypatch: pytest.MonkeyPatch, model_dir: str) -> None:
@@ -122,7 +135,7 @@ def test_prepare_model_installs_the_measured_path_and_says_why(
     assert len(native) == (2 if winner == "native" else 0) and {m.kernel for m in packed} == kernels
     assert len(packed) == (14 if winner == "int4-bf16" else 0)
     assert is_batch_invariant(model) == (winner != "float32")
-    assert f"{winner} (" in caplog.text and f"{winner} 1.000/2.000" in caplog.text
+    assert f"{winner}: " in caplog.text and f"{winner} 1.000/2.000" in caplog.text
     assert "ms per layer for 1/4 rows" in caplog.text
 
 
@@ -177,3 +190,21 @@ def test_layers_no_kernel_takes_stay_float(tmp_path: Path, monkeypatch: pytest.M
             for layer in llm.model.model.layers
         )
         check_speculation_is_lossless(llm)
+
+
+def test_a_layer_shape_is_measured_once_per_process(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two loads of one model run the same path (two engines on it give the same tokens, whatever noise
+    the second measurement would have met); another verify width is measured anew."""
+    calls: list[int] = []
+    answers = iter([{"native": (1.0, 1.0), "int4-bf16": (2.0, 2.0), "float32": (3.0, 3.0)},
+                    {"native": (3.0, 3.0), "int4-bf16": (1.0, 1.0), "float32": (2.0, 2.0)}])  # fmt: skip
+
+    def fake(layer: Any, rotary: Any, paths: list[str], quantize: bool, verify_rows: int) -> Any:
+        calls.append(verify_rows)
+        return next(answers)
+
+    monkeypatch.setattr(fast_path, "measure", fake)
+    first, again = (decide(_loaded(model_dir), quantize=False, speculative_tokens=3) for _ in range(2))
+    assert first is again and first.path == "native" and calls == [4]
+    assert decide(_loaded(model_dir), quantize=False, speculative_tokens=5).path == "int4-bf16"
+    assert calls == [4, 6]
