@@ -68,8 +68,10 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.pending = PendingDrafts()
-        self.sampling_state = SamplingState(slots.capacity, runner.cache.layout.device)
+        device = runner.cache.layout.device
+        self.pending = PendingDrafts(slots.capacity, device)
+        self.sampling_state = SamplingState(slots.capacity, device)
+        slots.join(self.pending)
         slots.join(self.sampling_state)
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
         self.num_steps = 0
@@ -167,7 +169,6 @@ class EngineCore:
         return done[::-1]
 
     def _forget(self, request: Request, report: bool) -> None:
-        self.pending.drop(request.request_id)
         if self.drafter is None:
             return
         try:

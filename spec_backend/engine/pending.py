@@ -1,4 +1,10 @@
-"""Drafts waiting for the next decode step, per request (draft-next runs at the end of a step)."""
+"""Drafts waiting for the next decode step, one row per cache slot (draft-next runs at the end of a step).
+
+A ``SlotCache``: the slot table moves and frees these rows with every other cache, so a step takes its
+drafts as the slice ``[start : start + B]`` instead of gathering them per request. Draft ids live on the
+device; the counts (how many of a row's ids the next step verifies) are host values, cut at each
+request's budget when stored.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +19,6 @@ from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 
 
 @dataclass(frozen=True)
-class _Drafts:
-    token_ids: torch.Tensor  # [K] int64
-    count: int
-    probs: torch.Tensor | None  # [K, V] float32
-
-
-@dataclass(frozen=True)
 class DecodeInputs:
     """One decode step's query tokens ``[B, 1 + K_max]``, draft counts and draft probabilities."""
 
@@ -29,61 +28,97 @@ class DecodeInputs:
 
 
 class PendingDrafts:
-    """Per-request drafts from the last draft-next, validated against the budgets and the vocabulary."""
+    """The drafts of every live slot (module docstring), validated against the budgets and vocabulary."""
 
-    def __init__(self) -> None:
-        self._drafts: dict[str, _Drafts] = {}
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity, self.device = capacity, device
+        self.ids = torch.full((capacity, 0), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)  # [S, K]
+        self.probs: torch.Tensor | None = None  # [S, K, V] float32, from the first drafts with probabilities
+        self._counts: list[int] = []  # host, per live slot
+        self._with_probs: list[bool] = []
 
-    def store(
-        self, requests: Sequence[Request], out: DraftOutput, budgets: Sequence[int], vocab_size: int
-    ) -> None:
-        """Keep ``out``'s drafts; a count is cut at its budget. From the first id outside [0, V) on, ids
-        become placeholders on the device (no read back): the sampler ends that request's drafts there,
-        as if the count had been cut, and the step counts only the valid ones (``valid_drafts``)."""
+    # -- SlotCache -----------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self._counts)
+
+    def add_slot(self) -> int:
+        self._counts.append(0)
+        self._with_probs.append(False)
+        return len(self._counts) - 1
+
+    def move_slot(self, src: int, dst: int) -> None:
+        self._counts[dst], self._with_probs[dst] = self._counts[src], self._with_probs[src]
+        self.ids[dst] = self.ids[src]
+        if self.probs is not None:
+            self.probs[dst] = self.probs[src]
+
+    def pop_slot(self) -> None:
+        self._counts.pop()
+        self._with_probs.pop()
+
+    def reset(self) -> None:
+        self._counts.clear()
+        self._with_probs.clear()
+
+    # -- the engine ----------------------------------------------------------------------------------
+    def store(self, start: int, out: DraftOutput, budgets: Sequence[int], vocab_size: int) -> None:
+        """Keep ``out``'s drafts for slots ``start ..``; a count is cut at its budget. From the first id
+        outside [0, V) on, ids become placeholders on the device (no read back): the sampler ends that
+        request's drafts there, as if the count had been cut, and the step counts only the valid ones
+        (``valid_drafts``)."""
         ids = out.token_ids  # [B, K]
+        batch, width = len(budgets), ids.shape[1]
         valid = torch.cumprod(((ids >= 0) & (ids < vocab_size)).to(torch.int64), dim=1).bool()  # [B, K]
-        ids = torch.where(valid, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID))  # [B, K]
-        for b, request in enumerate(requests):
-            count = min(out.num_draft_tokens[b], budgets[b])
-            probs = out.draft_probs[b] if out.draft_probs is not None else None
-            self._drafts[request.request_id] = _Drafts(ids[b], max(0, count), probs)
+        self._ensure_width(width)
+        self.ids[start : start + batch, :width] = torch.where(
+            valid, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID)
+        )
+        if out.draft_probs is not None:  # [B, K, V]
+            if self.probs is None or self.probs.shape[1:] != (self.ids.shape[1], out.draft_probs.shape[2]):
+                self.probs = out.draft_probs.new_zeros(
+                    (self.capacity, self.ids.shape[1], out.draft_probs.shape[2])
+                )
+            self.probs[start : start + batch, :width] = out.draft_probs
+        for b in range(batch):
+            self._counts[start + b] = max(0, min(out.num_draft_tokens[b], budgets[b]))
+            self._with_probs[start + b] = out.draft_probs is not None
 
-    def drop(self, request_id: str) -> None:
-        self._drafts.pop(request_id, None)
-
-    def take(self, requests: Sequence[Request], device: torch.device) -> DecodeInputs:
-        """The decode inputs of ``requests`` (drafts are consumed; failed requests feed no drafts)."""
-        entries = [self._drafts.pop(r.request_id, None) for r in requests]
-        counts = [
-            e.count if e is not None and not r.finished else 0 for e, r in zip(entries, requests, strict=True)
-        ]
+    def take(self, start: int, requests: Sequence[Request], device: torch.device) -> DecodeInputs:
+        """The decode inputs of the slots ``start ..`` holding ``requests`` (their drafts are consumed;
+        finished requests feed no drafts)."""
+        batch = len(requests)
+        counts = [0 if r.finished else self._counts[start + b] for b, r in enumerate(requests)]
+        self._counts[start : start + batch] = [0] * batch
         k_max = max(counts, default=0)
         last = torch.tensor([r.output_token_ids[-1] for r in requests], dtype=torch.int64).to(device)  # [B]
-        tokens = torch.full(
-            (len(requests), 1 + k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device
+        if not k_max:
+            return DecodeInputs(last[:, None], counts, None)
+        drafted = [start + b for b, c in enumerate(counts) if c]
+        with_probs = [s for s in drafted if self._with_probs[s]]
+        if with_probs and len(with_probs) != len(drafted):
+            raise ValueError("a drafter returned draft probabilities for some requests of a batch only")
+        keep = (
+            torch.arange(k_max, device=device)[None, :] < torch.tensor(counts).to(device)[:, None]
+        )  # [B, K]
+        ids = self.ids[start : start + batch, :k_max]  # [B, K]
+        tokens = torch.cat(
+            [last[:, None], torch.where(keep, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID))], 1
         )
-        tokens[:, 0] = last
-        probs: torch.Tensor | None = None
-        if k_max:
-            for b, (entry, count) in enumerate(zip(entries, counts, strict=True)):
-                if count:
-                    assert entry is not None
-                    tokens[b, 1 : 1 + count] = entry.token_ids[:count]
-            drafted = [b for b, c in enumerate(counts) if c]
-            with_probs = [b for b in drafted if entries[b] is not None and entries[b].probs is not None]  # type: ignore[union-attr]
-            if with_probs and len(with_probs) != len(drafted):
-                raise ValueError("a drafter returned draft probabilities for some requests of a batch only")
-            if with_probs:
-                first = entries[with_probs[0]]
-                assert first is not None and first.probs is not None
-                probs = torch.zeros(
-                    (len(requests), k_max, first.probs.shape[-1]), dtype=torch.float32, device=device
-                )
-                for b in with_probs:
-                    entry = entries[b]
-                    assert entry is not None and entry.probs is not None
-                    probs[b, : counts[b]] = entry.probs[: counts[b]]
+        probs = None
+        if with_probs:
+            assert self.probs is not None
+            rows = self.probs[start : start + batch, :k_max]  # [B, K, V]
+            probs = torch.where(keep[..., None], rows, torch.zeros_like(rows))
         return DecodeInputs(tokens, counts, probs)
+
+    def _ensure_width(self, width: int) -> None:
+        if width > self.ids.shape[1]:
+            wider = torch.full(
+                (self.capacity, width), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=self.device
+            )
+            wider[:, : self.ids.shape[1]] = self.ids
+            self.ids, self.probs = wider, None  # probabilities are re-allocated at the new width
 
 
 def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64

@@ -96,7 +96,7 @@ class Stepper:
 
     def decode(self, requests: list[Request]) -> None:
         """One speculative step for every running request (slots ``0 ..``)."""
-        inputs = self.engine.pending.take(requests, self.device)
+        inputs = self.engine.pending.take(0, requests, self.device)
         self._group(0, requests, inputs, False)
 
     def _group(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> None:
@@ -200,7 +200,7 @@ class Stepper:
         for request, error in zip(requests, out.errors, strict=False):
             if error is not None and not request.finished:
                 request.fail(error)
-        engine.pending.store(requests, out, budgets, engine.runner.vocab_size)
+        engine.pending.store(result.batch.start, out, budgets, engine.runner.vocab_size)
 
 
 __all__ = ["Stepper"]
