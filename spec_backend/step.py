@@ -37,10 +37,8 @@ class RaggedAttentionMetadata:
 
     query_lens: torch.Tensor  # [B] int64, new tokens per request this step
     kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
-    #: masks already built for this step, keyed by shape and the length tensors' versions
-    mask_cache: dict[tuple[int, int, int, int], torch.Tensor] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    #: masks already built for this step, keyed by shape, the length tensors' versions and the window
+    mask_cache: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def invalidate(self) -> None:
         """Forget masks built for earlier values of the length tensors."""

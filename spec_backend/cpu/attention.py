@@ -18,7 +18,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.attention import grouped_kv, ragged_metadata, sdpa_ragged_attention
+from spec_backend.backends.attention import (
+    grouped_kv,
+    layer_attention,
+    ragged_metadata,
+    sdpa_ragged_attention,
+)
 from spec_backend.cpu.native import native_op
 from spec_backend.step import RaggedAttentionMetadata
 
@@ -47,15 +52,17 @@ def cpu_ragged_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``[B, Q, Hq, D]``: batch-invariant rows for a marked model, else the reference's SDPA."""
-    if not is_batch_invariant(module):
+    """``[B, Q, Hq, D]``: batch-invariant rows for a marked model, else the reference's SDPA (which also
+    takes a marked model's layers with sinks or a soft cap). A sliding window reaches both paths."""
+    layer = layer_attention(kwargs)
+    if not is_batch_invariant(module) or layer.explicit:
         return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     meta = ragged_metadata(kwargs)
-    rows = native_attention_rows(query, key, value, meta, scaling)
+    rows = native_attention_rows(query, key, value, meta, scaling) if layer.window is None else None
     if rows is not None:
         return rows, None
     key, value, gqa = grouped_kv(query, key, value)
-    return _batch_invariant(query, key, value, meta, scaling, gqa), None
+    return _batch_invariant(query, key, value, meta, scaling, gqa, layer.window), None
 
 
 def native_attention_rows(
@@ -74,6 +81,8 @@ def native_attention_rows(
     head_dim = query.shape[-1]
     if op is None or query.dtype != torch.float32 or key.dtype != torch.float32:
         return None
+    if value.shape[-1] != head_dim:
+        return None
     if head_dim % 16 or head_dim > 256:
         return None
     scale = scaling if scaling is not None else head_dim**-0.5
@@ -91,31 +100,33 @@ def _batch_invariant(
     meta: RaggedAttentionMetadata,
     scaling: float | None,
     gqa: dict[str, Any],
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D]
     """Attention whose every row is computed the same way whatever else the step holds: each request on
     exactly its own keys (no padding), and in a decode or verify step each query row alone over the keys
     it sees. A token verified among K+1 drafts then gets bit for bit the hidden state it gets when
     decoded alone, which models with rounding steps inside (bfloat16 activations of packed int4 layers)
     need for speculative greedy output to equal plain greedy output. Costs one small SDPA call per row.
-    The fallback where ``native_attention_rows`` is unavailable."""
-    out = query.new_zeros(query.shape)  # [B, Hq, Q, D]; padding rows stay 0 (ignored)
+    The fallback where ``native_attention_rows`` is unavailable, and the path of sliding-window layers
+    (a row then sees only the last ``window`` positions up to its own)."""
+    out = query.new_zeros((*query.shape[:3], value.shape[-1]))  # [B, Hq, Q, Dv]; padding rows stay 0
     q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
     for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
         k, v, first = key[b : b + 1, :, :kv_len], value[b : b + 1, :, :kv_len], kv_len - q_len
         if q_len > ROW_BY_ROW:  # a prefill; SDPA's last bits here depend on the prompt's length
-            mask = (
-                torch.arange(kv_len, device=query.device)[None]
-                <= (first + torch.arange(q_len, device=query.device))[:, None]
-            )
+            k_pos = torch.arange(kv_len, device=query.device)[None]  # [1, L]
+            q_pos = (first + torch.arange(q_len, device=query.device))[:, None]  # [Q, 1]
+            mask = (k_pos <= q_pos) & (k_pos > q_pos - (window or kv_len + 1))
             out[b, :, :q_len] = F.scaled_dot_product_attention(
                 query[b : b + 1, :, :q_len], k, v, attn_mask=mask, scale=scaling, **gqa
             )[0]
             continue
-        for i in range(q_len):  # row i sees positions 0 .. first + i
+        for i in range(q_len):  # row i sees positions start .. first + i (start 0 without a window)
+            start = max(0, first + i + 1 - window) if window is not None else 0
             out[b, :, i] = F.scaled_dot_product_attention(
                 query[b : b + 1, :, i : i + 1],
-                k[:, :, : first + i + 1],
-                v[:, :, : first + i + 1],
+                k[:, :, start : first + i + 1],
+                v[:, :, start : first + i + 1],
                 scale=scaling,
                 **gqa,
             )[0, :, 0]

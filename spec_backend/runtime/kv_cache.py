@@ -15,6 +15,11 @@ slot's high-water mark, so masked-out positions attention reads are always finit
 
 *headroom*: positions past ``max_len`` a drafter may write while drafting beyond the last position it
 can emit (a draft cache); the target's cache has none.
+
+Sliding-window layers keep every position too (``max_len`` per slot, like full-attention layers): the
+window is applied by the attention's mask, not by the cache, so their memory is not bounded by the window
+yet. Bounding it (a ring of ``window + K + 1`` positions per slot for those layers) is future work; the
+memory planning here counts every layer at full length, which is correct, only not minimal.
 """
 
 from __future__ import annotations
@@ -36,28 +41,46 @@ _ZERO_GRANULE = 256
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Shape of one model's KV cache: decoder layers, kv heads, head dim, dtype, device."""
+    """Shape of one model's KV cache: decoder layers, kv heads, head dim, dtype, device, and the values'
+    head dim where it differs from the keys' (``value_dim``; latent attention caches a compressed latent
+    as "keys" and its rotary part as "values")."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    value_dim: int | None = None
+
+    @property
+    def value_head_dim(self) -> int:
+        """The values' head dim (the keys' unless ``value_dim`` says otherwise)."""
+        return self.value_dim if self.value_dim is not None else self.head_dim
 
     @property
     def bytes_per_position(self) -> int:
         """Bytes one cached position costs over all layers (keys and values)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        return self.num_layers * self.num_kv_heads * (self.head_dim + self.value_head_dim) * elem
 
 
 def kv_layout(config: Any, dtype: torch.dtype, device: torch.device) -> KVLayout:
-    """The KV layout of a transformers config (its text config for multimodal wrappers)."""
+    """The KV layout of a transformers config (its text config for multimodal wrappers).
+
+    Multi-head latent attention (``kv_lora_rank``): transformers caches, per position, one latent of
+    ``kv_lora_rank`` and one rotary key of ``qk_rope_head_dim`` shared by every head (``update`` receives
+    them as keys and values of one head) and expands them into per-head keys and values itself.
+    """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(text.num_hidden_layers)
+    if getattr(text, "kv_lora_rank", None):
+        return KVLayout(
+            layers, 1, int(text.kv_lora_rank), dtype, device, value_dim=int(text.qk_rope_head_dim)
+        )
     heads = int(text.num_attention_heads)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
-    return KVLayout(int(text.num_hidden_layers), int(kv_heads), int(head_dim), dtype, device)
+    return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device)
 
 
 def plan_num_slots(bytes_per_slot: int, max_len: int, max_num_seqs: int, memory_bytes: int | None) -> int:
@@ -95,7 +118,8 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         self.owner = owner
         self.keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, D]
-        self.values = torch.empty(shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, D]
+        value_shape = (*shape[:3], layout.value_head_dim)
+        self.values = torch.empty(value_shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, Dv]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -109,15 +133,21 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's keys/values ``[B, H, Q, D]``; return the batch's views ``[B, H, L, D]``."""
+        """Write this step's keys/values ``[B, H, Q, D]`` / ``[B, H, Q, Dv]``; return the batch's views
+        ``[B, H, L, D]`` / ``[B, H, L, Dv]``."""
         batch = self.owner.plan
         if batch is None:
             raise RuntimeError("RaggedKVCache.update called outside a step: call begin_step() first")
         assert self.keys is not None and self.values is not None
-        if key_states.shape[1] != self.keys.shape[1] or key_states.shape[3] != self.keys.shape[3]:
+        if (
+            key_states.shape[1] != self.keys.shape[1]
+            or key_states.shape[3] != self.keys.shape[3]
+            or value_states.shape[3] != self.values.shape[3]
+        ):
             raise ValueError(
-                f"the model produced keys of shape {list(key_states.shape)} but the cache was allocated for "
-                f"{self.keys.shape[1]} kv heads of dim {self.keys.shape[3]} (from the model config)"
+                f"the model produced keys of shape {list(key_states.shape)} and values of shape "
+                f"{list(value_states.shape)} but the cache was allocated for {self.keys.shape[1]} kv heads "
+                f"of dims {self.keys.shape[3]} / {self.values.shape[3]} (from the model config)"
             )
         if batch.batch_size == 1 and not batch.static_shapes:  # one request: a plain slice copy
             n = batch.num_tokens

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.base import Backend
+from spec_backend.runtime.architectures import check_architecture
 from spec_backend.runtime.checkpoint_files import (
     ModelLoadError as ModelLoadError,  # defined there, raised and re-exported here
 )
@@ -194,16 +195,11 @@ def load_model(
     model, info = loaded  # output_loading_info: (model, {"missing_keys": ..., ...})
     if stored is not None:
         check_weights(shown, model, info, stored)
+    check_architecture(model, shown)  # recurrent state, chunked attention, ...: refused with the reason
     if not isinstance(dtype, torch.dtype):
         dtype = model.dtype if dtype is None else dtype(model.dtype)
     model = model.to(device=device, dtype=dtype)
     model.eval()
-    sliding = [t for t in (getattr(model.config, "layer_types", None) or []) if t != "full_attention"]
-    if sliding:
-        raise ModelLoadError(
-            f"model {shown} has non-full attention layers {sorted(set(sliding))}; "
-            "the engine's ragged attention supports full-attention decoder models only"
-        )
     return model
 
 
@@ -222,14 +218,32 @@ def check_weights(shown: str, model: Any, info: dict[str, Any], stored: dict[str
     refuse_integer_weights("model folder", shown, stored, floating)
 
 
+#: Files a saved tokenizer consists of (one is enough); a folder with none of them has no tokenizer.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
 def load_tokenizer(source: ModelSource) -> Any | None:
-    """The model's tokenizer, or ``None`` when the folder has none (token-id prompts still work)."""
+    """The model's tokenizer, or ``None`` when the folder has none (token-id prompts still work).
+
+    A folder without tokenizer files has none: transformers would otherwise build a default tokenizer for
+    the model type (Gemma's, with ``<eos>`` = 1), whose EOS would end generations the model never ended.
+    """
     from transformers import AutoTokenizer
 
     source = loadable(source)
     kwargs: dict[str, Any] = {}
     if source.gguf_file is not None:
         kwargs["gguf_file"] = source.gguf_file
+    elif not any((Path(source.directory) / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(source.directory, **kwargs)
     except (OSError, ValueError, KeyError, TypeError):

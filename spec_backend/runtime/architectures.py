@@ -1,0 +1,146 @@
+"""Which decoder architectures the engine runs, and the refusal, at load, of those it cannot.
+
+The engine's KV cache holds keys and values per position (``runtime.kv_cache``) and its attention
+computes causal attention over them, full or in a sliding window (``backends.attention``). A model runs
+when every decoder layer is one of ``ATTENTION_LAYER_TYPES`` as transformers itself resolves them
+(``cache_utils.get_layer_types_and_kwargs``: ``layer_types``, or a sliding window / attention chunk in the
+config), and the layers that slide hand their window to the attention function (``sliding_window=``).
+Multi-head latent attention (DeepSeek-V2/V3 style, ``kv_lora_rank``) runs as well: transformers caches the
+compressed latent and its rotary key (``runtime.kv_cache.kv_layout`` sizes the cache for them) and expands
+them into per-head keys and values before calling the attention function.
+
+Everything else is refused by ``check_architecture`` with the architecture and what the engine lacks:
+recurrent or convolution state (Mamba, Gated DeltaNet / linear attention, hybrids), chunked local
+attention, layers that reuse another layer's cache, sparse attention with an indexer, bidirectional
+attention. A refusal here is a ``ModelLoadError`` raised by ``LLM(...)``, before any forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from spec_backend.runtime.checkpoint_files import ModelLoadError
+
+#: decoder layer types the engine's ragged attention computes
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+#: what a layer type needs that the engine lacks (layer types transformers resolves)
+MISSING_FOR_LAYER_TYPE = {
+    "linear_attention": "linear-attention / state-space (recurrent) state in the cache, rolled back on "
+    "rejected drafts",
+    "conv": "convolution state in the cache, rolled back on rejected drafts",
+    "hybrid": "recurrent state beside the KV cache in one layer",
+    "hybrid_sliding": "recurrent state beside the KV cache in one layer",
+    "chunked_attention": "chunked local attention (each token sees its own chunk only)",
+    "dummy": "layers that read another layer's KV cache (KV sharing)",
+}
+
+#: model types that keep recurrent state although transformers reports only attention layers for them
+RECURRENT_MODEL_TYPES = {
+    "rwkv": "RWKV's recurrent state",
+    "xlstm": "xLSTM's recurrent state",
+    "lfm2": "LFM2's short-convolution state",
+    "lfm2_moe": "LFM2's short-convolution state",
+}
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config (the text config of multimodal wrappers)."""
+    if hasattr(config, "get_text_config"):
+        return config.get_text_config(decoder=True)
+    return config
+
+
+def resolved_layer_types(config: Any) -> list[str]:
+    """Per decoder layer, its type as transformers' cache resolves it (``layer_types``, else a sliding
+    window or an attention chunk in the config)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        layer_types, _ = get_layer_types_and_kwargs(config)
+        return [str(t) for t in layer_types]
+    except (ImportError, AttributeError, TypeError):  # an older transformers: read the config alone
+        types = getattr(config, "layer_types", None)
+        if types:
+            return [str(t) for t in types]
+        window = getattr(config, "sliding_window", None)
+        return ["sliding_attention" if window else "full_attention"] * int(config.num_hidden_layers)
+
+
+def is_latent_attention(config: Any) -> bool:
+    """Whether the decoder uses multi-head latent attention (a compressed KV latent, ``kv_lora_rank``)."""
+    return bool(getattr(text_config(config), "kv_lora_rank", None))
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    """The decoder's self-attention modules (``layers[i].self_attn``), where the model has that shape."""
+    base = getattr(model, "model", model)
+    base = getattr(base, "language_model", base)
+    layers = getattr(base, "layers", None) or []
+    return [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
+
+
+def _passes_window(module: Any) -> bool:
+    """Whether an attention module's ``forward`` hands a ``sliding_window=`` to the attention function
+    (True where its source cannot be read: transformers' own classes always can)."""
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return True
+    return "sliding_window=" in source
+
+
+def refusal(model: Any) -> str | None:
+    """Why the engine cannot run ``model`` (``None``: it can); see the module docstring."""
+    config = text_config(model.config)
+    model_type = str(getattr(config, "model_type", type(model).__name__))
+    if model_type in RECURRENT_MODEL_TYPES:
+        return (
+            f"its decoder keeps {RECURRENT_MODEL_TYPES[model_type]}, which the engine's KV cache cannot hold"
+        )
+    types = resolved_layer_types(config)
+    unknown = sorted({t for t in types if t not in ATTENTION_LAYER_TYPES})
+    if unknown:
+        missing = "; ".join(
+            f"{t}: {MISSING_FOR_LAYER_TYPE.get(t, 'a layer kind it does not know')}" for t in unknown
+        )
+        return (
+            f"it has decoder layers of type(s) {unknown} and the engine runs "
+            f"{list(ATTENTION_LAYER_TYPES)} only (missing: {missing})"
+        )
+    if getattr(config, "index_topk", None):
+        return (
+            "its sparse attention picks keys with an indexer (DeepSeek sparse attention); the engine has none"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        return "its attention is bidirectional (use_bidirectional_attention=True), the engine's is causal"
+    modules = _attention_modules(model)
+    if "sliding_attention" in types and not all(_passes_window(m) for m in modules):
+        return "its attention layers do not pass their sliding window to the attention function"
+    if is_latent_attention(config) and not all(hasattr(m, "expand_kv") for m in modules):
+        return (
+            "its latent attention caches expanded keys (this transformers release), the engine caches latents"
+        )
+    return None
+
+
+def check_architecture(model: Any, shown: str) -> None:
+    """``ModelLoadError`` naming ``model``'s architecture and what the engine lacks, when it cannot run it."""
+    reason = refusal(model)
+    if reason is not None:
+        config = text_config(model.config)
+        arch = getattr(config, "model_type", None) or type(model).__name__
+        raise ModelLoadError(
+            f"model {shown} ({arch}, {type(model).__name__}) cannot run in spec-backend: {reason}"
+        )
+
+
+__all__ = [
+    "ATTENTION_LAYER_TYPES",
+    "check_architecture",
+    "is_latent_attention",
+    "refusal",
+    "resolved_layer_types",
+    "text_config",
+]
