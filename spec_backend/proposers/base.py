@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from spec_backend.config import SpeculativeConfig
 
@@ -46,6 +48,14 @@ class Proposer(ABC):
 
         Entry ``i`` has at most ``min(K, max_tokens[i])`` tokens; ``[]`` when there is nothing to propose.
         """
+
+    def propose_on_device(
+        self, req_ids: Sequence[str], max_tokens: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafts ``[B, K]`` and their counts ``[B]`` left on the proposer's device (no host copy),
+        for proposers that compute on a device; ``None`` (the default): only ``propose``'s host lists."""
+        del req_ids, max_tokens
+        return None
 
 
 def draft_limits(num_speculative_tokens: int, num_reqs: int, max_tokens: Sequence[int] | None) -> list[int]:

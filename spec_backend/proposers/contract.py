@@ -205,6 +205,9 @@ class HostDrafter(Drafter):
                 self.proposer.update(ids[b], list(tokens))
             except Exception as exc:
                 errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
+        on_device = self._on_device(inputs, ids, errors)
+        if on_device is not None:
+            return on_device
         live = [b for b in range(len(ids)) if errors[b] is None and inputs.budgets[b] > 0]
         drafts: list[list[int]] = [[] for _ in ids]
         try:
@@ -223,6 +226,21 @@ class HostDrafter(Drafter):
             num_draft_tokens=tuple(len(d) for d in drafts),
             errors=tuple(errors),
         )
+
+    def _on_device(self, inputs: DraftInputs, ids: list[str], errors: list[str | None]) -> DraftOutput | None:
+        """A device proposer's drafts without a host copy: each request gets its budget of draft rows,
+        placeholders past its match (the step verifies those rows; its one host read counts the real
+        drafts). ``None`` for a host proposer, or when a request failed to update (isolated on the host)."""
+        if any(e is not None for e in errors):
+            return None
+        found = self.proposer.propose_on_device(ids, list(inputs.budgets))
+        if found is None:
+            return None
+        drafts, counts = found  # [B, K], [B]
+        keep = torch.arange(drafts.shape[1], device=drafts.device)[None, :] < counts[:, None]  # [B, K]
+        drafts = drafts.to(torch.int64)
+        token_ids = torch.where(keep, drafts, torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))  # [B, K]
+        return DraftOutput(token_ids, tuple(int(b) for b in inputs.budgets), errors=tuple(errors))
 
 
 __all__ = [

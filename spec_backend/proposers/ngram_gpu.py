@@ -2,8 +2,9 @@
 
 Histories live on the device in one padded buffer ``tokens [slots, capacity]`` with host-side lengths.
 Step updates are queued on the host and written with one scatter per :meth:`NgramGpuProposer.propose`;
-one proposal is a fixed sequence of batched ops over ``[B, L]`` and a single device-to-host copy of the
-result (no per-request synchronisation).
+one proposal is a fixed sequence of batched ops over ``[B, L]``. In the engine the drafts stay on the
+device (``propose_on_device``: the step verifies each request's budget of draft rows, placeholders past
+its match); ``propose`` (the host interface) makes one device-to-host copy of drafts and counts.
 
 Matching aligns candidate n-grams by their END position ``e``: ``eq_j[b, e] = tokens[b, e-j] ==
 tokens[b, len_b-1-j]``; the n-gram ending at ``e`` matches the length-n suffix iff ``eq_0 & ... &
@@ -127,6 +128,15 @@ class NgramGpuProposer(Proposer):
         limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
         if not req_ids:
             return []
+        drafts, counts = self.propose_on_device(req_ids, limits)
+        rows = torch.cat([drafts.to(torch.int64), counts[:, None]], dim=1).tolist()  # one copy: [B, K + 1]
+        return [row[: row[-1]] for row in rows]
+
+    def propose_on_device(
+        self, req_ids: Sequence[str], max_tokens: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, K], counts [B]
+        """The matches of ``req_ids`` as device tensors (module docstring), capped at ``max_tokens``."""
+        limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
         self._flush()
         slots = [self._slot[r] for r in req_ids]
         lengths_host = [self._length[s] for s in slots]
@@ -135,12 +145,9 @@ class NgramGpuProposer(Proposer):
         lens = torch.tensor(lengths_host, dtype=torch.long).to(self.device)  # [B]
         lim = torch.tensor(limits, dtype=torch.long).to(self.device)  # [B]
         tokens = self._tokens.index_select(0, slot_t)[:, :width]  # [B, L]
-        drafts, counts = ngram_match(
+        return ngram_match(
             tokens, lens, lim, self.prompt_lookup_min, self.prompt_lookup_max, self.num_speculative_tokens
         )
-        drafts_host = drafts.cpu().tolist()  # the one device-to-host copy: [B, K]
-        counts_host = counts.cpu().tolist()  # [B]
-        return [row[:c] for row, c in zip(drafts_host, counts_host, strict=True)]
 
 
 def ngram_match(

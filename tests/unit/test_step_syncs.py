@@ -79,6 +79,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> str:
 SPECS: dict[str, Callable[[str, Path], dict[str, Any] | None]] = {
     "plain": lambda t, p: None,
     "ngram": lambda t, p: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    "ngram_gpu": lambda t, p: {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
     "suffix": lambda t, p: {"method": "suffix", "num_speculative_tokens": 3},
     "draft_model": lambda t, p: {"method": "draft_model", "model": t, "num_speculative_tokens": 3},
     "medusa": lambda t, p: {
