@@ -13,9 +13,13 @@ it never synchronises with the host and can be captured in a CUDA graph):
   ``< cache_seqlens - Q + j + 1``), which matches the contract only for *left*-padded queries, so
   each request's rows are rotated by ``Q - query_lens[b]`` before the call (real rows last) and
   rotated back after it: two gathers of ``[B, Q, Hq, D]``, no copy of the cache. Padding rows that
-  see no key come back as zeros. Used when ``flash_attn`` is importable, the GPU is Ampere (compute
-  capability 8.0) or newer, the tensors are on CUDA in float16/bfloat16, the head dim is a multiple of
-  8 up to 256, and there is no dropout.
+  see no key come back as zeros. A layer's sliding window ``W`` is flash-attn's local attention,
+  ``window_size=(W - 1, 0)`` (flash-attn README: query ``i`` attends keys in ``[i + seqlen_k - seqlen_q -
+  window_size[0], i + seqlen_k - seqlen_q + window_size[1]]``, bottom-right aligned like its causal mask,
+  so drafted rows of a verify step slide too). Used when ``flash_attn`` is importable, the GPU is Ampere
+  (compute capability 8.0) or newer, the tensors are on CUDA in float16/bfloat16, the head dim is a
+  multiple of 8 up to 256 and the values' head dim equals it (not latent attention), there is no dropout,
+  and the layer has no attention sinks or soft cap (those take the SDPA path).
 * **sdpa** — the reference (:func:`spec_backend.backends.attention.sdpa_ragged_attention`, its
   explicit boolean mask from ``ragged_causal_mask``): every dtype and device. One thing is added for
   CUDA graphs (:func:`cuda_sdpa_attention`): the reference caches each step's mask on the metadata, and a
@@ -36,7 +40,7 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import sdpa_ragged_attention
+from spec_backend.backends.attention import LayerAttention, layer_attention, sdpa_ragged_attention
 from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_cuda.limits import FLASH_MIN_CAPABILITY
 
@@ -84,8 +88,15 @@ def flash_capability_reason(capability: tuple[int, int]) -> str | None:
     return f"compute capability {capability[0]}.{capability[1]} (flash-attn needs {need}, Ampere, or newer)"
 
 
-def flash_unsupported_reason(query: torch.Tensor, key: torch.Tensor, dropout: float = 0.0) -> str | None:
-    """Why the flash path cannot run these tensors (``None``: it can). Shapes, dtypes and the GPU only."""
+def flash_unsupported_reason(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    dropout: float = 0.0,
+    value: torch.Tensor | None = None,
+    layer: LayerAttention | None = None,
+) -> str | None:
+    """Why the flash path cannot run these tensors (``None``: it can). Shapes, dtypes, the GPU and what
+    the layer asks for (``LayerAttention``) only, never values."""
     head_dim = query.shape[-1]
     if not flash_attn_installed():
         return "flash_attn is not installed"
@@ -100,6 +111,20 @@ def flash_unsupported_reason(query: torch.Tensor, key: torch.Tensor, dropout: fl
         return f"head dim {head_dim} (flash-attn needs a multiple of 8 up to {FLASH_MAX_HEAD_DIM})"
     if dropout:
         return "dropout > 0"
+    return flash_layer_reason(head_dim, value, layer)
+
+
+def flash_layer_reason(
+    head_dim: int, value: torch.Tensor | None = None, layer: LayerAttention | None = None
+) -> str | None:
+    """Why flash-attn's kernel cannot compute this layer (``None``: it can): values of another head dim
+    (latent attention), attention sinks, a logit soft cap. A sliding window it computes."""
+    if value is not None and value.shape[-1] != head_dim:
+        return f"value head dim {value.shape[-1]} differs from the query's {head_dim}"
+    if layer is not None and layer.sinks is not None:
+        return "the layer has attention sinks"
+    if layer is not None and layer.softcap is not None:
+        return "the layer has a logit soft cap"
     return None
 
 
@@ -131,8 +156,10 @@ def ragged_flash(
     meta: RaggedAttentionMetadata,
     scale: float,
     kernel: FlashKernel,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D]
-    """The flash path (see the module docstring); ``kernel`` has ``flash_attn_with_kvcache``'s API."""
+    """The flash path (see the module docstring); ``kernel`` has ``flash_attn_with_kvcache``'s API;
+    ``window``: the layer's sliding window (``None``: full causal attention)."""
     batch, _, q_len, _ = query.shape
     batch_idx = torch.arange(batch, device=query.device)[:, None]  # [B, 1]
     q = query.transpose(1, 2)  # [B, Q, Hq, D]
@@ -143,6 +170,7 @@ def ragged_flash(
         k_cache = k_cache.contiguous()
     if v_cache.stride(-1) != 1:
         v_cache = v_cache.contiguous()
+    local = {"window_size": (window - 1, 0)} if window is not None else {}  # W keys: W - 1 before, itself
     out = kernel(
         q_left,
         k_cache,
@@ -150,6 +178,7 @@ def ragged_flash(
         cache_seqlens=meta.kv_lens.to(torch.int32),
         softmax_scale=scale,
         causal=True,
+        **local,
     )  # [B, Q, Hq, D], left-padded rows
     return out[batch_idx, rotation_index(meta.query_lens, q_len, to_left=False)]  # [B, Q, Hq, D]
 
@@ -165,12 +194,12 @@ def flash_ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The flash path as an ``AttentionInterface`` function; returns ``[B, Q, Hq, D]``."""
-    meta = _metadata(kwargs)
-    reason = flash_unsupported_reason(query, key, dropout)
+    meta, layer = _metadata(kwargs), layer_attention(kwargs)
+    reason = flash_unsupported_reason(query, key, dropout, value, layer)
     if reason is not None:
         raise ValueError(f"the flash attention path cannot run here: {reason}")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return ragged_flash(query, key, value, meta, scale, load_flash_kernel()), None
+    return ragged_flash(query, key, value, meta, scale, load_flash_kernel(), layer.window), None
 
 
 #: the masks built during the current capture, by id (weak references: a freed mask's id can be
@@ -226,7 +255,7 @@ def cuda_ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The CUDA backend's attention: flash when it can run these tensors, else the reference SDPA."""
-    if flash_unsupported_reason(query, key, dropout) is None:
+    if flash_unsupported_reason(query, key, dropout, value, layer_attention(kwargs)) is None:
         return flash_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
@@ -247,6 +276,7 @@ __all__ = [
     "device_capability",
     "flash_attn_installed",
     "flash_capability_reason",
+    "flash_layer_reason",
     "flash_ragged_attention",
     "flash_unsupported_reason",
     "load_flash_kernel",

@@ -50,9 +50,13 @@ def real_rows(out: torch.Tensor, meta: RaggedAttentionMetadata) -> list[torch.Te
 
 
 def reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: RaggedAttentionMetadata
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D] float32
-    """The reference attention in float32 on CPU."""
+    """The reference attention in float32 on CPU (with a sliding window of ``window`` where given)."""
     cpu = RaggedAttentionMetadata(meta.query_lens.cpu(), meta.kv_lens.cpu())
     out, _ = sdpa_ragged_attention(
         torch.nn.Identity(),
@@ -61,6 +65,7 @@ def reference(
         value.float().cpu(),
         None,
         spec_attn_metadata=cpu,
+        sliding_window=window,
     )
     return out
 
@@ -72,14 +77,18 @@ def emulated_flash_with_kvcache(
     cache_seqlens: torch.Tensor,  # [B] int32
     softmax_scale: float,
     causal: bool,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:  # [B, Q, Hq, D]
     """flash-attn's documented ``flash_attn_with_kvcache`` semantics in plain torch (float32 math).
 
     Request ``b`` sees keys ``[0, cache_seqlens[b])``; with ``causal`` the mask is aligned to the
-    bottom-right corner: query ``j`` sees keys ``<= cache_seqlens[b] - Q + j``. Rows that see no key
+    bottom-right corner: query ``j`` sees keys ``<= cache_seqlens[b] - Q + j``. With ``window_size =
+    (left, right)`` other than ``(-1, -1)`` (local attention; README: keys in ``[j + s - Q - left,
+    j + s - Q + right]``) it sees no key before ``cache_seqlens[b] - Q + j - left``. Rows that see no key
     are zero.
     """
     assert causal
+    left = window_size[0]
     batch, q_len, heads, _ = q.shape
     rep = heads // k_cache.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -88,7 +97,10 @@ def emulated_flash_with_kvcache(
         k = k_cache[b, :s].float().repeat_interleave(rep, dim=1)  # [s, Hq, D]
         v = v_cache[b, :s].float().repeat_interleave(rep, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[b].float(), k) * softmax_scale  # [Hq, Q, s]
-        allowed = torch.arange(s)[None, :] <= (s - q_len + torch.arange(q_len))[:, None]  # [Q, s]
+        diagonal = (s - q_len + torch.arange(q_len))[:, None]  # [Q, 1]
+        allowed = torch.arange(s)[None, :] <= diagonal  # [Q, s]
+        if left >= 0:
+            allowed &= torch.arange(s)[None, :] >= diagonal - left
         scores = scores.masked_fill(~allowed[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows without keys -> 0
         out[b] = torch.einsum("hqk,khd->qhd", probs, v)

@@ -12,6 +12,7 @@ from spec_backend_cuda import CudaBackend
 from spec_backend_cuda import attention as cuda_attention
 from spec_backend_cuda.attention import (
     cuda_ragged_attention,
+    flash_layer_reason,
     flash_ragged_attention,
     flash_unsupported_reason,
     ragged_flash,
@@ -156,3 +157,44 @@ def test_sdpa_masks_never_cross_a_graph_capture(monkeypatch: pytest.MonkeyPatch)
     assert second != captured
     monkeypatch.setattr(cuda_attention, "capturing", lambda: False)
     assert masks() != second  # outside the capture: not the graph's mask
+
+
+@pytest.mark.parametrize(("query_lens", "q_len"), LAYOUTS)
+@pytest.mark.parametrize("window", [1, 4, 9])
+def test_flash_glue_slides_the_window_like_the_reference(
+    query_lens: list[int] | None, q_len: int, window: int
+) -> None:
+    """A sliding window reaches flash-attn as window_size=(W - 1, 0): the real rows (drafted positions of
+    a verify step included) see the reference's windowed keys."""
+    batch = 4 if query_lens is None else len(query_lens)
+    query, key, value, meta = ragged_batch(batch, q_len, 4, 2, 8, query_lens=query_lens, seed=5)
+    out = ragged_flash(query, key, value, meta, 8**-0.5, emulated_flash_with_kvcache, window)
+    ref = reference(query, key, value, meta, window)
+    for got, want in zip(real_rows(out, meta), real_rows(ref, meta), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    full = reference(query, key, value, meta)
+    assert not torch.allclose(ref, full)  # the window changes the answer on these lengths
+
+
+def test_sinks_soft_caps_and_latent_values_take_the_sdpa_path() -> None:
+    """Layers flash-attn's kernel cannot compute (sinks, a soft cap, values of another head dim) are
+    named by flash_layer_reason and computed by the reference path, windowed or not."""
+    from spec_backend.backends.attention import LayerAttention
+
+    query, key, value, meta = ragged_batch(2, 3, 4, 2, 16, seed=6)
+    assert flash_layer_reason(16, value, LayerAttention(window=4)) is None
+    assert (
+        flash_layer_reason(16, value, LayerAttention(sinks=torch.zeros(4))) == "the layer has attention sinks"
+    )
+    assert flash_layer_reason(16, value, LayerAttention(softcap=30.0)) == "the layer has a logit soft cap"
+    assert flash_layer_reason(16, value[..., :8]) == "value head dim 8 differs from the query's 16"
+    kwargs: dict[str, Any] = {
+        "spec_attn_metadata": meta,
+        "s_aux": torch.tensor([0.5, -1.0, 0.0, 2.0]),
+        "sliding_window": 3,
+    }
+    out, _ = cuda_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
+    ref, _ = sdpa_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="flash attention path cannot run here"):
+        flash_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)

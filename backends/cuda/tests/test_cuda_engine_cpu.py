@@ -10,8 +10,9 @@ import pytest
 import torch
 from cuda_testlib import emulated_flash_with_kvcache
 from spec_backend_cuda import CudaBackend
-from spec_backend_cuda.attention import ragged_flash
+from spec_backend_cuda.attention import cuda_sdpa_attention, flash_layer_reason, ragged_flash
 
+from spec_backend.backends.attention import layer_attention
 from spec_backend.backends.base import AttentionFn, Availability
 
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
@@ -38,9 +39,14 @@ def _emulated_flash(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    """The dispatch of ``cuda_ragged_attention`` with the emulated kernel: layers flash cannot compute
+    (``flash_layer_reason``) take the SDPA path, the rest the flash glue with the layer's window."""
+    layer = layer_attention(kwargs)
+    if flash_layer_reason(query.shape[-1], value, layer) is not None:
+        return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     meta = kwargs["spec_attn_metadata"]
-    return ragged_flash(query, key, value, meta, scale, emulated_flash_with_kvcache), None
+    return ragged_flash(query, key, value, meta, scale, emulated_flash_with_kvcache, layer.window), None
 
 
 class CpuEmulatedCudaFlash(CpuEmulatedCuda):
@@ -76,3 +82,32 @@ def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> 
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
     assert all(len(o) == 10 for o in outputs["reference"])
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="a CUDA GPU is present: compiled triton kernels cannot read these CPU tensors "
+    "(test_gpu_engine.py runs the real backend there)",
+)
+@pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
+def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str) -> None:
+    """Gemma 3 (sliding and global layers) and GPT-OSS (sliding layers with sinks): the CUDA backend's
+    SDPA path and its flash glue (window_size over the emulated kernel; sinks routed to SDPA) give the
+    reference's tokens, speculative, on prompts longer than the window."""
+    pytest.importorskip("triton")
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.families import WINDOW, make_family_model
+
+    model = make_family_model(tmp_path / family, family)
+    assert max(len(p) for p in PROMPTS) > 2 * WINDOW
+    params = engine.SamplingParams(temperature=0.0, max_tokens=10)
+    outputs = {}
+    for name, backend in (
+        ("reference", "reference"),
+        ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
+        ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
+    ):
+        llm = engine.LLM(model, speculative_config=NGRAM, backend=backend, log_stats_interval=None)
+        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    assert outputs["cuda-sdpa"] == outputs["reference"]
+    assert outputs["cuda-flash-glue"] == outputs["reference"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from cuda_testlib import ragged_batch, real_rows, reference
@@ -97,3 +99,49 @@ def test_attention_replays_in_a_cuda_graph_with_new_lengths(path: str) -> None:
         eager = call()
         for got, want in zip(real_rows(out, meta), real_rows(eager, meta), strict=True):
             torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("query_lens", "q_len", "batch"), LAYOUTS)
+@pytest.mark.parametrize("window", [1, 16, 100])
+def test_sliding_window_paths_match_the_reference(
+    path: str, dtype: torch.dtype, query_lens: list[int] | None, q_len: int, batch: int, window: int
+) -> None:
+    """A layer's sliding window (transformers' ``sliding_window=``) on every path: flash-attn's local
+    attention, ``window_size=(W - 1, 0)``, and SDPA's windowed mask, against the float32 reference."""
+    _needs(path, dtype)
+    query, key, value, meta = ragged_batch(
+        batch, q_len, 8, 2, 64, dtype, "cuda", max_prefix=300, seed=7, query_lens=query_lens
+    )
+    out, _ = PATHS[path](
+        torch.nn.Identity(), query, key, value, None, spec_attn_metadata=meta, sliding_window=window
+    )
+    ref = reference(query, key, value, meta, window)
+    tol = TOLERANCE[dtype]
+    for got, want in zip(real_rows(out.float().cpu(), meta), real_rows(ref, meta), strict=True):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_attention_sinks_take_the_sdpa_path_on_the_gpu() -> None:
+    """GPT-OSS's sinks: the auto path computes them (SDPA's explicit path), the flash path refuses them."""
+    query, key, value, meta = ragged_batch(3, 4, 8, 2, 64, torch.bfloat16, "cuda", max_prefix=40, seed=8)
+    sinks = torch.linspace(-2.0, 2.0, 8, device="cuda")
+    kwargs: dict[str, Any] = {"spec_attn_metadata": meta, "s_aux": sinks, "sliding_window": 16}
+    auto, _ = cuda_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
+    cpu_meta = type(meta)(meta.query_lens.cpu(), meta.kv_lens.cpu())
+    want, _ = sdpa_ragged_attention(
+        torch.nn.Identity(),
+        query.float().cpu(),
+        key.float().cpu(),
+        value.float().cpu(),
+        None,
+        spec_attn_metadata=cpu_meta,
+        s_aux=sinks.cpu(),
+        sliding_window=16,
+    )
+    for got, ref in zip(real_rows(auto.float().cpu(), meta), real_rows(want, cpu_meta), strict=True):
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    if flash_attn_installed():
+        with pytest.raises(ValueError, match="attention sinks"):
+            flash_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
