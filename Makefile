@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test lint demo bench clean test-vllm
+.PHONY: venv test lint demo bench clean test-vllm test-eval
 
 VLLM_VENV := .venv-vllm
+EVAL_VENV := .venv-eval
 
 venv: $(STAMP)
 
@@ -36,6 +37,12 @@ demo: $(STAMP)
 test-vllm:
 	scripts/setup_vllm_env.sh $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
+# Eval tier: lm-evaluation-harness (pinned in the script) drives `spec-backend serve`, in .venv-eval
+# (~2 GB with its datasets stack, a few minutes on first use; the tier itself ~3 min).
+test-eval:
+	scripts/setup_eval_env.sh $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/eval
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_sampler.py
