@@ -101,6 +101,8 @@ class SpeculativeConfig(BaseModel):
     disable_padded_drafter_batch: bool = False
     use_local_argmax_reduction: bool = False
     disable_by_batch_size: int | None = None
+    #: this engine's own: greedy requests' draft length chosen per step by measured cost (engine/adaptive.py)
+    adaptive_draft_length: bool = False
     # n-gram
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from typing import Any
 
+from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.request import Request
 from spec_backend.engine.sampling_state import SamplingState
@@ -56,6 +58,7 @@ class EngineCore:
         disable_by_batch_size: int | None,
         metrics: SpecDecodingMetrics,
         tokenizer: Any | None,
+        adaptive: AdaptiveDraftLength | None = None,
     ) -> None:
         self.runner = runner
         self.slots = slots
@@ -74,6 +77,8 @@ class EngineCore:
         slots.join(self.pending)
         slots.join(self.sampling_state)
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
+        self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
+        self._next_k = self.k  # the draft length greedy requests got at the last draft-next
         self.num_steps = 0
         self.stepper = Stepper(self)
 
@@ -123,9 +128,34 @@ class EngineCore:
             finished += self._release_finished()
         if self.running:
             self.num_steps += 1
-            self.stepper.decode(list(self.running))
+            self._timed_decode()
             finished += self._release_finished()
         return finished
+
+    def _timed_decode(self) -> None:
+        """One decode step; with adaptive drafting, its time is measured for the draft length it verified
+        (steps that verify one length and draft another are not attributed)."""
+        if self.adaptive is None:
+            self.stepper.decode(list(self.running))
+            return
+        verified_k, total = self._next_k, self.metrics.total
+        drafted, accepted = total.num_draft_tokens, total.num_accepted_tokens
+        start = time.perf_counter()
+        self.stepper.decode(list(self.running))
+        seconds = time.perf_counter() - start
+        if verified_k == self._next_k:
+            drafted, accepted = total.num_draft_tokens - drafted, total.num_accepted_tokens - accepted
+            self.adaptive.observe(len(self.running), verified_k, seconds, drafted, accepted)
+
+    def plan_draft_length(self, requests: list[Request]) -> None:
+        """Before a decode step's draft-next: the draft length of its greedy requests (``K`` without
+        adaptive drafting; sampled requests always get ``K``)."""
+        if self.adaptive is None:
+            return
+        greedy = [r for r in requests if not r.finished and r.params.temperature == 0]
+        estimate = self.adaptive.acceptance_of
+        acceptances = [estimate(r.stats.num_draft_tokens, r.stats.num_accepted_tokens) for r in greedy]
+        self._next_k = self.adaptive.choose(len(requests), acceptances)
 
     def _admit(self, requests: list[Request]) -> None:
         for request in requests:
@@ -144,7 +174,8 @@ class EngineCore:
         if request.finished:
             return 0
         room = self.max_model_len - request.num_tokens
-        return max(0, min(self.k, request.remaining - 1, room - 1))
+        k = self._next_k if self.adaptive is not None and request.params.temperature == 0 else self.k
+        return max(0, min(k, request.remaining - 1, room - 1))
 
     @property
     def speculation_disabled(self) -> bool:

@@ -15,6 +15,7 @@ import torch
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError, ModelOptions
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
+from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
 from spec_backend.engine.core import EngineCore, seed_for
@@ -191,8 +192,9 @@ class LLM:
         runner, slots, drafter = assemble(
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom=k
         )
+        adaptive = AdaptiveDraftLength(k) if spec is not None and spec.adaptive_draft_length else None
         engine = EngineCore(
-            runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer
+            runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer, adaptive
         )
         eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
         # the verify step (K+1 tokens per request), or plain decoding's one token per request

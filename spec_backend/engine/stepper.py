@@ -52,6 +52,8 @@ class StepEngine(Protocol):
 
     def draft_budget(self, request: Request) -> int: ...
 
+    def plan_draft_length(self, requests: list[Request]) -> None: ...
+
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
@@ -181,6 +183,8 @@ class Stepper:
         if drafter is None:
             return
         disabled = engine.speculation_disabled
+        if not disabled and not last_only:
+            engine.plan_draft_length(requests)
         budgets = tuple(0 if disabled else engine.draft_budget(r) for r in requests)
         num_accepted = tuple(0 if last_only else max(0, len(e) - 1) for e in result.emitted)
         inputs = DraftInputs(

@@ -1,0 +1,114 @@
+"""Adaptive draft length: how many drafts greedy requests get each step, chosen by measured cost.
+
+Speculation pays when the tokens a step emits grow faster than its time. For a request whose drafts are
+accepted with probability ``a`` each, ``k`` drafts emit ``E(k) = (1 - a^(k+1)) / (1 - a)`` tokens per step
+on average; a step of ``B`` requests with ``k`` drafts each takes ``t(B, k)`` seconds. Each step this module
+picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
+
+* ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the engine's
+  running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean;
+* ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
+  requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
+  in turn, values between them are interpolated linearly, and every ``EXPLORE_EVERY`` steps the extreme
+  not chosen is measured again, so a change of load or acceptance is noticed.
+
+Only **greedy** requests adapt: their output is the target's argmax whatever is drafted, so the choice
+cannot change it. Sampled requests keep ``K``: which drafts are verified changes which random numbers a
+seeded request uses, and a time-based choice would make its tokens depend on the machine's load.
+
+Glossary: *draft length* — drafts budgeted to a request for one step (``k``; the drafter may propose fewer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: pseudo-drafts at the engine's mean acceptance added to each request's own counts
+PRIOR_DRAFTS = 8
+#: steps between two measurements of the extreme not chosen
+EXPLORE_EVERY = 32
+#: weight of a new measurement in the moving average
+EMA_WEIGHT = 0.25
+#: measurements of an extreme before it is trusted
+MIN_SAMPLES = 2
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``."""
+    a = min(max(acceptance, 0.0), 1.0)
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class _Timing:
+    seconds: float
+    samples: int = 1
+
+
+@dataclass
+class AdaptiveDraftLength:
+    """The draft-length policy of one engine (module docstring)."""
+
+    k: int
+    times: dict[tuple[int, int], _Timing] = field(default_factory=dict)  # (batch, k) -> step time
+    drafted: int = 0  # every verified draft so far
+    accepted: int = 0
+    steps: int = 0
+    chosen: list[int] = field(default_factory=list)  # the k of each step that adapted (for tests, logs)
+
+    @property
+    def mean_acceptance(self) -> float:
+        return (self.accepted + 1) / (self.drafted + 2)  # Laplace: 0.5 before any draft
+
+    def acceptance_of(self, drafted: int, accepted: int) -> float:
+        """A request's acceptance estimate from its own counts and the engine's mean."""
+        return (accepted + PRIOR_DRAFTS * self.mean_acceptance) / (drafted + PRIOR_DRAFTS)
+
+    def choose(self, batch: int, acceptances: Sequence[float]) -> int:
+        """The draft length of the next step for a batch of ``batch`` requests, ``acceptances`` those of
+        its greedy requests (empty: nothing adapts, ``K``)."""
+        self.steps += 1
+        if not acceptances or self.k == 0:
+            return self.k
+        for extreme in (self.k, 0):  # measure both extremes first
+            timing = self.times.get((batch, extreme))
+            if timing is None or timing.samples < MIN_SAMPLES:
+                return self._chose(extreme)
+        best = max(
+            range(self.k + 1),
+            key=lambda k: sum(expected_tokens(a, k) for a in acceptances) / self._time(batch, k),
+        )
+        if self.steps % EXPLORE_EVERY == 0:
+            best = 0 if best else self.k
+        return self._chose(best)
+
+    def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
+        """Expected tokens per second of the greedy requests with draft length ``k``."""
+        return sum(expected_tokens(a, k) for a in acceptances) / self._time(batch, k)
+
+    def observe(self, batch: int, k: int, seconds: float, drafted: int, accepted: int) -> None:
+        """A decode step of ``batch`` requests with draft length ``k`` took ``seconds``; its requests
+        verified ``drafted`` drafts and accepted ``accepted``."""
+        self.drafted += drafted
+        self.accepted += accepted
+        timing = self.times.get((batch, k))
+        if timing is None:
+            self.times[(batch, k)] = _Timing(seconds)
+        else:
+            timing.seconds += EMA_WEIGHT * (seconds - timing.seconds)
+            timing.samples += 1
+
+    def _time(self, batch: int, k: int) -> float:
+        measured = self.times.get((batch, k))
+        if measured is not None and measured.samples >= MIN_SAMPLES:
+            return measured.seconds
+        low, high = self.times[(batch, 0)].seconds, self.times[(batch, self.k)].seconds
+        return low + (high - low) * k / self.k
+
+    def _chose(self, k: int) -> int:
+        self.chosen.append(k)
+        return k
+
+
+__all__ = ["AdaptiveDraftLength", "expected_tokens"]

@@ -1,0 +1,173 @@
+"""Adaptive draft length (``speculative_config["adaptive_draft_length"]``, ``engine/adaptive.py``): the
+expected-tokens formula, the policy's choices on given times and acceptances, and in the engine: greedy
+output unchanged, speculation turned off where drafts cost more than they give and kept where they pay,
+sampled requests always at K."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
+
+from spec_backend.config import SpeculativeConfig
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.adaptive import EXPLORE_EVERY, MIN_SAMPLES, AdaptiveDraftLength, expected_tokens
+from spec_backend.proposers.contract import DraftOutput
+from spec_backend.tools.tiny import make_tiny_model
+
+K = 4
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.0, K) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens(1.0, K) == K + 1
+    assert expected_tokens(0.8, 0) == 1.0
+
+
+def _measured(policy: AdaptiveDraftLength, batch: int, times: dict[int, float]) -> None:
+    for k, seconds in times.items():
+        for _ in range(MIN_SAMPLES):
+            policy.observe(batch, k, seconds, 0, 0)
+
+
+def test_both_extremes_are_measured_first() -> None:
+    policy = AdaptiveDraftLength(K)
+    assert policy.choose(1, [0.5]) == K
+    policy.observe(1, K, 2.0, 0, 0)
+    assert policy.choose(1, [0.5]) == K  # one sample is not enough
+    policy.observe(1, K, 2.0, 0, 0)
+    assert policy.choose(1, [0.5]) == 0
+    assert policy.choose(3, [0.5]) == K  # another batch size is measured on its own
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "times", "best"),
+    [
+        (0.9, {0: 1.0, K: 1.2}, K),  # cheap verify rows, drafts accepted: the longest
+        (0.0, {0: 1.0, K: 1.2}, 0),  # nothing accepted: plain decoding
+        (0.9, {0: 1.0, K: 3.0}, 3),  # interpolated: 3.44 tokens in 2.5 s beat 4.10 in 3.0 and 2.71 in 2.0
+        (0.9, {0: 1.0, K: 1.0, 2: 5.0}, K),  # a measured middle length is used, not interpolated
+    ],
+)
+def test_the_length_with_the_most_tokens_per_second(
+    acceptance: float, times: dict[int, float], best: int
+) -> None:
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, times)
+    assert policy.choose(1, [acceptance]) == best
+
+
+def test_the_extreme_not_chosen_is_measured_again() -> None:
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, {0: 1.0, K: 9.0})
+    choices = [policy.choose(1, [0.1]) for _ in range(2 * EXPLORE_EVERY)]
+    assert choices.count(K) == 2 and set(choices) == {0, K}
+
+
+def test_without_greedy_requests_nothing_adapts() -> None:
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, {0: 1.0, K: 9.0})
+    assert policy.choose(1, []) == K
+
+
+def test_a_request_starts_at_the_engines_mean_and_moves_with_its_own_counts() -> None:
+    policy = AdaptiveDraftLength(K)
+    policy.observe(1, K, 1.0, 100, 80)
+    assert policy.acceptance_of(0, 0) == pytest.approx(81 / 102)
+    assert policy.acceptance_of(40, 0) < 0.2 < policy.acceptance_of(40, 40)
+
+
+def test_the_option_is_off_by_default_and_refuses_non_bools() -> None:
+    assert SpeculativeConfig(method="ngram", num_speculative_tokens=K).adaptive_draft_length is False
+    with pytest.raises(ValueError, match="adaptive_draft_length"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=K, adaptive_draft_length=[1])  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("adaptive"), "llama")
+
+
+def _costly_wrong_drafts(llm: LLM) -> None:
+    """Every proposal sleeps 20 ms and is wrong (each draft id shifted by one): drafts cost, never pay."""
+    drafter: Any = llm.engine.drafter
+    propose = drafter.propose
+
+    def costly(inputs: Any) -> DraftOutput:
+        out = propose(inputs)
+        if max(inputs.budgets, default=0):
+            time.sleep(0.02)
+        shifted = (out.token_ids + 1).remainder(128)  # [B, K]
+        return DraftOutput(shifted, tuple(inputs.budgets), out.draft_probs, out.errors)
+
+    drafter.propose = costly
+
+
+def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(target: str) -> None:
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": K,
+        "prompt_lookup_min": 1,
+        "adaptive_draft_length": True,
+    }
+    llm = LLM(target, dtype="float64", speculative_config=spec)
+    _costly_wrong_drafts(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    got = llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
+    plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
+    assert got == plain  # greedy: the output does not depend on the draft length
+    adaptive = llm.engine.adaptive
+    assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES].count(K) == MIN_SAMPLES
+    assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
+
+
+def test_without_the_option_drafting_goes_on(target: str) -> None:
+    """Negative control: the same costly drafter, adaptive off: every step drafts K."""
+    llm = LLM(target, dtype="float64", speculative_config={"method": "ngram", "num_speculative_tokens": K})
+    _costly_wrong_drafts(llm)
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    assert llm.engine.adaptive is None
+    assert llm.metrics.total.num_drafts >= 18
+
+
+def test_drafts_that_pay_are_kept(target: str) -> None:
+    """The target drafting for itself: every draft is accepted, so the longest length stays."""
+    spec = {
+        "method": "draft_model",
+        "model": target,
+        "num_speculative_tokens": K,
+        "adaptive_draft_length": True,
+    }
+    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
+    adaptive = llm.engine.adaptive
+    assert adaptive is not None and adaptive.chosen[-5:].count(K) >= 4
+
+
+def test_sampled_requests_keep_k(target: str) -> None:
+    """Beside greedy requests whose drafts are turned off, a sampled request is budgeted K every step,
+    and its seeded tokens are those of the same engine without the option."""
+    spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1}
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True),
+    ]
+    outputs = []
+    for adaptive in (False, True):
+        llm = LLM(target, dtype="float64", speculative_config={**spec, "adaptive_draft_length": adaptive})
+        _costly_wrong_drafts(llm)
+        budgets: list[tuple[int, ...]] = []
+        drafter: Any = llm.engine.drafter
+        propose = drafter.propose
+
+        def spy(inputs: Any, propose: Any = propose, budgets: list[tuple[int, ...]] = budgets) -> Any:
+            budgets.append(tuple(inputs.budgets))
+            return propose(inputs)
+
+        drafter.propose = spy
+        outputs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params)])
+        assert all(b[1] == K for b in budgets[1:30])  # the sampled request (slot 1), far from its end
+    assert outputs[0][1] == outputs[1][1]
