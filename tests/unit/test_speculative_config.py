@@ -110,7 +110,10 @@ def test_mtp_contradicting_known_model_type() -> None:
         ({"method": "ngram"}, "num_speculative_tokens is required"),
         ({}, "num_speculative_tokens is required"),
         ({**NG, "tensor_parallel_size": 2}, "tensor_parallel_size=2 is not .*draft_tensor_parallel_size"),
-        ({**NG, "num_speculative_token": 3}, r"unknown .*'num_speculative_token'.*allowed keys: \['code_rev"),
+        (
+            {**NG, "num_speculative_token": 3},
+            r"unknown .*'num_speculative_token'.*allowed keys: \['adaptive_draft_length', 'code_rev",
+        ),
         ({"method": "eagle", "num_speculative_tokens": 2}, "method='eagle' needs draft weights"),
         ({**NG, "prompt_lookup_min": 4, "prompt_lookup_max": 3}, "min=4 must be <= prompt_lookup_max=3"),
         ({**NG, "prompt_lookup_min": 0}, "greater than or equal to 1"),
