@@ -72,6 +72,28 @@ def layer_attention(kwargs: dict[str, Any]) -> LayerAttention:
     return LayerAttention(window, sinks, float(softcap) if softcap is not None else None)
 
 
+#: What ``attention_needs`` reports: attention sinks, a logit soft cap, values of another head dim.
+ATTENTION_NEEDS = ("sinks", "softcap", "latent")
+
+
+def attention_needs(model: torch.nn.Module) -> frozenset[str]:
+    """What ``model``'s attention layers ask of an attention function beyond (windowed) causal attention,
+    read from its parameters and config before any forward, so a backend can refuse at load what it
+    cannot compute: ``"sinks"`` (a parameter named ``sinks``, GPT-OSS), ``"softcap"`` (an attention
+    module with ``attn_logit_softcapping`` set, Gemma 2) and ``"latent"`` (multi-head latent attention,
+    ``kv_lora_rank``: values have their own head dim)."""
+    needs = set()
+    if any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in model.named_parameters()):
+        needs.add("sinks")
+    if any(getattr(m, "attn_logit_softcapping", None) is not None for m in model.modules()):
+        needs.add("softcap")
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "kv_lora_rank", None):
+        needs.add("latent")
+    return frozenset(needs)
+
+
 def ragged_causal_mask(
     meta: RaggedAttentionMetadata, q_len: int, kv_len: int, window: int | None = None
 ) -> torch.Tensor:

@@ -21,8 +21,15 @@ source):
 * **prefill** (``Q > 16``, beyond the TND decode path's 16-token limit): ``input_layout="BNSD_BSND"``
   over the padded cache with per-request ``actual_seq_lengths`` / ``actual_seq_lengths_kv``.
 
-Head dims must be multiples of 16 up to 512 in every layout (float16/bfloat16); others are refused
-with a ``ValueError`` before the op is called.
+A layer's sliding window ``W`` (transformers' ``sliding_window=``) is the op's band mode, ``sparse_mode=4``
+with ``pre_tokens = W - 1, next_tokens = 0`` around each row's right-down diagonal, so the drafted rows of
+a verify step slide with their true positions. TND takes no band mode, so windowed layers verify through
+BNSD whatever their head dim; and since the op ignores the band when the query's S is 1, a one-token
+decode step is presented with one padding row more (S = 2).
+
+Head dims must be multiples of 16 up to 512 in every layout (float16/bfloat16), and values must have the
+keys' head dim; the op has no attention sinks and no logit soft cap. Such layers are refused with a
+``ValueError`` before the op is called (and their models at load: ``AscendBackend.prepare_model``).
 
 FIA accepts float16 and bfloat16 only: float32 models run the op in float16 and cast back.
 ``torch_npu`` is imported lazily, on the first call.
@@ -35,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from spec_backend.backends.attention import layer_attention
 from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
 from spec_backend_ascend.limits import (
@@ -43,6 +51,7 @@ from spec_backend_ascend.limits import (
     MAX_QUERY_TOKENS_PER_REQUEST,
     PAGE_BLOCK_SIZE,
     SPARSE_MASK_SIZE,
+    SPARSE_MODE_BAND,
     SPARSE_MODE_RIGHT_DOWN_CAUSAL,
     TND_HEAD_DIMS,
 )
@@ -65,6 +74,13 @@ def causal_mask(device: torch.device) -> torch.Tensor:
         mask = torch.ones(SPARSE_MASK_SIZE, SPARSE_MASK_SIZE, dtype=torch.int8, device=device).triu_(1)
         _MASKS[device] = mask
     return mask
+
+
+def band(window: int | None) -> dict[str, int]:
+    """The op's masking keywords: right-down causal, or the band of a sliding window of ``window``."""
+    if window is None:
+        return {"sparse_mode": SPARSE_MODE_RIGHT_DOWN_CAUSAL}
+    return {"sparse_mode": SPARSE_MODE_BAND, "pre_tokens": window - 1, "next_tokens": 0}
 
 
 def paged_cache(cache: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,10 +147,15 @@ def _decode_bnsd(
     value: torch.Tensor,  # [B, Hkv, L, D]
     meta: RaggedAttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
-    """Verification / decode for head dims TND rejects: ``input_layout="BNSD"`` over the dense cache,
-    padded by ``Q`` positions, with the same static query lengths and shifted kv lengths as TND (so
-    ACLGraph capture and the per-replay update work unchanged)."""
+    """Verification / decode for head dims TND rejects and for windowed layers: ``input_layout="BNSD"``
+    over the dense cache, padded by ``Q`` positions, with the same static query lengths and shifted kv
+    lengths as TND (so ACLGraph capture and the per-replay update work unchanged). A windowed layer's
+    one-token step gets a padding row (the op ignores the band for S = 1), sliced off the output."""
+    rows = query.shape[2]
+    if window is not None and rows == 1:
+        query = F.pad(query, (0, 0, 0, 1))  # [B, Hq, 2, D]
     batch, heads, q_len, _ = query.shape
     dtype = op_dtype(query.dtype)
     capacity = key.shape[2] + q_len
@@ -148,9 +169,10 @@ def _decode_bnsd(
         "num_key_value_heads": key.shape[1],
         "scale": scale,
         "input_layout": "BNSD",
-        "sparse_mode": SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+        **band(window),
     }
-    return _issue(call, meta, batch, q_len, capacity).transpose(1, 2)  # [B, N, Q, D] -> [B, Q, N, D]
+    out = _issue(call, meta, batch, q_len, capacity).transpose(1, 2)  # [B, N, Q, D] -> [B, Q, N, D]
+    return out[:, :rows]
 
 
 def _issue(
@@ -208,6 +230,7 @@ def _prefill_bnsd(
     value: torch.Tensor,  # [B, Hkv, L, D]
     meta: RaggedAttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
     if active_capture() is not None:
         raise RuntimeError(
@@ -226,7 +249,7 @@ def _prefill_bnsd(
         num_key_value_heads=key.shape[1],
         scale=scale,
         input_layout="BNSD_BSND",
-        sparse_mode=SPARSE_MODE_RIGHT_DOWN_CAUSAL,
+        **band(window),
     )
     return out  # type: ignore[no-any-return]
 
@@ -244,25 +267,32 @@ def ascend_ragged_attention(
     """Causal ragged attention with FIA; returns ``[B, Q, Hq, D]`` in the query's dtype.
 
     ``attention_mask`` is ignored (the lengths in ``spec_attn_metadata`` define the mask, as in the
-    reference); ``dropout`` must be 0 (inference op). Padding query rows hold unspecified values.
+    reference, and the layer's ``sliding_window`` its band); ``dropout`` must be 0 (inference op).
+    Padding query rows hold unspecified values.
     """
     del module, attention_mask
     if dropout:
         raise ValueError(
             f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
         )
-    meta = _metadata(kwargs)
+    meta, layer = _metadata(kwargs), layer_attention(kwargs)
     head_dim = query.shape[-1]
-    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or key.shape[-1] != head_dim:
+    if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or {key.shape[-1], value.shape[-1]} != {head_dim}:
         raise ValueError(
             f"npu_fused_infer_attention_score needs query/key/value head dims that are equal multiples of "
-            f"{HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}, got query {head_dim}, key {key.shape[-1]}"
+            f"{HEAD_DIM_ALIGN} up to {MAX_HEAD_DIM}, got query {head_dim}, key {key.shape[-1]}, "
+            f"value {value.shape[-1]}"
+        )
+    if layer.explicit:
+        raise ValueError(
+            "npu_fused_infer_attention_score has no attention sinks and no logit soft cap, got "
+            f"sinks={'yes' if layer.sinks is not None else 'no'}, softcap={layer.softcap}"
         )
     scale = float(scaling) if scaling is not None else head_dim**-0.5
     if query.shape[2] > MAX_QUERY_TOKENS_PER_REQUEST:
-        out = _prefill_bnsd(query, key, value, meta, scale)
-    elif head_dim in TND_HEAD_DIMS:
+        out = _prefill_bnsd(query, key, value, meta, scale, layer.window)
+    elif head_dim in TND_HEAD_DIMS and layer.window is None:
         out = _decode_tnd(query, key, value, meta, scale)
     else:
-        out = _decode_bnsd(query, key, value, meta, scale)
+        out = _decode_bnsd(query, key, value, meta, scale, layer.window)
     return out.to(query.dtype), None

@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spec_backend.backends.attention import attention_needs
 from spec_backend.backends.base import (
     AttentionFn,
     Availability,
     Backend,
+    BackendError,
     CapturePolicy,
     GraphFn,
     GraphRunner,
+    ModelOptions,
     SamplerTuning,
     TokenLimits,
 )
@@ -27,6 +30,13 @@ if TYPE_CHECKING:
 #: Vector cores on Atlas A2/A3 (Ascend 910B/910C) devices: the sampler kernels' grid cap.
 #: Source: the Atlas A2/A3 product specifications (40 AIV cores); triton-ascend runs one program per core.
 VECTOR_CORES = 40
+#: What the fused attention op cannot compute, by ``attention_needs`` name (its documented arguments have
+#: no sink logits and no soft cap, and key and value must have the same shape).
+FIA_LACKS = {
+    "latent": "values of another head dim than the keys (multi-head latent attention)",
+    "sinks": "attention sinks",
+    "softcap": "logit soft cap",
+}
 
 
 class AscendBackend(Backend):
@@ -76,6 +86,18 @@ class AscendBackend(Backend):
         runner = AclGraphRunner(fn, capture_sizes, graph_budget=self.capture_policy().graph_budget)
         self.streams.reserve(len(runner.capture_sizes))
         return runner
+
+    def prepare_model(self, model: torch.nn.Module, options: ModelOptions) -> None:
+        """Refuse, before any forward, a model whose attention the fused op cannot compute (sliding
+        windows it can: its band mode)."""
+        del options
+        missing = sorted(attention_needs(model) & set(FIA_LACKS))
+        if missing:
+            kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            raise BackendError(
+                f"backend 'ascend' cannot run this {kind} model: npu_fused_infer_attention_score has no "
+                f"{' and no '.join(FIA_LACKS[m] for m in missing)}; use backend 'reference', 'cpu' or 'cuda'"
+            )
 
     def attention_function(self) -> AttentionFn:
         from spec_backend_ascend.attention import ascend_ragged_attention

@@ -45,6 +45,13 @@ SPARSE_MASK_SIZE = 2048
 #: (query length x kv length) block — query i of a request sees keys at positions <= kv - q + i.
 #: Source: the same op document (sparse_mode table); vllm-ascend passes 3 for causal attention.
 SPARSE_MODE_RIGHT_DOWN_CAUSAL = 3
+#: sparse_mode 4: "band", the keys from ``pre_tokens`` before to ``next_tokens`` after each query's
+#: diagonal, origin at the bottom-right corner like mode 3, with the same compressed mask; a sliding window
+#: of W positions is ``pre_tokens = W - 1, next_tokens = 0``. The op ignores sparse_mode, pre_tokens and
+#: next_tokens when the query's S is 1, and TND takes modes 0 and 3 only. Source: op-plugin docs
+#: torch_npu-npu_fused_infer_attention_score.md (sparse_mode, pre_tokens, TND constraints) and its
+#: sparse_mode page ("sparseMode为4时，代表band场景 ... 参数起点为右下角").
+SPARSE_MODE_BAND = 4
 
 
 class StreamLedger:

@@ -77,3 +77,38 @@ def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
     assert runs["ascend"] == runs["reference"]
     replays = [c for c in fake_npu.CALLS if c[0] == "replay"]
     assert replays, "the verify steps replayed a captured graph"
+
+
+def test_sliding_window_model_matches_reference_through_captured_steps(
+    fake_npu: ModuleType, tmp_path: Path
+) -> None:
+    """Gemma 3 (sliding and global layers, window 6) under ngram K = 3: prefills, verify steps and
+    decode steps replayed from captured graphs give the reference's tokens on prompts longer than the
+    window; its windowed layers run the band mode, its global layers right-down causal."""
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.families import WINDOW, make_family_model
+
+    model = make_family_model(tmp_path / "gemma3", "gemma3")
+    prompts = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
+    params = engine.SamplingParams(temperature=0.0, max_tokens=12)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    outputs = {}
+    for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
+        llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
+        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    assert outputs["ascend"] == outputs["reference"]
+    calls = [c[1] for c in fake_npu.CALLS if c[0].startswith("npu_fused_infer_attention_score")]
+    bands = {c.get("pre_tokens") for c in calls if c["sparse_mode"] == 4}
+    assert bands == {WINDOW - 1} and any(c["sparse_mode"] == 3 for c in calls)
+    assert [c for c in fake_npu.CALLS if c[0] == "replay"], "the verify steps replayed a captured graph"
+
+
+def test_a_model_with_attention_sinks_is_refused_at_llm(fake_npu: ModuleType, tmp_path: Path) -> None:
+    """GPT-OSS's sinks: the fused op has none, so LLM(...) refuses the model before any forward."""
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.backends.base import BackendError
+    from spec_backend.testing.fixtures.families import make_family_model
+
+    model = make_family_model(tmp_path / "gpt_oss", "gpt_oss")
+    with pytest.raises(BackendError, match="npu_fused_infer_attention_score has no attention sinks"):
+        engine.LLM(model, backend=CpuEmulatedAscend(), log_stats_interval=None)

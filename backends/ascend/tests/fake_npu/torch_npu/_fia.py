@@ -2,7 +2,9 @@
 
 Validation follows the public torch_npu documentation of the op (Atlas A2/A3): float16/bfloat16
 only, contiguous inputs, the supported layouts, GQA ratio <= 64, N <= 256, D <= 512 and 16-aligned,
-``sparse_mode`` 0-4 with the fixed 2048x2048 compressed mask for modes 2-4, TND needs cumulative
+``sparse_mode`` 0-4 with the fixed 2048x2048 compressed mask for modes 2-4 (3: right-down causal; 4: band,
+keys from ``pre_tokens`` before to ``next_tokens`` after each query's right-down diagonal, with
+``pre_tokens + next_tokens >= 0``; both ignored, like the mask, when the query's S is 1), TND needs cumulative
 ``actual_seq_lengths`` (non-decreasing, last = T) and only ``sparse_mode`` 0 without mask or 3 with
 mask, page attention needs ``block_table`` int32 ``[B, >= max blocks]``, block sizes that are
 multiples of 128 in [128, 512] and per-request ``actual_seq_lengths_kv``; the TND decode path holds
@@ -71,24 +73,32 @@ def _to_bnsd(t: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
     return t.unflatten(2, (heads, -1)).transpose(1, 2)  # BSH
 
 
+#: (pre_tokens, next_tokens) around each query's right-down diagonal; None: no mask
+Band = tuple[int, int] | None
+
+
 def _attend(
     q: torch.Tensor,  # [N, Sq, D] (one request, real rows only)
     k: torch.Tensor,  # [Nkv, Skv, D]
     v: torch.Tensor,  # [Nkv, Skv, D]
     scale: float,
-    causal: bool,
+    band: Band,
 ) -> torch.Tensor:  # [N, Sq, D] float32
     rep = q.shape[0] // k.shape[0]
     k, v = k.float().repeat_interleave(rep, 0), v.float().repeat_interleave(rep, 0)
     scores = scale * q.float() @ k.transpose(1, 2)  # [N, Sq, Skv]
-    if causal:  # right-down causal: query i sees keys j <= Skv - Sq + i
+    if band is not None:  # right-down origin: query i's diagonal is key Skv - Sq + i
         sq, skv = q.shape[1], k.shape[1]
-        allowed = torch.arange(skv)[None, :] <= (skv - sq + torch.arange(sq))[:, None]
+        diagonal = (skv - sq + torch.arange(sq))[:, None]  # [Sq, 1]
+        keys = torch.arange(skv)[None, :]  # [1, Skv]
+        allowed = (keys <= diagonal + band[1]) & (keys >= diagonal - band[0])
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
-def _check_mask(sparse_mode: int, mask: torch.Tensor | None, layout: str) -> bool:
+def _check_mask(
+    sparse_mode: int, mask: torch.Tensor | None, layout: str, pre_tokens: int, next_tokens: int
+) -> Band:
     if sparse_mode not in (0, 1, 2, 3, 4):
         _fail(f"sparse_mode must be 0, 1, 2, 3 or 4, got {sparse_mode}")
     if layout == "TND" and not (
@@ -102,12 +112,16 @@ def _check_mask(sparse_mode: int, mask: torch.Tensor | None, layout: str) -> boo
             _fail(f"sparse_mode={sparse_mode} needs the compressed (2048, 2048) atten_mask")
         if not torch.equal(mask.bool(), torch.ones(2048, 2048, dtype=torch.bool).triu(1).view(mask.shape)):
             _fail("the compressed atten_mask must be 1 strictly above the diagonal, 0 elsewhere")
-        if sparse_mode != 3:
-            raise NotImplementedError(f"fake torch_npu emulates sparse_mode 0 and 3, not {sparse_mode}")
-        return True
+        if sparse_mode == 3:
+            return _INT_MAX, 0  # right-down causal: pre_tokens / next_tokens ignored
+        if sparse_mode == 4:
+            if pre_tokens + next_tokens < 0:
+                _fail(f"sparse_mode=4 needs pre_tokens + next_tokens >= 0, got {pre_tokens} + {next_tokens}")
+            return pre_tokens, next_tokens
+        raise NotImplementedError(f"fake torch_npu emulates sparse_mode 0, 3 and 4, not {sparse_mode}")
     if mask is not None:
         raise NotImplementedError("fake torch_npu does not emulate explicit atten_mask with sparse_mode 0/1")
-    return False
+    return None
 
 
 def _paged_kv(
@@ -195,7 +209,7 @@ def fused_infer_attention_score(
     dim = query.shape[-1] if input_layout != "BSH" else query.shape[-1] // num_heads
     if dim > 512 or dim % 16:
         _fail(f"head dim must be 16-aligned and <= 512 for float16/bfloat16, got {dim}")
-    causal = _check_mask(sparse_mode, atten_mask, input_layout)
+    band = _check_mask(sparse_mode, atten_mask, input_layout, pre_tokens, next_tokens)
     if input_layout == "TND" and dim not in TND_HEAD_DIMS:
         _fail(  # CANN's check, as quoted in vllm-ascend PR #9632
             f"call aclnnFusedInferAttentionScoreV3 failed, error code is 561002: When layout is TND, "
@@ -216,7 +230,7 @@ def fused_infer_attention_score(
             num_heads,
             n_kv,
             scale,
-            causal,
+            band,
         )
     else:
         out = _batched(
@@ -229,7 +243,7 @@ def fused_infer_attention_score(
             num_heads,
             n_kv,
             scale,
-            causal,
+            band,
             input_layout,
         )
     return out, torch.zeros(1, dtype=torch.float32)
@@ -246,7 +260,7 @@ def _tnd(
     heads: int,
     n_kv: int,
     scale: float,
-    causal: bool,
+    band: Band,
 ) -> torch.Tensor:  # [T, N, D]
     if query.dim() != 3 or query.shape[1] != heads:
         _fail(f"TND query must be (T, {heads}, D), got {tuple(query.shape)}")
@@ -266,15 +280,15 @@ def _tnd(
             f"the TND decode path supports 0..{MAX_DECODE_QUERY_TOKENS} query tokens per request, "
             f"got {q_lens}"
         )
-    if causal and any(0 < q > k for q, k in zip(q_lens, kv, strict=False)):
-        _fail(f"sparse_mode=3 needs actual query length <= kv length per request: {q_lens} vs {kv}")
+    if band is not None and any(0 < q > k for q, k in zip(q_lens, kv, strict=False)):
+        _fail(f"sparse_mode 3/4 need actual query length <= kv length per request: {q_lens} vs {kv}")
     kvs = _paged_kv(key, value, table, block_size, kv, n_kv)
     out = torch.empty_like(query)
     for b, (k, v) in enumerate(kvs):
         if q_lens[b] == 0:  # a zero-length request (equal consecutive cumulative lengths): no rows
             continue
         rows = slice(cum[b] - q_lens[b], cum[b])
-        out[rows] = _attend(query[rows].transpose(0, 1), k, v, scale, causal).transpose(0, 1).to(query.dtype)
+        out[rows] = _attend(query[rows].transpose(0, 1), k, v, scale, band).transpose(0, 1).to(query.dtype)
     return out
 
 
@@ -288,7 +302,7 @@ def _batched(
     heads: int,
     n_kv: int,
     scale: float,
-    causal: bool,
+    band: Band,
     layout: str,
 ) -> torch.Tensor:
     if table is not None:
@@ -306,11 +320,13 @@ def _batched(
             _fail(f"{name} needs 1 or >= B={batch} entries, each <= {bound}: {vals}")
     ql = ql * batch if len(ql) == 1 else ql[:batch]
     kl = kl * batch if len(kl) == 1 else kl[:batch]
-    if causal and any(a > b for a, b in zip(ql, kl, strict=True)):
-        _fail(f"sparse_mode=3 needs actual query length <= kv length per request: {ql} vs {kl}")
+    if sq == 1:  # op doc: sparse_mode, pre_tokens and next_tokens have no effect when the query's S is 1
+        band = None
+    if band is not None and any(a > b for a, b in zip(ql, kl, strict=True)):
+        _fail(f"sparse_mode 3/4 need actual query length <= kv length per request: {ql} vs {kl}")
     out = torch.zeros_like(q)  # [B, N, Sq, D]; rows beyond a request's actual length stay zero
     for b in range(batch):
-        out[b, :, : ql[b]] = _attend(q[b, :, : ql[b]], k[b, :, : kl[b]], v[b, :, : kl[b]], scale, causal).to(
+        out[b, :, : ql[b]] = _attend(q[b, :, : ql[b]], k[b, :, : kl[b]], v[b, :, : kl[b]], scale, band).to(
             q.dtype
         )
     if layout == "BNSD":
