@@ -76,7 +76,8 @@ def test_the_attention_tier_has_teeth() -> None:
             return wrong
 
     failed = [r for r in check_attention(NoCausal()) if not r.passed]
-    assert failed and all("Q=1," not in r.name for r in failed)  # decode rows see every key anyway
+    windowed = {r.name for r in failed if ",W=" in r.name}  # it drops the window too: those fail, decode too
+    assert windowed and failed and all("Q=1," not in r.name for r in failed if r.name not in windowed)
 
 
 def test_the_reference_prepares_nothing_and_the_cpu_backend_packs(
