@@ -6,7 +6,8 @@ custom-task configuration (``dataset_path: json`` with ``data_files``), one task
   continuation (found with transformers here), so ``acc`` is 1/2 and the is-greedy flag is exercised
   both ways;
 * ``sb_rolling`` (loglikelihood_rolling, perplexities): whole texts scored from the first token;
-* ``sb_generate`` (generate_until, ``exact_match``): greedy generation stopped at a newline.
+* ``sb_generate`` (generate_until, ``exact_match``): greedy generation stopped at a newline; half of
+  its answers are the model's greedy text, so ``exact_match`` is 1/2 where generation is right.
 
 The configurations are the dictionaries a task YAML file holds; ``simple_evaluate`` takes them as they
 are, so no task registry or hub access is involved.
@@ -54,33 +55,58 @@ def _write(directory: Path, name: str, docs: list[dict[str, Any]]) -> dict[str, 
     }
 
 
-def greedy_docs(model_dir: str) -> list[dict[str, str]]:
+class Greedy:
+    """The tiny model's greedy continuations, from transformers' ``generate`` (what the tasks' targets
+    are made of)."""
+
+    def __init__(self, model_dir: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    def ids(self, prompt: str, count: int) -> list[int]:
+        import torch
+
+        ids = torch.tensor([self.tokenizer(prompt, add_special_tokens=False).input_ids])  # [1, P]
+        with torch.no_grad():
+            out = self.model.generate(
+                ids, max_new_tokens=count, do_sample=False, pad_token_id=0
+            )  # [1, P+count]
+        return [int(t) for t in out[0, ids.shape[1] :]]
+
+    def text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+
+def greedy_docs(greedy: Greedy) -> list[dict[str, str]]:
     """One doc per prompt: even ones target the model's greedy continuation (up to 4 tokens, cut before
     an ``<unk>`` or ``<eos>``, which do not re-tokenize to themselves), odd ones the same with its first
     character changed."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    spelled = range(2, len(tokenizer))
+    spelled = range(2, len(greedy.tokenizer))
     docs = []
     for i, prompt in enumerate(GREEDY_PROMPTS):
-        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])  # [1, P]
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)  # [1, P + 4]
-        new = [int(t) for t in out[0, ids.shape[1] :]]
-        greedy = str(
-            tokenizer.decode(new[: next((j for j, t in enumerate(new) if t not in spelled), len(new))])
-        )
-        if not greedy:  # the tiny model is seeded: a prompt that fails here fails every run
+        new = greedy.ids(prompt, 4)
+        text = greedy.text(new[: next((j for j, t in enumerate(new) if t not in spelled), len(new))])
+        if not text:  # the tiny model is seeded: a prompt that fails here fails every run
             raise ValueError(f"the greedy continuation of {prompt!r} starts with an unspellable id: {new}")
-        target = greedy if i % 2 == 0 else ("a" if greedy[0] != "a" else "b") + greedy[1:]
+        target = text if i % 2 == 0 else ("a" if text[0] != "a" else "b") + text[1:]
         docs.append({"prompt": prompt, "target": target})
     return docs
 
 
-def task_set(directory: Path, model_dir: str) -> list[dict[str, Any]]:
+def generate_docs(greedy: Greedy) -> list[dict[str, str]]:
+    """One doc per prompt: even ones answer what greedy generation gives (``MAX_GEN_TOKS`` tokens, cut
+    at the first newline as lm-eval cuts at ``until``), odd ones something else."""
+    docs = []
+    for i, prompt in enumerate(GENERATE_PROMPTS):
+        text = greedy.text(greedy.ids(prompt, MAX_GEN_TOKS)).split("\n")[0]
+        docs.append({"prompt": prompt, "answer": text if i % 2 == 0 else f"not {text}"})
+    return docs
+
+
+def task_set(directory: Path, greedy: Greedy) -> list[dict[str, Any]]:
     """The four task configurations, their data written under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     return [
@@ -95,7 +121,7 @@ def task_set(directory: Path, model_dir: str) -> list[dict[str, Any]]:
         },
         {
             "task": "sb_greedy",
-            **_write(directory, "greedy", greedy_docs(model_dir)),
+            **_write(directory, "greedy", greedy_docs(greedy)),
             "output_type": "loglikelihood",
             "doc_to_text": "{{prompt}}",
             "doc_to_target": "{{target}}",
@@ -110,16 +136,16 @@ def task_set(directory: Path, model_dir: str) -> list[dict[str, Any]]:
             "doc_to_target": "{{text}}",
             "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
         },
-        generate_task(directory),
+        generate_task(directory, greedy),
     ]
 
 
-def generate_task(directory: Path) -> dict[str, Any]:
+def generate_task(directory: Path, greedy: Greedy) -> dict[str, Any]:
     """``sb_generate`` alone (what the chat model runs)."""
-    docs = [{"prompt": p, "answer": "abc"} for p in GENERATE_PROMPTS]
+    directory.mkdir(parents=True, exist_ok=True)
     return {
         "task": "sb_generate",
-        **_write(directory, "generate", docs),
+        **_write(directory, "generate", generate_docs(greedy)),
         "output_type": "generate_until",
         "doc_to_text": "{{prompt}}",
         "doc_to_target": "{{answer}}",

@@ -26,7 +26,7 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (run make test-eval)")
 httpx = pytest.importorskip("httpx")
 
-from eval_tasks import generate_task, task_set  # noqa: E402
+from eval_tasks import Greedy, generate_task, task_set  # noqa: E402
 from server_fixtures import SPEC, TEMPLATE, assert_clean_exit, free_port, start_server  # noqa: E402
 
 from spec_backend.tools.tiny import make_tiny_model  # noqa: E402
@@ -78,13 +78,18 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> list[dict[str, Any]]:
-    return task_set(tmp_path_factory.mktemp("tasks"), model_dir)
+def greedy(model_dir: str) -> Greedy:
+    return Greedy(model_dir)
 
 
 @pytest.fixture(scope="module")
-def chat_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return [generate_task(tmp_path_factory.mktemp("chat_tasks"))]
+def tasks(tmp_path_factory: pytest.TempPathFactory, greedy: Greedy) -> list[dict[str, Any]]:
+    return task_set(tmp_path_factory.mktemp("tasks"), greedy)
+
+
+@pytest.fixture(scope="module")
+def chat_tasks(tmp_path_factory: pytest.TempPathFactory, greedy: Greedy) -> list[dict[str, Any]]:
+    return [generate_task(tmp_path_factory.mktemp("chat_tasks"), greedy)]
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +186,10 @@ def test_loglikelihoods_equal_the_hf_backend(served: Served, hf: Run, task: str)
 
 
 def test_the_task_set_is_not_trivial(hf: Run) -> None:
-    """The negative control: ``sb_greedy`` targets the greedy continuation on every other doc, so the
-    is-greedy flag is seen both ways, and the choices' log-likelihoods differ."""
-    assert hf.metrics["sb_greedy"]["acc,none"] == 0.5
+    """The negative control: ``sb_greedy`` and ``sb_generate`` target the greedy continuation on every
+    other doc, so the is-greedy flag and ``exact_match`` are seen both ways, and the choices'
+    log-likelihoods differ."""
+    assert hf.metrics["sb_greedy"]["acc,none"] == 0.5 and hf.metrics["sb_generate"]["exact_match,none"] == 0.5
     assert [greedy_flags(hf.answers["sb_greedy"][d]) for d in range(6)] == [[True], [False]] * 3
     assert len({round(x, 3) for a in hf.answers["sb_choice"].values() for x in loglikelihoods(a)}) > 8
 
