@@ -34,6 +34,7 @@ MISSING_FOR_LAYER_TYPE = {
     "hybrid_sliding": "recurrent state beside the KV cache in one layer",
     "chunked_attention": "chunked local attention (each token sees its own chunk only)",
     "dummy": "layers that read another layer's KV cache (KV sharing)",
+    "indexed_attention": "sparse attention whose keys an indexer picks (DeepSeek sparse attention)",
 }
 
 #: model types that keep recurrent state although transformers reports only attention layers for them

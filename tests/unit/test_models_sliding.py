@@ -20,7 +20,7 @@ from spec_backend.engine import LLM, SamplingParams
 from spec_backend.runtime.checkpoint_files import ModelLoadError
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
-RUNS = ["gemma3", "mistral", "gpt_oss", "qwen3_moe", "deepseek_v3"]
+RUNS = ["gemma2", "gemma3", "mistral", "gpt_oss", "qwen3_moe", "deepseek_v3"]
 WINDOWED = ["gemma3", "mistral", "gpt_oss"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
 
@@ -218,3 +218,58 @@ def test_cpu_backend_packed_windowed_model_speculates_losslessly(
     assert llm.metrics.total.num_accepted_tokens > 0
     llm.set_speculation(False)
     assert greedy(llm) == speculative
+
+
+@pytest.mark.parametrize(
+    ("model_type", "settings", "words"),
+    [
+        ("llama4_text", {}, ["chunked_attention", "chunked local attention"]),
+        ("mamba2", {}, ["linear_attention", "recurrent"]),
+        ("jamba", {}, ["linear_attention"]),
+        ("falcon_h1", {}, ["hybrid", "recurrent state beside the KV cache"]),
+        ("gemma3n_text", {}, ["dummy", "KV sharing"]),
+        ("deepseek_v32", {}, ["indexed_attention", "indexer"]),
+        ("lfm2", {}, ["short-convolution state"]),
+        ("rwkv", {}, ["RWKV's recurrent state"]),
+        ("gemma3_text", {"use_bidirectional_attention": True}, ["bidirectional"]),
+        ("llama", {}, None),
+        ("mistral", {"sliding_window": 8}, None),
+        ("gemma2", {}, None),
+        ("cohere2", {}, None),
+        ("deepseek_v3", {}, None),
+    ],
+)
+def test_the_architecture_table(model_type: str, settings: dict[str, Any], words: list[str] | None) -> None:
+    """What runs and what is refused, from transformers' own configs (no weights): every refusal names
+    the layer kind or state the engine lacks."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from spec_backend.runtime.architectures import refusal
+
+    reason = refusal(SimpleNamespace(config=AutoConfig.for_model(model_type, **settings)))
+    if words is None:
+        assert reason is None
+        return
+    assert reason is not None
+    for word in words:
+        assert word in reason
+
+
+def test_a_sliding_layer_that_keeps_its_window_to_itself_is_refused() -> None:
+    """A windowed model whose attention module does not hand ``sliding_window=`` to the attention function
+    would silently attend to everything: refused."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from spec_backend.runtime.architectures import refusal
+
+    class Attention(torch.nn.Module):
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return hidden
+
+    layers = [SimpleNamespace(self_attn=Attention())]
+    model = SimpleNamespace(config=AutoConfig.for_model("mistral", sliding_window=8), layers=layers)
+    assert refusal(model) == "its attention layers do not pass their sliding window to the attention function"
