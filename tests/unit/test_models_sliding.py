@@ -21,7 +21,6 @@ from spec_backend.runtime.checkpoint_files import ModelLoadError
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
 RUNS = ["gemma2", "gemma3", "mistral", "gpt_oss", "qwen3_moe", "deepseek_v3"]
-WINDOWED = ["gemma3", "mistral", "gpt_oss"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
 
 
@@ -97,7 +96,7 @@ def test_greedy_speculative_equals_plain(family: str, method: str, family_dirs: 
     assert llm.metrics.total.num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("family", WINDOWED)
+@pytest.mark.parametrize("family", RUNS)
 def test_seeded_sampling_does_not_depend_on_the_batch(family: str, family_dirs: dict[str, str]) -> None:
     """A seeded sampled request gets the same tokens alone and in a batch with other requests, with and
     without speculation."""
