@@ -8,7 +8,12 @@ from ``RequestOutput.metrics``). Configurations run interleaved, each once per p
 load changes on the machine hit all alike; each row is the median over prompts and passes. The table
 names the path each configuration ran and its CPU's SIMD flags.
 
-Run: ``python benchmarks/bench_isa_variants.py --threads 1 --variants avx512_vnni,avx2 --repeats 2``.
+``--kernels`` times the kernels alone instead, one thread, best of 50 calls, for every variant this CPU
+runs, on SmolLM2's shapes: the Q4_1 product (gate|up, 3072×576, 1 and 5 rows), row attention (one decode
+row, 9 heads over 3 KV heads of 64, 400 keys) and the Q8_0 LM head (49152×576, 1 row).
+
+Run: ``python benchmarks/bench_isa_variants.py --threads 1 --variants avx512_vnni,avx2 --repeats 2``, and
+``python benchmarks/bench_isa_variants.py --kernels``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +69,50 @@ def run(variant: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def best_of(call: Any, n: int = 50) -> float:
+    """The fastest of ``n`` calls after two warm-ups, in microseconds."""
+    import time
+
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e6
+
+
+def kernels() -> None:
+    """``--kernels`` (module docstring): one row per ISA variant this CPU runs."""
+    import torch
+
+    from spec_backend.cpu.int4_linear import q4_1_tiles
+    from spec_backend.cpu.isa import runnable_variants
+    from spec_backend.cpu.native import native_op
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    tiles = q4_1_tiles(torch.randint(0, 16, (3072, 576), generator=g, dtype=torch.int32))  # [N/16, G, 256]
+    scale, low = torch.rand(192, 18, 16, generator=g) / 100, -torch.rand(192, 18, 16, generator=g) / 20
+    x1, x5 = torch.randn(1, 576, generator=g), torch.randn(5, 576, generator=g)
+    q, k, v = torch.randn(1, 9, 1, 64), torch.randn(1, 3, 400, 64), torch.randn(1, 3, 400, 64)
+    codes, block_scale = torch.randint(-127, 128, (49152, 576), dtype=torch.int8), torch.rand(49152, 18)
+    print(f"CPU SIMD flags: {simd_flags()}; 1 thread, best of 50 calls, microseconds\n")
+    print("| ISA variant | Q4_1 3072×576, 1 row | 5 rows | row attention, 400 keys | Q8_0 head 49152×576 |")
+    print("|---|---:|---:|---:|---:|")
+    for v_ in runnable_variants():
+        mm, rows, head = (native_op(n, v_.name) for n in ("q4_1_q8_mm", "attention_rows", "q8_0_mm"))
+        assert mm is not None and rows is not None and head is not None, v_.name
+        cells = [
+            best_of(partial(mm, x1, tiles, scale, low)),
+            best_of(partial(mm, x5, tiles, scale, low)),
+            best_of(partial(rows, q, k, v, torch.tensor([1]), torch.tensor([400]), 0.125)),
+            best_of(partial(head, x1, codes, block_scale), 10),
+        ]
+        print(f"| {v_.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
 def simd_flags() -> str:
     from spec_backend.cpu.isa import cpu_flags
 
@@ -79,10 +129,13 @@ def main() -> None:
     parser.add_argument(
         "--paths", default="measure", help="comma-separated: measure, native, int4-bf16, float32"
     )
+    parser.add_argument("--kernels", action="store_true", help="time the kernels alone (module docstring)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.kernels:
+        return kernels()
     from spec_backend.cpu.isa import runnable_variants
 
     variants = args.variants.split(",") if args.variants else [v.name for v in runnable_variants()]
