@@ -21,7 +21,8 @@ Glossary: *draft length* — drafts budgeted to a request for one step (``k``; t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 #: pseudo-drafts at the engine's mean acceptance added to each request's own counts
@@ -56,6 +57,7 @@ class AdaptiveDraftLength:
     accepted: int = 0
     steps: int = 0
     chosen: list[int] = field(default_factory=list)  # the k of each step that adapted (for tests, logs)
+    clock: Callable[[], float] = time.perf_counter  # what a step's time is read from (tests pass their own)
 
     @property
     def mean_acceptance(self) -> float:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections import deque
 from typing import Any
 
@@ -140,9 +139,9 @@ class EngineCore:
             return
         verified_k, total = self._next_k, self.metrics.total
         drafted, accepted = total.num_draft_tokens, total.num_accepted_tokens
-        start = time.perf_counter()
+        start = self.adaptive.clock()
         self.stepper.decode(list(self.running))
-        seconds = time.perf_counter() - start
+        seconds = self.adaptive.clock() - start
         if verified_k == self._next_k:
             drafted, accepted = total.num_draft_tokens - drafted, total.num_accepted_tokens - accepted
             self.adaptive.observe(len(self.running), verified_k, seconds, drafted, accepted)

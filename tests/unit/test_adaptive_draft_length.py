@@ -5,7 +5,6 @@ sampled requests always at K."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -91,19 +90,41 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_tiny_model(tmp_path_factory.mktemp("adaptive"), "llama")
 
 
-def _costly_wrong_drafts(llm: LLM) -> None:
-    """Every proposal sleeps 20 ms and is wrong (each draft id shifted by one): drafts cost, never pay."""
+class StepClock:
+    """The policy's clock in these tests, so the choices do not depend on the machine's load: each read
+    advances half a second (a step's two reads are 0.5 s apart: its fixed cost), and each draft budgeted
+    to a proposal within the step adds ``draft_cost`` (``charge``)."""
+
+    def __init__(self, draft_cost: float) -> None:
+        self.now, self.draft_cost = 0.0, draft_cost
+
+    def __call__(self) -> float:
+        self.now += 0.5
+        return self.now
+
+    def charge(self, budgets: tuple[int, ...]) -> None:
+        self.now += self.draft_cost * max(budgets, default=0)
+
+
+def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
+    """Proposals advance the engine's step clock by ``draft_cost`` per draft; ``wrong``: every draft id is
+    shifted by one, so drafts cost and never pay."""
+    adaptive = llm.engine.adaptive
+    clock = StepClock(draft_cost)
+    if adaptive is not None:
+        adaptive.clock = clock
     drafter: Any = llm.engine.drafter
     propose = drafter.propose
 
-    def costly(inputs: Any) -> DraftOutput:
+    def charged(inputs: Any) -> DraftOutput:
         out = propose(inputs)
-        if max(inputs.budgets, default=0):
-            time.sleep(0.02)
+        clock.charge(tuple(inputs.budgets))
+        if not wrong:
+            return out
         shifted = (out.token_ids + 1).remainder(128)  # [B, K]
         return DraftOutput(shifted, tuple(inputs.budgets), out.draft_probs, out.errors)
 
-    drafter.propose = costly
+    drafter.propose = charged
 
 
 def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(target: str) -> None:
@@ -114,7 +135,7 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
         "adaptive_draft_length": True,
     }
     llm = LLM(target, dtype="float64", speculative_config=spec)
-    _costly_wrong_drafts(llm)
+    _charged(llm, 0.2, wrong=True)
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     got = llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
@@ -127,7 +148,7 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
 def test_without_the_option_drafting_goes_on(target: str) -> None:
     """Negative control: the same costly drafter, adaptive off: every step drafts K."""
     llm = LLM(target, dtype="float64", speculative_config={"method": "ngram", "num_speculative_tokens": K})
-    _costly_wrong_drafts(llm)
+    _charged(llm, 0.2, wrong=True)
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     assert llm.engine.adaptive is None
     assert llm.metrics.total.num_drafts >= 18
@@ -142,9 +163,13 @@ def test_drafts_that_pay_are_kept(target: str) -> None:
         "adaptive_draft_length": True,
     }
     llm = LLM(target, dtype="float64", speculative_config=spec)
+    _charged(llm, 0.05, wrong=False)  # a step with K drafts takes 1.2 times one without
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
     adaptive = llm.engine.adaptive
-    assert adaptive is not None and adaptive.chosen[-5:].count(K) >= 4
+    # K twice, then 0 three times (the step that switches verifies K drafts, so it is not a sample of 0)
+    measured = [K] * MIN_SAMPLES + [0] * (MIN_SAMPLES + 1)
+    assert adaptive is not None and adaptive.chosen[: len(measured)] == measured
+    assert set(adaptive.chosen[len(measured) :]) == {K}, adaptive.chosen
 
 
 def test_sampled_requests_keep_k(target: str) -> None:
@@ -158,7 +183,7 @@ def test_sampled_requests_keep_k(target: str) -> None:
     outputs = []
     for adaptive in (False, True):
         llm = LLM(target, dtype="float64", speculative_config={**spec, "adaptive_draft_length": adaptive})
-        _costly_wrong_drafts(llm)
+        _charged(llm, 0.2, wrong=True)
         budgets: list[tuple[int, ...]] = []
         drafter: Any = llm.engine.drafter
         propose = drafter.propose
