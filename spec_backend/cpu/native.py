@@ -8,7 +8,8 @@ prompt is one token longer); whole decoder layers (``native_layer``) build on th
 
 They are compiled with torch's ``cpp_extension`` (``g++ -O3 -fopenmp`` and the variant's ISA flags,
 which needs ``ninja``; about 15 s per variant) into ``<cache root>/kernels/<variant>-<digest>``, the
-digest covering the sources, the flags and torch's version, and registered as
+digest covering the sources, the flags, torch's version and the headers compiled against
+(``toolchain``; one process builds in a folder at a time, ``_builder``), and registered as
 ``torch.ops.spec_backend_<variant>.*`` (``isa``: which variants exist, which this CPU runs, the
 ``SPEC_BACKEND_ISA`` cap). Only the selected variant is built, on first use; one that does not build
 falls back to the next, and the reason is kept (``selection()``). ``SPEC_BACKEND_NATIVE=0`` skips them
@@ -20,12 +21,15 @@ row attention function looks its op up at each call. An ARM variant slots in as 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import platform
-from collections.abc import Callable
+import sysconfig
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +53,16 @@ def build_flags(v: Variant) -> list[str]:
     return [*_COMMON_FLAGS, *v.cflags, f"-D{v.macro}", f"-DSPEC_OPS={v.namespace}"]
 
 
+def toolchain() -> str:
+    """The headers a build compiles against: this torch's folder and Python's include folder. Two
+    virtual environments get two build folders, so neither rebuilds the other's (torch's build file
+    names the include paths, and a changed build file is a rebuild)."""
+    return f"{Path(torch.__file__).parent}|{sysconfig.get_paths()['include']}"
+
+
 def _build_digest(v: Variant) -> str:
     sources = "|".join(source.read_text() for source in sorted([*_SOURCES, *_CSRC.glob("*.h")]))
-    key = f"{sources}|{' '.join(build_flags(v))}|{torch.__version__}|{platform.machine()}"
+    key = f"{sources}|{' '.join(build_flags(v))}|{torch.__version__}|{platform.machine()}|{toolchain()}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -79,20 +90,41 @@ def _load(name: str) -> str | None:
 
         folder = build_folder(v)
         folder.mkdir(parents=True, exist_ok=True)
-        if not any(folder.glob("*.so")):
-            logger.info("spec_backend: building the %s CPU kernels in %s (once per machine)", v.name, folder)
-        load(
-            name=f"spec_backend_{v.name}_{folder.name.rsplit('-', 1)[-1]}",
-            sources=[str(source) for source in _SOURCES],
-            build_directory=str(folder),
-            extra_cflags=build_flags(v),
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _builder(folder):
+            if not any(folder.glob("*.so")):
+                logger.info(
+                    "spec_backend: building the %s CPU kernels in %s (once per machine)", v.name, folder
+                )
+            load(
+                name=f"spec_backend_{v.name}_{folder.name.rsplit('-', 1)[-1]}",
+                sources=[str(source) for source in _SOURCES],
+                build_directory=str(folder),
+                extra_cflags=build_flags(v),
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler, ninja or ISA flag: the next variant, or torch's kernels
         return _first_lines(exc)
     return None
+
+
+@contextmanager
+def _builder(folder: Path) -> Iterator[None]:
+    """Makes this process the only one building or loading in ``folder``: it holds an OS lock on
+    ``folder/builder.lock`` (released by the kernel when a process dies, however it dies). Under it a
+    torch ``lock`` file can only be left by a build that was interrupted (torch creates one per build and
+    waits, forever, while one exists), so it is removed and the build runs again."""
+    with open(folder / "builder.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = folder / "lock"
+            if stale.exists():
+                logger.warning("spec_backend: removing %s, left by an interrupted kernel build", stale)
+                stale.unlink()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _first_lines(exc: Exception) -> str:
