@@ -10,8 +10,13 @@ Glossary:
 * **order** — per architecture, fastest first: on x86-64 ``avx512_vnni`` (512-bit integer dot products),
   ``avx_vnni`` (the same on 256 bits, Alder Lake and later), ``avx2`` (AVX2 + FMA: x86-64-v3, the
   baseline of the last decade's CPUs; the dot products take two instructions), ``generic`` (no
-  ISA flags: any CPU of the architecture, for CPUs older than that and as the last fallback). An ARM
-  variant slots in as a row of ``VARIANTS`` with its header.
+  ISA flags: any CPU of the architecture, for CPUs older than that and as the last fallback); on ARM
+  (``aarch64``, ``arm64``) ``neon_dotprod`` (Armv8.2-A dot products ``sdot``, cpuinfo ``asimddp``:
+  Cortex-A55/A75 and later, Neoverse, Graviton 2 and later), ``neon`` (the Armv8-A baseline ``asimd``:
+  the dot products widen with ``smlal`` and add pairs), ``generic`` (the same portable C++ as on x86; on
+  ARM GCC lowers its vector code to NEON too, and only its Q4_1 tile is plain C++). The ARM variants
+  are compiled and their numerics tested on x86 under emulation (``tests/unit/test_arm_variants.py``).
+  Without ``/proc/cpuinfo`` (macOS) no flags are known and only ``generic`` is selected.
 * **cap** — ``SPEC_BACKEND_ISA=<variant>`` (read at every selection): the kernels run the highest
   variant at or below it in the order that this CPU runs and that builds, so every variant a machine
   can run can be tested on it whatever its highest.
@@ -20,8 +25,8 @@ Glossary:
   (``spec-backend backends``).
 
 Every variant computes each output row with the same instruction sequence whatever the batch (what the
-engine's guarantee rests on); the x86 SIMD variants give the same bits as one another where
-``tests/unit/test_isa_variants.py`` says so.
+engine's guarantee rests on); the SIMD variants give the same bits as one another where
+``tests/unit/test_isa_variants.py`` (x86) and ``tests/unit/test_arm_variants.py`` (ARM, emulated) say so.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class Variant:
 
 
 _X86 = ("x86_64", "AMD64", "amd64")
+_ARM = ("aarch64", "arm64")  # Linux, macOS
 #: Every variant, fastest first within an architecture (module glossary: order).
 VARIANTS: tuple[Variant, ...] = (
     Variant(
@@ -80,6 +86,14 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "avx2", _X86, _X86_V3_FLAGS, ("-march=x86-64-v3",), "AVX2 + FMA (x86-64-v3): vpmaddubsw dot products"
     ),
+    Variant(
+        "neon_dotprod",
+        _ARM,
+        ("asimd", "asimddp"),
+        ("-march=armv8.2-a+dotprod",),
+        "ARM NEON + dot product (Armv8.2-A): int8 dot products (sdot)",
+    ),
+    Variant("neon", _ARM, ("asimd",), ("-march=armv8-a",), "ARM NEON (Armv8-A): widening multiplies (smlal)"),
     Variant("generic", (), (), (), "no ISA flags: portable C++ for any CPU"),
 )
 

@@ -15,8 +15,9 @@ digest covering the sources, the flags, torch's version and the headers compiled
 falls back to the next, and the reason is kept (``selection()``). ``SPEC_BACKEND_NATIVE=0`` skips them
 all: the callers keep torch's kernels and log why. Modules that call native ops (``Int4Linear``,
 ``NativeDecoderLayer``, ``Q80Projection``) bind the selected variant's ops when they are built; the
-row attention function looks its op up at each call. An ARM variant slots in as a row of
-``isa.VARIANTS`` and a ``csrc/q4_1_<isa>.h`` tile.
+row attention function looks its op up at each call. On ARM (aarch64) the variants are ``neon_dotprod``,
+``neon`` (Q4_1 tile ``csrc/q4_1_neon.h``) and ``generic``, built and selected the same way; their
+kernels are tested on x86 under emulation (``tests/unit/test_arm_variants.py``), not on an ARM machine.
 """
 
 from __future__ import annotations

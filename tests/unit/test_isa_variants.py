@@ -56,10 +56,11 @@ def test_variants_are_ordered_fastest_first_with_their_own_namespaces() -> None:
         len({v.namespace for v in isa.VARIANTS}) == len({v.macro for v in isa.VARIANTS}) == len(isa.VARIANTS)
     )
     assert [v.name for v in machine_variants("x86_64")] == ["avx512_vnni", "avx_vnni", "avx2", "generic"]
-    assert [v.name for v in machine_variants("aarch64")] == ["generic"]  # until a NEON variant joins
+    assert [v.name for v in machine_variants("aarch64")] == ["neon_dotprod", "neon", "generic"]
     assert variant("avx2").namespace == "spec_backend_avx2" and variant("avx2").macro == "SPEC_ISA_AVX2"
     with pytest.raises(
-        ValueError, match="unknown ISA variant 'sse9'; known: avx512_vnni, avx_vnni, avx2, generic"
+        ValueError,
+        match="unknown ISA variant 'sse9'; known: avx512_vnni, avx_vnni, avx2, neon_dotprod, neon, generic",
     ):
         variant("sse9")
 

@@ -10,14 +10,7 @@
 #include "isa.h"
 #include "native_ops.h"
 #include "q4_1.h"
-
-#if defined(SPEC_ISA_AVX512_VNNI)
-#include "q4_1_avx512.h"
-#elif defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
-#include "q4_1_avx256.h"
-#else
-#include "q4_1_generic.h"
-#endif
+#include "q4_1_tile.h"
 
 #include <algorithm>
 #include <cmath>
