@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         SamplingParams,
         SpecDecodeRequestStats,
     )
+    from spec_backend.engine.structured import StructuredOutputsParams
     from spec_backend.runtime.checkpoint_files import ModelLoadError
 
 _LAZY = {
@@ -30,6 +31,7 @@ _LAZY = {
     "RequestOutput": "spec_backend.engine.params",
     "SamplingParams": "spec_backend.engine.params",
     "SpecDecodeRequestStats": "spec_backend.engine.params",
+    "StructuredOutputsParams": "spec_backend.engine.structured",
 }
 
 
@@ -44,4 +46,5 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SpecDecodeRequestStats",
+    "StructuredOutputsParams",
 ]

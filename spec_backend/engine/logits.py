@@ -13,8 +13,9 @@ Glossary:
 * **raw log-probabilities**: ``log_softmax`` of the model's logits before any processing (vLLM's
   default ``logprobs_mode="raw_logprobs"``): independent of penalties, temperature and speculation.
 
-Order, as vLLM's sampler: ``allowed_token_ids`` → ``min_tokens`` → ``logit_bias`` → repetition, frequency,
-presence penalties → ``min_p`` (the temperature and top-k/top-p filters follow in the sampler).
+Order, as vLLM's sampler: the grammar mask of structured outputs → ``allowed_token_ids`` → ``min_tokens`` →
+``logit_bias`` → repetition, frequency, presence penalties → ``min_p`` (the temperature and top-k/top-p
+filters follow in the sampler).
 """
 
 from __future__ import annotations
@@ -154,14 +155,18 @@ def process_logits(
     outputs: Sequence[Sequence[int]],
     stop_ids: Sequence[Sequence[int]],
     history: RowHistory,
+    allowed: torch.Tensor | None = None,  # [R, V] bool: structured outputs' row masks
 ) -> torch.Tensor:  # [R, V]
     """The logits the sampler verifies against (a new tensor; ``logits`` itself is untouched).
 
     ``stop_ids[b]``: the ids ``min_tokens`` forbids (EOS unless ``ignore_eos``, and ``stop_token_ids``).
+    ``allowed``: the tokens each row's grammar allows (``structured.py``), applied first.
     """
     if not any(p.processes_logits for p in params):
         return logits
     out = logits.clone() if logits.dtype == torch.float64 else logits.float().clone()  # [R, V]
+    if allowed is not None:
+        out.masked_fill_(~allowed.to(out.device), -math.inf)
     _apply_masks_and_bias(out, params, outputs, history, stop_ids)
     _apply_penalties(out, params, prompts, outputs, history)
     _apply_min_p(out, params, history.owner)

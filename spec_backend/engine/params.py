@@ -12,6 +12,7 @@ from spec_backend.engine.params_check import (
     check_token_list,
     refuse_unknown,
 )
+from spec_backend.engine.structured import StructuredOutputsParams
 from spec_backend.metrics import SpecDecodingStats
 from spec_backend.sampling.sampling_metadata import check_seed
 
@@ -42,6 +43,7 @@ class _SamplingFields:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         check_int("n", self.n, 1)
@@ -74,6 +76,12 @@ class _SamplingFields:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
+        if self.structured_outputs is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos=True cannot be combined with structured_outputs: the grammar ends the output "
+                "with EOS; got both"
+            )
 
     def _check_stops(self) -> None:
         if isinstance(self.stop, str):
@@ -111,6 +119,9 @@ class SamplingParams(_SamplingFields):
       target model's raw ones (before penalties and temperature: vLLM's ``raw_logprobs``), so they are the
       same with and without speculation.
     * ``skip_special_tokens`` leaves special tokens out of the text.
+    * ``structured_outputs`` (a ``StructuredOutputsParams`` or a dict of its fields) constrains the output
+      to a JSON schema, a regex, a choice or a grammar (``engine/structured.py``); it ends with EOS when
+      the grammar is complete.
 
     Everything above is computed from the target's logits, so speculative decoding stays lossless.
     """
@@ -136,6 +147,7 @@ class SamplingParams(_SamplingFields):
             or self.logit_bias
             or self.allowed_token_ids is not None
             or (self.min_p > 0.0 and not self.greedy)
+            or self.structured_outputs is not None
         )
 
 

@@ -11,8 +11,7 @@ from typing import Any
 UNSUPPORTED_VLLM_ARGS: dict[str, str] = {
     "best_of": "removed in vLLM's v1 engine; use n",
     "bad_words": "not implemented; use logit_bias with -100 on single tokens",
-    "structured_outputs": "structured (guided) decoding is not implemented",
-    "guided_decoding": "structured (guided) decoding is not implemented",
+    "guided_decoding": "vLLM's former name: pass structured_outputs=StructuredOutputsParams(...)",
     "logits_processors": "custom logits processors are not implemented",
     "truncate_prompt_tokens": "not implemented; truncate the prompt before generate()",
     "output_kind": "only final outputs are returned offline (the server streams)",

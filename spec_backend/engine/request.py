@@ -18,6 +18,7 @@ from spec_backend.engine.params import (
     SamplingParams,
     SpecDecodeRequestStats,
 )
+from spec_backend.engine.structured import RequestGrammar
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Request:
     logprobs: SampleLogprobs | None = None  # one entry per output token when ``params.logprobs`` is set
     prompt_logprobs: PromptLogprobs | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+    grammar: RequestGrammar | None = None  # structured outputs' matcher (``structured.py``)
 
     def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
         """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample
@@ -124,6 +126,8 @@ class Request:
                 self.finish_reason = "length"
             if self.finished:
                 break
+        if self.grammar is not None:
+            self.grammar.accept(kept)
         self.metrics.record(time.perf_counter(), len(kept))
         return kept
 

@@ -8,6 +8,7 @@ absolute position of its first draft token, so a request's tokens do not depend 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -15,14 +16,14 @@ from spec_backend.backends.base import Backend
 from spec_backend.config.verify_plan import VerifyPlan
 from spec_backend.engine.logits import RowHistory, process_logits
 from spec_backend.engine.request import Request
+from spec_backend.engine.structured import constrain
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.step import StepBatch
 
 
 def batch_drafts(batch: StepBatch) -> list[list[int]]:
     """Each request's real drafts in ``batch`` (host lists; placeholders of a captured step dropped)."""
-    from spec_backend.sampling import PLACEHOLDER_TOKEN_ID
-
     flat: list[int] = batch.draft_token_ids.tolist()  # [T]
     out, at = [], 0
     for count in batch.num_draft_tokens:
@@ -64,17 +65,22 @@ class Verifier:
         Returns, per request, its accepted drafts followed by the recovered or bonus token, and its valid
         draft count; both reach the host in the step's one device-to-host copy.
         """
-        from spec_backend.sampling import PLACEHOLDER_TOKEN_ID
-
         metadata = batch.spec_decode_metadata(last_only)
         if any(r.params.processes_logits for r in requests):
+            drafts = batch_drafts(batch)
+            allowed = None
+            if any(r.grammar is not None for r in requests):
+                metadata, valid_drafts, allowed = _constrained(
+                    batch, requests, metadata, drafts, valid_drafts, last_only, logits.shape[1]
+                )
             logits = process_logits(
                 logits,
                 [r.params for r in requests],
                 [r.prompt_token_ids for r in requests],
                 [r.output_token_ids for r in requests],
                 [r.min_tokens_stop_ids for r in requests],
-                RowHistory.of(batch.query_lens_host, batch_drafts(batch), last_only),
+                RowHistory.of(batch.query_lens_host, drafts, last_only),
+                allowed,
             )
         out = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max_K + 1] int32
         if valid_drafts is None:
@@ -83,3 +89,26 @@ class Verifier:
         rows: list[list[int]] = packed.tolist()  # the step's one device-to-host copy
         emitted = [[t for t in row[:-1] if t != PLACEHOLDER_TOKEN_ID] for row in rows]
         return emitted, [row[-1] for row in rows]
+
+
+def _constrained(
+    batch: StepBatch,
+    requests: Sequence[Request],
+    metadata: SpecDecodeMetadata,
+    drafts: list[list[int]],
+    valid_drafts: torch.Tensor | None,  # [B]
+    last_only: bool,
+    vocab: int,
+) -> tuple[SpecDecodeMetadata, torch.Tensor | None, torch.Tensor]:
+    """Structured outputs (``structured.py``): drafts a grammar forbids become placeholders (cut), and
+    the ``[R, V]`` row masks the logits get."""
+    kept, allowed = constrain(requests, drafts, batch.query_lens_host, last_only, vocab)
+    if valid_drafts is None or all(k == len(d) for k, d in zip(kept, drafts, strict=True)):
+        return metadata, valid_drafts, allowed
+    ids = metadata.draft_token_ids.clone()  # [T]
+    at = 0
+    for count, k in zip(metadata.num_draft_tokens, kept, strict=True):
+        ids[at + k : at + count] = PLACEHOLDER_TOKEN_ID
+        at += count
+    valid = torch.minimum(valid_drafts, torch.tensor(kept, dtype=valid_drafts.dtype).to(valid_drafts.device))
+    return replace(metadata, draft_token_ids=ids), valid, allowed

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from spec_backend.server.structured import ResponseFormat
+
 #: Most top tokens per position (``logprobs`` in completions, ``top_logprobs`` in chat): OpenAI's chat
 #: limit, and vLLM's default ``max_logprobs``.
 MAX_TOP_LOGPROBS = 20
@@ -83,6 +85,13 @@ class _Sampling(_Body):
     stream: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
+    # structured outputs (``server/structured.py``): at most one of these
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):

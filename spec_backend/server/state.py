@@ -16,13 +16,17 @@ from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.server.logprobs import TokenTexts
 from spec_backend.server.loop import AsyncEngine, Event
 from spec_backend.server.protocol import _Sampling
+from spec_backend.server.structured import GUIDED_FIELDS, StructuredOutputError, structured_of
 from spec_backend.server.textbound import chars_per_token_bound, too_long_for
 
 _DISCONNECT_POLL_S = 0.5
 
 #: Request fields passed to ``SamplingParams`` under the same names (every one both know; the token
 #: limit and the logprobs settings are passed on their own).
-_SAMPLING_FIELDS = ({f.name for f in fields(SamplingParams)} & set(_Sampling.model_fields)) - {"max_tokens"}
+_SAMPLING_FIELDS = ({f.name for f in fields(SamplingParams)} & set(_Sampling.model_fields)) - {
+    "max_tokens",
+    "structured_outputs",
+}
 
 
 class ApiError(Exception):
@@ -51,12 +55,18 @@ class Server:
             )
 
     def params(self, body: _Sampling, max_tokens: int | None, **extra: Any) -> SamplingParams:
+        guided = {name: getattr(body, name) for name in GUIDED_FIELDS if getattr(body, name) is not None}
+        try:
+            structured, source = structured_of(body.response_format, guided, body.structured_outputs)
+        except StructuredOutputError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from exc
         try:
             fields = body.model_dump(include=_SAMPLING_FIELDS)
             limit = max_tokens if max_tokens is not None else self.engine.llm.max_model_len
-            return SamplingParams(**fields, max_tokens=limit, **extra)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from exc
+            return SamplingParams(**fields, max_tokens=limit, structured_outputs=structured, **extra)
+        except ValueError as exc:  # ignore_eos with a constraint names the constraint's field
+            param = source if source is not None and "structured_outputs" in str(exc) else None
+            raise ApiError(400, str(exc), param=param) from exc
 
     async def tokenize(self, prompts: list[str | list[int]]) -> list[list[int]]:
         """Token ids of every prompt, as offline ``generate`` tokenizes and checks them, on a worker
@@ -98,8 +108,9 @@ class Server:
         """Queue every prompt's ``n`` samples, or nothing (``SamplingParams.n`` consecutive per prompt)."""
         try:
             return self.engine.submit(list(prompts), params)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="prompt") from exc
+        except ValueError as exc:  # a bad prompt, or a constraint that does not compile for this tokenizer
+            param = "structured_outputs" if str(exc).startswith("structured_outputs") else "prompt"
+            raise ApiError(400, str(exc), param=param) from exc
         except RuntimeError as exc:
             raise ApiError(503, str(exc), "ServiceUnavailableError") from exc
 

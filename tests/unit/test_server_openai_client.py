@@ -3,12 +3,13 @@ samples, logprobs, arguments passed as ``None`` (sent as ``null``), and errors r
 exception types, against ``spec-backend serve`` (a tiny model, ngram speculation K=3, as a subprocess).
 
 Every answer is parsed by the client into its typed objects and compared with offline ``generate`` on
-the same model and configuration. Structured output is not implemented yet (issue 40, item 2): a
-``response_format`` is refused with a 400 that names it, never ignored.
+the same model and configuration; so are structured outputs (``response_format``, vLLM's ``guided_*``
+and ``structured_outputs`` fields), and their bad requests are 400s naming the field.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ pytest.importorskip("fastapi", reason="the server needs the serve extra")
 
 from server_fixtures import SPEC, assert_clean_exit, client, free_port, make_chat_model, start_server  # noqa: E402
 
-from spec_backend.engine import LLM, SamplingParams  # noqa: E402
+from spec_backend.engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from spec_backend.engine.params import Logprob  # noqa: E402
 
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
@@ -199,14 +200,88 @@ def test_errors_are_the_clients_exception_types(
     assert exc.code == str(exc.status_code) and exc.param == param and exc.type
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_json_schema_response_format_is_refused_by_name(server: str, stream: bool) -> None:
-    """Structured output (issue 40, item 2) is not implemented: a ``response_format`` is a 400 naming the
-    field, before any stream starts, and not a plain answer that ignores the schema."""
-    with pytest.raises(
-        openai.BadRequestError, match="response_format: Extra inputs are not permitted"
-    ) as caught:
+def _streamed_text(chunks: list[Any]) -> tuple[str, str | None]:
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return text, (reasons[-1] if reasons else None)
+
+
+def test_streaming_chat_with_a_json_schema_equals_offline(server: str, offline: LLM) -> None:
+    """``response_format`` of type ``json_schema`` (issue 40, items 2 and 4): the streamed answer is the
+    offline structured output, token for token, under ngram speculation. OpenAI's format cannot turn off
+    JSON's free whitespace, and the tiny random model spends its budget on newlines after the opening
+    brace (what ``disable_any_whitespace`` is for)."""
+    structured = StructuredOutputsParams(json=SCHEMA)
+    params = SamplingParams(temperature=0, max_tokens=48, structured_outputs=structured)
+    want = offline.generate([CHAT_PROMPT], params)[0].outputs[0]
+    chunks = list(
         client(server).chat.completions.create(
-            model="tiny", messages=MESSAGES, max_tokens=4, response_format=JSON_SCHEMA, stream=stream
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=48,
+            temperature=0,
+            response_format=JSON_SCHEMA,
+            stream=True,
         )
-    assert caught.value.status_code == 400 and caught.value.param == "response_format"
+    )
+    text, reason = _streamed_text(chunks)
+    assert (text, reason) == (want.text, want.finish_reason)
+    assert reason == "length" and text.startswith("{") and text[1:].isspace()
+
+
+def test_vllm_guided_fields_through_the_client(server: str, offline: LLM) -> None:
+    """vLLM's ``guided_choice`` and ``structured_outputs`` request fields (``extra_body``) constrain the
+    answer as offline ``structured_outputs`` does (``json_object``: the tiny model opens an object and
+    writes a key until ``max_tokens``)."""
+    api = client(server)
+    cases = [
+        ({"guided_choice": ["red", "green", "blue"]}, {"choice": ["red", "green", "blue"]}),
+        ({"guided_regex": "[0-9]{3}"}, {"regex": "[0-9]{3}"}),
+        ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}}, None),
+    ]
+    wants = []
+    for body, offline_spec in cases:
+        spec = offline_spec or body["structured_outputs"]
+        params = SamplingParams(temperature=0, max_tokens=24, structured_outputs=spec)
+        want = offline.generate(["hello world"], params)[0].outputs[0]
+        got = api.completions.create(
+            model="tiny", prompt="hello world", max_tokens=24, temperature=0, extra_body=body
+        )
+        assert (got.choices[0].text, got.choices[0].finish_reason) == (want.text, want.finish_reason), body
+        wants.append(want)
+    assert [w.finish_reason for w in wants] == ["stop", "stop", "length"]
+    assert wants[0].text in ("red", "green", "blue") and re.fullmatch("[0-9]{3}", wants[1].text)
+    assert wants[2].text.startswith('{"')
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message", "param"),
+    [
+        (
+            {"response_format": JSON_SCHEMA, "extra_body": {"guided_regex": "a"}},
+            "one structured output constraint, got response_format, guided_regex",
+            "response_format",
+        ),
+        (
+            {"extra_body": {"guided_regex": "(a"}},
+            "structured_outputs.regex does not compile",
+            "structured_outputs",
+        ),
+        (
+            {"response_format": {"type": "json_schema"}},
+            'response_format of type "json_schema" needs response_format.json_schema',
+            "response_format",
+        ),
+        (
+            {"extra_body": {"structured_outputs": {"regex": "a", "json": {}}}},
+            "structured_outputs must set exactly one of",
+            "structured_outputs",
+        ),
+    ],
+)
+def test_bad_structured_output_requests_are_400s_naming_the_field(
+    server: str, arguments: dict[str, Any], message: str, param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)) as caught:
+        client(server).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, **arguments)
+    assert caught.value.status_code == 400 and caught.value.param == param
