@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from engine_fixtures import one_thread  # noqa: F401  (module fixture: one intra-op thread)
 from test_engine_context_limit import SPECS
+from test_engine_graphs import SimulatedGraphBackend
 
 from spec_backend.engine import LLM, SamplingParams, StructuredOutputsParams
 from spec_backend.tools.tiny import make_tiny_model
@@ -81,6 +82,20 @@ def test_greedy_output_equals_constrained_plain_decoding(
     prompts, params = _batch()
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == plain
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model(self)"])
+def test_the_captured_step_equals_constrained_plain_decoding(
+    method: str, target: str, plain: list[list[int]], tmp_path: Path
+) -> None:
+    """With graph capture (the simulated driver: every request widened to K+1 rows, placeholders past
+    its drafts) the grammar's cuts and row masks land on the right rows too."""
+    backend = SimulatedGraphBackend()
+    spec = SPECS[method](target, tmp_path)
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=8)
+    prompts, params = _batch()
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    assert all(r.replays > 0 for r in backend.runners)
 
 
 def test_unconstrained_output_differs(target: str, plain: list[list[int]]) -> None:
