@@ -12,9 +12,14 @@ import socket
 import threading
 from typing import Any
 
+#: Default request body cap (``limits.BodyLimit``): room for a 128k-token prompt as text or as token ids,
+#: and a bound on what one request costs when the tokenizer gives no characters-per-token bound
+#: (``textbound``): tokenizing 2 MB of text takes seconds of CPU (on a worker thread) and hundreds of
+#: megabytes. Here, not in ``limits``, so ``spec-backend --help`` needs no serve extra.
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+
 
 def add_serve_parser(sub: Any) -> None:
-    from spec_backend.server.limits import DEFAULT_MAX_BODY_BYTES
     from spec_backend.tools.cli import add_engine_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")

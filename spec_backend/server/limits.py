@@ -8,12 +8,8 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from spec_backend.server.cli import DEFAULT_MAX_BODY_BYTES
 from spec_backend.server.protocol import error_body
-
-#: Default cap: room for a 128k-token prompt as text or as token ids, and a bound on what one request
-#: costs when the tokenizer gives no characters-per-token bound (``textbound``): tokenizing 2 MB of
-#: text takes seconds of CPU (on a worker thread) and hundreds of megabytes.
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
 def _too_large(size: int | str, cap: int) -> str:
