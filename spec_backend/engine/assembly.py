@@ -50,6 +50,21 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
             "kv_transfer_config is used only with method='extract_hidden_states', "
             f"got method={config.method!r}"
         )
+    _check_chain(config)
+
+
+def _check_chain(config: SpeculativeConfig) -> None:
+    """The embedded engine drafts and verifies chains: a ``speculative_token_tree`` that branches (or a
+    chain of another length than ``num_speculative_tokens``) is refused, never run as a chain."""
+    tree = config.token_tree
+    k = config.num_speculative_tokens
+    if tree is None or k is None or tree == [(0,) * (i + 1) for i in range(k)]:
+        return
+    raise ValueError(
+        f"speculative_token_tree={config.speculative_token_tree!r}: the embedded engine drafts a chain of "
+        f"num_speculative_tokens={k} tokens, [(0,), (0, 0), ...]; token trees are not implemented yet "
+        "(omit speculative_token_tree, or give that chain)"
+    )
 
 
 def draft_preparation(backend: Backend, quantization: str | None) -> Callable[[torch.nn.Module], None]:
