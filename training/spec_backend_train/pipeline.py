@@ -17,6 +17,7 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -46,6 +47,21 @@ class PipelineConfig:
     bf16: bool = True
     init_from_target: bool = True
     init_head: str | None = None  # continue from a trained head (speculators folder, same draft vocabulary)
+
+    def __post_init__(self) -> None:
+        """The command line's checks (``args_check.check_numbers``) for a config built in Python too:
+        every bad field named with its value, in one ``ValueError``."""
+        least = {"num_sequences": 0, "max_len": 1, "draft_vocab_size": 1, "ttt_steps": 1, "epochs": 1,
+                 "chats": 0, "chat_tokens": 1}  # fmt: skip
+        bad = [
+            f"{k} must be at least {v}, got {getattr(self, k)}"
+            for k, v in least.items()
+            if getattr(self, k) < v
+        ]
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            bad.append(f"lr must be a finite number above 0, got {self.lr}")
+        if bad:
+            raise ValueError("; ".join(bad))
 
 
 def _resumable(

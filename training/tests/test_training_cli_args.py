@@ -273,3 +273,19 @@ def test_the_runs_refuse_a_draft_vocabulary_larger_than_the_targets(
     with pytest.raises(ValueError, match=r"has 2 decoder layers, too few for an EAGLE-3 head"):
         online.run(online.OnlineConfig(shallow, str(tmp_path / "out"), draft_vocab_size=64))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pipeline_config_built_in_python_is_checked_like_the_flags(tmp_path: Path) -> None:
+    """Issue 36, item 6's leftover: ``PipelineConfig(epochs=0)`` made outside the command line was
+    accepted (and trained nothing); every bad field is now named at construction, as ``OnlineConfig``
+    does."""
+    folders = ("target", str(tmp_path / "out"), str(tmp_path / "work"))
+    with pytest.raises(ValueError, match=r"^epochs must be at least 1, got 0$"):
+        pipeline.PipelineConfig(*folders, epochs=0)
+    with pytest.raises(
+        ValueError,
+        match=r"^num_sequences must be at least 0, got -1; ttt_steps must be at least 1, got 0; "
+        r"lr must be a finite number above 0, got nan$",
+    ):
+        pipeline.PipelineConfig(*folders, num_sequences=-1, ttt_steps=0, lr=float("nan"))
+    assert pipeline.PipelineConfig(*folders).epochs == 3  # the defaults pass
