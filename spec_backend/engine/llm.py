@@ -24,7 +24,7 @@ from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.params_check import check_vocab
 from spec_backend.engine.request import Request, merge_samples
 from spec_backend.engine.spec_config import parse_speculative_config
-from spec_backend.engine.structured import attach_grammars
+from spec_backend.engine.structured import make_grammars
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import (
     CounterMetric,
@@ -277,7 +277,11 @@ class LLM:
         for request in requests:  # ids and seeds only once every prompt is known to be valid
             parent, self._next_id = str(self._next_id), self._next_id + 1
             samples += request.samples(parent, lambda: seed_for(self._rng))
-        attach_grammars(samples, self.tokenizer, vocab)
+        grammars = make_grammars(
+            [r.params.structured_outputs for r in samples], self.eos_token_ids, self.tokenizer, vocab
+        )
+        for sample, grammar in zip(samples, grammars, strict=True):
+            sample.grammar = grammar
         return samples
 
     # -- generation ----------------------------------------------------------------------------------

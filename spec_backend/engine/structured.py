@@ -26,12 +26,9 @@ import json
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from spec_backend.engine.request import Request
 
 INSTALL_HINT = "structured outputs need llguidance: pip install 'spec-backend[structured]'"
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -229,7 +226,7 @@ def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def constrain(
-    requests: Sequence[Request],
+    grammars: Sequence[RequestGrammar | None],  # per request: its matcher (None: no grammar, or finished)
     drafts: Sequence[Sequence[int]],  # per request: its real drafts (placeholders dropped)
     query_lens: Sequence[int],
     last_only: bool,
@@ -239,10 +236,9 @@ def constrain(
     ``[R, V]`` bool row masks of the step (rows of requests without a grammar allow every token)."""
     kept: list[int] = []
     masks: list[torch.Tensor] = []
-    for b, request in enumerate(requests):
+    for b, grammar in enumerate(grammars):
         rows = 1 if last_only else query_lens[b]
-        grammar = request.grammar
-        if grammar is None or request.finished:
+        if grammar is None:
             kept.append(len(drafts[b]))
             masks.append(torch.ones(rows, vocab, dtype=torch.bool))  # [rows, V]
             continue
@@ -252,36 +248,40 @@ def constrain(
     return kept, torch.cat(masks)
 
 
-def attach_grammars(requests: Sequence[Request], tokenizer: Any | None, vocab: int) -> None:
-    """Give each request with ``structured_outputs`` its matcher (``ValueError`` for a grammar that does
-    not compile, a model without tokenizer or EOS, or llguidance missing)."""
-    wanted = [r for r in requests if r.params.structured_outputs is not None]
-    if not wanted:
-        return
+def make_grammars(
+    specs: Sequence[StructuredOutputsParams | None], eos: frozenset[int], tokenizer: Any | None, vocab: int
+) -> list[RequestGrammar | None]:
+    """A matcher per request that asks for structured outputs (``specs``: each request's
+    ``structured_outputs``); ``ValueError`` for a grammar that does not compile, a model without
+    tokenizer or EOS, or llguidance missing."""
+    if all(spec is None for spec in specs):
+        return [None] * len(specs)
     if tokenizer is None:
         raise ValueError("structured_outputs needs the model's tokenizer; this model has none")
-    eos = sorted(wanted[0].eos_token_ids)
     if not eos:
         raise ValueError("structured_outputs needs an EOS token to end the output; this model has none")
     try:
         from llguidance import LLMatcher
     except ImportError as exc:
         raise ValueError(INSTALL_HINT) from exc
-    ll_tokenizer = _ll_tokenizer(tokenizer, eos, vocab)
-    for request in wanted:
-        spec = request.params.structured_outputs
-        assert spec is not None
+    ll_tokenizer = _ll_tokenizer(tokenizer, sorted(eos), vocab)
+    grammars: list[RequestGrammar | None] = []
+    for spec in specs:
+        if spec is None:
+            grammars.append(None)
+            continue
         matcher = LLMatcher(ll_tokenizer, spec.lark_source(), log_level=0)
         if matcher.is_error():
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {matcher.get_error()}")
-        request.grammar = RequestGrammar(matcher, vocab, ll_tokenizer.vocab_size)
+        grammars.append(RequestGrammar(matcher, vocab, ll_tokenizer.vocab_size))
+    return grammars
 
 
 __all__ = [
     "INSTALL_HINT",
     "RequestGrammar",
     "StructuredOutputsParams",
-    "attach_grammars",
     "constrain",
+    "make_grammars",
     "unpack_bitmask",
 ]

@@ -102,7 +102,8 @@ def _constrained(
 ) -> tuple[SpecDecodeMetadata, torch.Tensor | None, torch.Tensor]:
     """Structured outputs (``structured.py``): drafts a grammar forbids become placeholders (cut), and
     the ``[R, V]`` row masks the logits get."""
-    kept, allowed = constrain(requests, drafts, batch.query_lens_host, last_only, vocab)
+    grammars = [None if r.finished else r.grammar for r in requests]
+    kept, allowed = constrain(grammars, drafts, batch.query_lens_host, last_only, vocab)
     if valid_drafts is None or all(k == len(d) for k, d in zip(kept, drafts, strict=True)):
         return metadata, valid_drafts, allowed
     ids = metadata.draft_token_ids.clone()  # [T]

@@ -12,11 +12,7 @@ import socket
 import threading
 from typing import Any
 
-#: Default request body cap (``limits.BodyLimit``): room for a 128k-token prompt as text or as token ids,
-#: and a bound on what one request costs when the tokenizer gives no characters-per-token bound
-#: (``textbound``): tokenizing 2 MB of text takes seconds of CPU (on a worker thread) and hundreds of
-#: megabytes. Here, not in ``limits``, so ``spec-backend --help`` needs no serve extra.
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+from spec_backend.server.defaults import DEFAULT_MAX_BODY_BYTES
 
 
 def add_serve_parser(sub: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from spec_backend.server.cli import DEFAULT_MAX_BODY_BYTES
+from spec_backend.server.defaults import DEFAULT_MAX_BODY_BYTES
 from spec_backend.server.protocol import error_body
 
 

@@ -93,3 +93,76 @@ def test_a_reversed_import_is_caught(tmp_path: Path) -> None:
     source.write_text("def f():\n    from spec_backend.engine.core import EngineCore\n")
     (line, target), *_ = project_imports(source)
     assert line == 2 and floor(target.rsplit(".", 1)[0]) > floor("spec_backend.proposers.x")
+
+
+#: the one circle docs/architecture.md accepts (#37's acceptance: at most one): the config's trio
+ALLOWED_CIRCLES = [
+    {"spec_backend.config.draft", "spec_backend.config.sampler_methods", "spec_backend.config.speculative"}
+]
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the product modules it imports (function-local and type-only imports included; a
+    package's ``__init__`` only hands names on and is left out, as farm-studio draws it)."""
+    graph: dict[str, set[str]] = {}
+    for path in PRODUCT:
+        if path.name == "__init__.py":
+            continue
+        targets = set()
+        for _, target in project_imports(path):
+            module = target if _is_module(target) else target.rsplit(".", 1)[0]
+            if (ROOT.parent / Path(*module.split("."))).with_suffix(".py").is_file():
+                targets.add(module)
+        graph[module_name(path)] = targets - {module_name(path)}
+    return graph
+
+
+def test_no_new_circles() -> None:
+    """Files that import each other in a loop (a type-only import or one inside a function counts: it
+    still ties the two files together) are refused, but for the config's trio."""
+    assert circles(import_graph()) == ALLOWED_CIRCLES
+
+
+def test_a_circle_is_caught() -> None:
+    """Negative control: a loop through three modules, and one through a type-only import, are found."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [{"a", "b", "c"}]
+    assert circles({"x": {"y"}, "y": {"x"}}) == [{"x", "y"}]
