@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,14 @@ def assert_clean_exit(proc: subprocess.Popen[str]) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
     assert "Application shutdown complete" in out, out[-3000:]
+
+
+def served(model_dir: str) -> Iterator[str]:
+    """A module fixture's body: the server on a free port, its base URL, and a clean exit at the end."""
+    port = free_port()
+    proc = start_server(model_dir, port)
+    yield f"http://127.0.0.1:{port}"
+    assert_clean_exit(proc)
 
 
 def client(base: str) -> Any:

@@ -26,6 +26,7 @@ from server_fixtures import (  # noqa: E402
     client,
     free_port,
     make_chat_model,
+    served,
     start_server,
 )
 
@@ -57,10 +58,7 @@ def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir: str) -> Iterator[str]:
-    port = free_port()
-    proc = start_server(model_dir, port)
-    yield f"http://127.0.0.1:{port}"
-    assert_clean_exit(proc)
+    yield from served(model_dir)
 
 
 @pytest.fixture(scope="module")

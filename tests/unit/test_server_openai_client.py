@@ -18,7 +18,7 @@ import pytest
 openai = pytest.importorskip("openai", reason="the server tests need the openai client (test extra)")
 pytest.importorskip("fastapi", reason="the server needs the serve extra")
 
-from server_fixtures import SPEC, assert_clean_exit, client, free_port, make_chat_model, start_server  # noqa: E402
+from server_fixtures import SPEC, client, make_chat_model, served  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from spec_backend.engine.params import Logprob  # noqa: E402
@@ -36,10 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir: str) -> Iterator[str]:
-    port = free_port()
-    proc = start_server(model_dir, port)
-    yield f"http://127.0.0.1:{port}"
-    assert_clean_exit(proc)
+    yield from served(model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,11 @@ pytest.importorskip("httpx")
 
 from server_fixtures import (
     SPEC,
-    assert_clean_exit,
     client,
-    free_port,
     make_chat_model,
     post,
+    served,
     sse_payloads,
-    start_server,
 )
 
 from spec_backend.engine import LLM, SamplingParams
@@ -39,10 +37,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir: str) -> Iterator[str]:
-    port = free_port()
-    proc = start_server(model_dir, port)
-    yield f"http://127.0.0.1:{port}"
-    assert_clean_exit(proc)
+    yield from served(model_dir)
 
 
 @pytest.fixture(scope="module")
