@@ -34,6 +34,24 @@ def build_output(
     return out.to(torch.int32)
 
 
+def row_target_probs(
+    ops: SamplerOps,
+    logits: torch.Tensor,  # [N, V]
+    sampling: SamplingMetadata,
+    row_req: torch.Tensor,  # [N] int64: the request of each row
+) -> torch.Tensor:  # [N, V]
+    """Each row's target distribution with its request's temperature, top-k and top-p."""
+    return ops.target_probs(
+        logits,
+        sampling.temperature[row_req],
+        sampling.top_k[row_req],
+        sampling.top_p[row_req],
+        sampling.apply_top_k,
+        sampling.apply_top_p,
+        max_top_k=sampling.max_top_k,
+    )
+
+
 def bonus_only(
     ops: SamplerOps,
     bonus_rows: torch.Tensor,  # [B] logits row of each request
@@ -55,15 +73,7 @@ def bonus_only(
         row_req = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device).scatter(
             0, rows, arange
         )
-        probs = ops.target_probs(
-            logits,
-            sampling.temperature[row_req],
-            sampling.top_k[row_req],
-            sampling.top_p[row_req],
-            sampling.apply_top_k,
-            sampling.apply_top_p,
-            max_top_k=sampling.max_top_k,
-        )  # [N, V]
+        probs = row_target_probs(ops, logits, sampling, row_req)  # [N, V]
         no_draft = torch.full_like(rows, -1)  # [B] q = 0: nothing to remove from the target
         scale = torch.ones(batch, dtype=torch.float64, device=logits.device)  # [B]
         empty = torch.zeros(0, dtype=torch.int32, device=logits.device)  # [T = 0]

@@ -49,7 +49,7 @@ from spec_backend.sampling.grouping import merge_outputs, split_batch
 from spec_backend.sampling.layout import VerifyStep
 from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.ops import SamplerOps
-from spec_backend.sampling.output import bonus_only, build_output
+from spec_backend.sampling.output import bonus_only, build_output, row_target_probs
 from spec_backend.sampling.sampling_metadata import SamplingMetadata
 from spec_backend.sampling.torch_ops import TorchSamplerOps
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerBackend, SamplerTuning
@@ -260,15 +260,7 @@ class RejectionSampler:
             row_req = self._row_requests(
                 step.target_rows, step.bonus_rows, step.req_of, logits.shape[0]
             )  # [N]
-            probs = self.ops.target_probs(
-                logits,
-                sampling.temperature[row_req],
-                sampling.top_k[row_req],
-                sampling.top_p[row_req],
-                sampling.apply_top_k,
-                sampling.apply_top_p,
-                max_top_k=sampling.max_top_k,
-            )  # [N, V]
+            probs = row_target_probs(self.ops, logits, sampling, row_req)  # [N, V]
         num_accepted, scale = self._accept_counts(step, draft_probs, logits, probs, argmax, greedy_rows)
         num_accepted = torch.minimum(num_accepted, step.first_null)  # a placeholder ends the drafts
         cu, total = step.cu.to(torch.int64), step.draft_ids.shape[0]
