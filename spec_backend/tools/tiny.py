@@ -7,6 +7,20 @@ from typing import Any
 
 import torch
 
+#: the tiny models' shapes and token ids (``testing/fixtures/families`` builds its families on them too)
+TINY_SETTINGS: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+    "tie_word_embeddings": False,
+}
+
 
 def make_tiny_model(
     directory: str | os.PathLike[str],
@@ -27,20 +41,7 @@ def make_tiny_model(
     if arch not in classes:
         raise ValueError(f"unknown tiny architecture {arch!r}; use one of {sorted(classes)}")
     config_cls, model_cls = classes[arch]
-    settings: dict[str, Any] = {
-        "vocab_size": vocab_size,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "tie_word_embeddings": False,
-    }
-    settings.update(overrides)
+    settings = {**TINY_SETTINGS, "vocab_size": vocab_size, "num_hidden_layers": 2, **overrides}
     torch.manual_seed(seed)
     model = model_cls(config_cls(**settings))
     with torch.no_grad():  # larger logits spread: sharper distributions, fewer near-ties in argmax
