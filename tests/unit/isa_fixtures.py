@@ -5,6 +5,9 @@ and skips none of them for lack of AVX-512."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from engine_fixtures import require_native_kernels
 
@@ -13,6 +16,29 @@ from spec_backend.cpu.native import active_variant, variant_error
 
 #: every ISA variant of this machine's architecture, fastest first
 VARIANTS = [v.name for v in machine_variants()]
+
+
+def compile_every_source(compiler: str, name: str, out: Path) -> None:
+    """Compile (``-c``, in parallel) every ``csrc/*.cpp`` as variant ``name`` with the kernels' flags
+    against this torch's headers, objects into ``out``; a source that does not compile fails the test
+    with the compiler's last words."""
+    from torch.utils.cpp_extension import include_paths
+
+    from spec_backend.cpu import native
+
+    flags = [*native.build_flags(variant(name)), *(f"-I{p}" for p in include_paths())]
+    sources = sorted((Path(native.__file__).parent / "csrc").glob("*.cpp"))
+    jobs = [
+        subprocess.Popen(
+            [compiler, "-std=c++20", "-fPIC", "-c", str(s), "-o", str(out / f"{s.stem}.o"), *flags],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in sources
+    ]
+    for source, job in zip(sources, jobs, strict=True):
+        _, err = job.communicate(timeout=900)
+        assert job.returncode == 0, f"{source.name}: {err[-2000:]}"
 
 
 def use_variant(name: str, monkeypatch: pytest.MonkeyPatch) -> str:

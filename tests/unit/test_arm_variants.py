@@ -28,7 +28,6 @@ import pytest
 from arm_kernels.harness import (
     CROSS_CXX,
     CROSS_OBJDUMP,
-    CSRC,
     Program,
     build,
     compile_command,
@@ -36,6 +35,7 @@ from arm_kernels.harness import (
 )
 from arm_kernels.q4_1_case import TILE_BYTES, make_case, parse_output, show, with_code_byte
 from arm_kernels.vec16_case import make_vec_case, parse_vec_output
+from isa_fixtures import compile_every_source
 
 from spec_backend.cpu.isa import ISA_ENV, isa_cap, machine_variants, missing_flags, variant
 
@@ -200,23 +200,7 @@ def test_every_source_compiles_as_the_arm_variant(name: str, tmp_path: Path) -> 
     torch's headers (torch's headers are the same on every architecture; its aarch64 libraries, which a
     link would need, are not installed); the neon_dotprod Q4_1 op holds ``sdot``."""
     needs_emulation()
-    from torch.utils.cpp_extension import include_paths
-
-    from spec_backend.cpu.native import build_flags
-
-    flags = [*build_flags(variant(name)), *(f"-I{p}" for p in include_paths())]
-    sources = sorted(CSRC.glob("*.cpp"))
-    jobs = [
-        subprocess.Popen(
-            [CROSS_CXX, "-std=c++20", "-fPIC", "-c", str(s), "-o", str(tmp_path / f"{s.stem}.o"), *flags],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for s in sources
-    ]
-    for source, job in zip(sources, jobs, strict=True):
-        _, err = job.communicate(timeout=900)
-        assert job.returncode == 0, f"{source.name}: {err[-2000:]}"
+    compile_every_source(CROSS_CXX, name, tmp_path)
     objdump = shutil.which(CROSS_OBJDUMP)
     if name == "neon_dotprod" and objdump is not None:
         code = subprocess.run([objdump, "-d", str(tmp_path / "q4_1_mm.o")], capture_output=True, text=True)

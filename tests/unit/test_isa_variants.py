@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_fixtures import require_native_kernels
-from isa_fixtures import VARIANTS, use_variant
+from isa_fixtures import VARIANTS, compile_every_source, use_variant
 
 from spec_backend.cpu import isa, native
 from spec_backend.cpu.backend import CpuBackend
@@ -147,7 +147,7 @@ def test_the_avx_vnni_variant_compiles(tmp_path: Path) -> None:
     """Every source compiles as the AVX-VNNI variant (its Q4_1 tile in ``csrc/q4_1_avx256.h``, its 256-bit
     vectors), also where this CPU cannot run it (there its kernel tests skip); a compiler without
     ``-mavxvnni`` (GCC < 11) is the only skip."""
-    from torch.utils.cpp_extension import get_cxx_compiler, include_paths
+    from torch.utils.cpp_extension import get_cxx_compiler
 
     compiler = shutil.which(get_cxx_compiler())
     if compiler is None:
@@ -157,19 +157,7 @@ def test_the_avx_vnni_variant_compiles(tmp_path: Path) -> None:
     )
     if probe.returncode != 0:
         pytest.skip(f"{compiler} does not know -mavxvnni: {probe.stderr.strip()[:200]}")
-    flags = [*native.build_flags(variant("avx_vnni")), *(f"-I{p}" for p in include_paths())]
-    sources = sorted((Path(native.__file__).parent / "csrc").glob("*.cpp"))
-    jobs = [
-        subprocess.Popen(
-            [compiler, "-std=c++20", "-fPIC", "-c", str(s), "-o", str(tmp_path / f"{s.stem}.o"), *flags],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for s in sources
-    ]
-    for source, job in zip(sources, jobs, strict=True):
-        _, err = job.communicate(timeout=900)
-        assert job.returncode == 0, f"{source.name}: {err[-2000:]}"
+    compile_every_source(compiler, "avx_vnni", tmp_path)
     dump = shutil.which("objdump")
     if dump is not None:  # the VEX-encoded dot product is there
         disassembly = subprocess.run(
