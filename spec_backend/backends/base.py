@@ -63,10 +63,13 @@ class ModelOptions:
     ``supported_quantizations``), from ``LLM(quantization=...)`` for the target or
     ``speculative_config['quantization']`` for draft weights; ``None``: the weights as loaded.
     ``speculative_tokens``: K of the speculative config the model verifies for (its verify steps have K+1
-    rows per request), ``None`` where not known; a backend may measure its kernels at that shape."""
+    rows per request), ``None`` where not known; a backend may measure its kernels at that shape.
+    ``gguf_file``: the GGUF file the weights were de-quantized from, ``None`` for other checkpoints; a
+    backend may run layers from the file's quantized blocks."""
 
     quantization: str | None = None
     speculative_tokens: int | None = None
+    gguf_file: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ attention function (the conformance suite checks it against the reference):
   (``fast_path``: our int8-activation kernel with native decoder layers, torch's int4 kernel with
   bfloat16 activations, or the de-quantized float32 weights; the packed ones are lossy; logged with the
   times) unless ``SPEC_BACKEND_INT4=0``; ``ModelOptions.quantization`` "int4" / "int8" quantizes every
-  linear layer (opt-in, lossy).
+  linear layer (opt-in, lossy). A GGUF model's Q4_K, Q5_K, Q6_K and Q8_0 layers are read from the file
+  (``ModelOptions.gguf_file``, ``kquant_linear``) and take part in the same measurement: Q4_K as Q4_1,
+  the others on an exact float32-activation kernel on the native path.
 * a packed model's decoder layers (and an EAGLE-3 head's first layer) run as one native call each, and
   its attention rows are computed independently of the batch (``attention``), so speculative greedy
   output still equals plain greedy output;
@@ -29,10 +31,11 @@ import torch
 from spec_backend.backends.base import AttentionFn, Availability, ModelOptions
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
-from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe, path_kernel
-from spec_backend.cpu.int4_linear import install_int4_linears
+from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe, pack
+from spec_backend.cpu.int4_linear import Int4Linear, PackedLinear
 from spec_backend.cpu.int8_linear import install_int8_linears
 from spec_backend.cpu.isa import cpu_flags, machine_variants, missing_flags
+from spec_backend.cpu.kquant_linear import K8Linear, block_kinds, read_blocks
 from spec_backend.cpu.native import native_op, selection
 from spec_backend.cpu.native_eagle3 import install_native_eagle3_layers
 from spec_backend.cpu.native_layer import install_native_layers
@@ -103,7 +106,7 @@ class CpuBackend(ReferenceBackend):
         if mode == "int8":
             packed, what = install_int8_linears(model), "int8 (opt-in, lossy)"
         elif mode == "int4" or os.environ.get(INT4_ENV, "1") != "0":
-            packed, what = _int4_path(model, mode == "int4", options.speculative_tokens)
+            packed, what = _int4_path(model, mode == "int4", options)
         else:
             packed, what = 0, ""
         if packed:
@@ -114,29 +117,37 @@ class CpuBackend(ReferenceBackend):
         install_tall_skinny_projection(model)
 
 
-def _int4_path(model: torch.nn.Module, quantize: bool, speculative_tokens: int | None) -> tuple[int, str]:
+def _int4_path(model: torch.nn.Module, quantize: bool, options: ModelOptions) -> tuple[int, str]:
     """The measured path's packing (``fast_path``): how many layers were packed, and how."""
-    decision: Decision = decide(model, quantize, speculative_tokens)
-    packed = 0
-    if decision.path != "float32":
-        packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(decision.path))
+    blocks = read_blocks(model, options.gguf_file) if options.gguf_file else {}
+    decision: Decision = decide(model, quantize, options.speculative_tokens, blocks)
+    packed = pack(model, decision.path, quantize, blocks) if decision.path != "float32" else 0
     if packed or decision.times:
         logger.info("spec_backend: Q4_1 path for this model: %s", describe(decision))
-    return packed, "int4 (opt-in, lossy)" if quantize else "GGUF Q4_1 packed as int4"
+    kinds = block_kinds(model)
+    if kinds:
+        logger.info(
+            "spec_backend: %s layers run from their GGUF blocks on the k8 kernel (exact: float32 "
+            "activations)",
+            ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())),
+        )
+    return packed, "int4 (opt-in, lossy)" if quantize else "GGUF Q4_1/Q4_K packed as int4"
 
 
 def _native_layers(model: torch.nn.Module, packed: int, what: str) -> None:
     """A packed model: batch-invariant attention rows (rounding amplifies tiny batch-dependent
     differences), decoder layers and an EAGLE-3 head's first layer as one native call each (where their
     products run on the native kernel)."""
-    isa = {str(getattr(m, "isa", "")) for m in model.modules() if getattr(m, "kernel", "") == "native"}
-    logger.info(
-        "spec_backend: %d linear layers run %s with %s activations; logits differ slightly from the "
-        "float32 model",
-        packed,
-        what,
-        f"int8 (per 32 values, {', '.join(sorted(isa))} kernel)" if isa else "bfloat16",
-    )
+    lossy = [m for m in model.modules() if isinstance(m, PackedLinear) and not isinstance(m, K8Linear)]
+    isa = {m.isa for m in lossy if isinstance(m, Int4Linear) and m.kernel == "native"}
+    if lossy:
+        logger.info(
+            "spec_backend: %d linear layers run %s with %s activations; logits differ slightly from the "
+            "float32 model",
+            len(lossy),
+            what,
+            f"int8 (per 32 values, {', '.join(sorted(isa))} kernel)" if isa else "bfloat16",
+        )
     native = install_native_layers(model)
     if native:
         logger.info("spec_backend: %d decoder layers run as one native call each", native)

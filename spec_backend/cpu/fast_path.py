@@ -42,7 +42,9 @@ import torch
 from torch import nn
 
 from spec_backend.cpu.attention import mark_batch_invariant
+from spec_backend.cpu.gguf_blocks import Decoded
 from spec_backend.cpu.int4_linear import install_int4_linears, recover_q4_1
+from spec_backend.cpu.kquant_linear import install_k8_linears
 from spec_backend.cpu.native import active_variant, native_op
 from spec_backend.cpu.native_layer import NATIVE_LAYERS_ENV, native_class, supported
 from spec_backend.cpu.vocab_projection import install_small_batch_linears
@@ -113,9 +115,12 @@ def _first_linear(layer: nn.Module) -> nn.Linear | None:
     return next((m for m in layer.modules() if type(m) is nn.Linear), None)
 
 
-def sample_layer(model: nn.Module, quantize: bool) -> tuple[nn.Module, nn.Module] | None:
+def sample_layer(
+    model: nn.Module, quantize: bool, blocks: dict[int, Decoded] | None = None
+) -> tuple[nn.Module, nn.Module] | None:
     """The first plain decoder layer (children: attention, MLP and norms) whose first linear layer is Q4_1
-    (any, with ``quantize``), and the model's rotary embedding; ``None`` without both."""
+    or has GGUF ``blocks`` (any, with ``quantize``), and the model's rotary embedding; ``None`` without
+    both."""
     rotary = next((m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")), None)
     if rotary is None:
         return None
@@ -126,23 +131,36 @@ def sample_layer(model: nn.Module, quantize: bool) -> tuple[nn.Module, nn.Module
         if any(n not in ("self_attn", "mlp") and not n.endswith("layernorm") for n in names):
             continue  # e.g. EAGLE-3's first layer, which reads two inputs
         first = _first_linear(module)
-        if first is not None and (quantize or recover_q4_1(first.weight) is not None):
+        if first is not None and (
+            quantize or id(first.weight) in (blocks or {}) or recover_q4_1(first.weight) is not None
+        ):
             return module, rotary
     return None
 
 
-def build(layer: nn.Module, path: str, quantize: bool) -> nn.Module:
-    """``layer`` as ``path`` runs it: a copy sharing its float weights, packed as ``prepare_model`` packs."""
+def build(layer: nn.Module, path: str, quantize: bool, blocks: dict[int, Decoded] | None = None) -> nn.Module:
+    """``layer`` as ``path`` runs it: a copy sharing its float weights, packed as ``prepare_model`` packs
+    (``pack``)."""
     tensors = [*layer.parameters(), *layer.buffers()]
     clone: nn.Module = copy.deepcopy(layer, {id(t): t for t in tensors})
     if path == "float32":
         install_small_batch_linears(clone)
         return clone
-    install_int4_linears(clone, quantize=quantize, kernel=path_kernel(path))
+    pack(clone, path, quantize, blocks)
     if path == "native" and os.environ.get(NATIVE_LAYERS_ENV, "1") != "0" and supported(clone):
         clone = native_class(type(layer))(clone)
     mark_batch_invariant(clone)
     return clone
+
+
+def pack(model: nn.Module, path: str, quantize: bool, blocks: dict[int, Decoded] | None) -> int:
+    """``model``'s linear layers packed for a packed ``path``: Q4_1 and Q4_K ones as int4 on the path's
+    kernel, and on the native path the other GGUF ``blocks`` (Q5_K, Q6_K, Q8_0) on the k8 kernel
+    (``kquant_linear``); returns how many were replaced."""
+    packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(path), blocks=blocks)
+    if path == "native" and blocks:
+        packed += install_k8_linears(model, blocks)
+    return packed
 
 
 def _step(layer: nn.Module, rotary: nn.Module, hidden: int, rows: int) -> Callable[[], object]:
@@ -161,7 +179,12 @@ def _step(layer: nn.Module, rotary: nn.Module, hidden: int, rows: int) -> Callab
 
 
 def measure(
-    layer: nn.Module, rotary: nn.Module, paths: list[str], quantize: bool, verify_rows: int
+    layer: nn.Module,
+    rotary: nn.Module,
+    paths: list[str],
+    quantize: bool,
+    verify_rows: int,
+    blocks: dict[int, Decoded] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per path, the best time of a decode and of a verify call of ``layer`` built as that path (seconds;
     module glossary)."""
@@ -170,7 +193,7 @@ def measure(
         raise ValueError("the layer has no linear layer")
     calls: dict[tuple[str, int], Callable[[], object]] = {}
     for path in paths:
-        built = build(layer, path, quantize)
+        built = build(layer, path, quantize, blocks)
         for rows in (1, verify_rows):
             calls[path, rows] = _step(built, rotary, first.in_features, rows)
     best = dict.fromkeys(calls, float("inf"))
@@ -190,18 +213,27 @@ def measure(
 _DECISIONS: dict[tuple[object, ...], Decision] = {}
 
 
-def _key(layer: nn.Module, paths: list[str], quantize: bool, verify_rows: int) -> tuple[object, ...]:
-    """What a measurement depends on: the layer's class and weight shapes, the candidates, the step
-    shapes, the threads, the ISA variant and whether native layers are allowed."""
+def _key(
+    layer: nn.Module, paths: list[str], quantize: bool, verify_rows: int, blocks: dict[int, Decoded]
+) -> tuple[object, ...]:
+    """What a measurement depends on: the layer's class, weight shapes and GGUF block types, the
+    candidates, the step shapes, the threads, the ISA variant and whether native layers are allowed."""
     variant = active_variant()
-    shapes = tuple((name, tuple(p.shape)) for name, p in layer.named_parameters())
+    shapes = tuple(
+        (name, tuple(p.shape), blocks[id(p)].kind if id(p) in blocks else "")
+        for name, p in layer.named_parameters()
+    )
     return (type(layer).__name__, shapes, tuple(paths), quantize, verify_rows, torch.get_num_threads(),
             variant.name if variant else None, os.environ.get(NATIVE_LAYERS_ENV, "1"))  # fmt: skip
 
 
-def decide(model: nn.Module, quantize: bool, speculative_tokens: int | None) -> Decision:
+def decide(
+    model: nn.Module, quantize: bool, speculative_tokens: int | None, blocks: dict[int, Decoded] | None = None
+) -> Decision:
     """The path ``model`` runs (module glossary): pinned, measured (once per process for a layer shape:
-    ``_DECISIONS``), or — where no layer can be timed — native where its kernel loads, else int4-bf16."""
+    ``_DECISIONS``), or — where no layer can be timed — native where its kernel loads, else int4-bf16.
+    ``blocks``: the model's GGUF k-quant and Q8_0 layers (``kquant_linear.read_blocks``)."""
+    blocks = blocks or {}
     pinned, paths = pinned_path(), candidate_paths(quantize)
     if pinned is not None:
         if pinned not in paths:
@@ -209,14 +241,16 @@ def decide(model: nn.Module, quantize: bool, speculative_tokens: int | None) -> 
                 f"{PATH_ENV}={pinned} cannot run here; this model and machine allow {', '.join(paths)}"
             )
         return Decision(pinned, f"pinned by {PATH_ENV}")
-    sample = sample_layer(model, quantize)
+    sample = sample_layer(model, quantize, blocks)
     if sample is None:
-        return Decision(paths[0], "not measured: no plain decoder layer with Q4_1 weights to time")
+        return Decision(
+            paths[0], "not measured: no plain decoder layer with Q4_1 or GGUF block weights to time"
+        )
     verify_rows = (speculative_tokens or DEFAULT_SPECULATIVE_TOKENS) + 1
-    key = _key(sample[0], paths, quantize, verify_rows)
+    key = _key(sample[0], paths, quantize, verify_rows, blocks)
     if key not in _DECISIONS:
         try:
-            times = measure(*sample, paths, quantize, verify_rows)
+            times = measure(*sample, paths, quantize, verify_rows, blocks)
         except Exception as exc:  # an architecture whose layer cannot be called alone
             return Decision(paths[0], f"not measured: {type(exc).__name__}: {exc}")
         _DECISIONS[key] = Decision(*choose(times), times, verify_rows)
@@ -275,6 +309,7 @@ __all__ = [
     "default_model_decision",
     "describe",
     "measure",
+    "pack",
     "path_kernel",
     "pinned_path",
     "sample_layer",

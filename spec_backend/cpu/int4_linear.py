@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from spec_backend.cpu.gguf_blocks import Decoded
 from spec_backend.cpu.native import active_variant, native_op
 from spec_backend.cpu.vocab_projection import output_embedding, replace_modules
 
@@ -171,12 +172,23 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return torch.clamp(codes, 0, 15).reshape(weight.shape).to(torch.int32), scale, low
 
 
-def install_int4_linears(model: Any, quantize: bool = False, kernel: str | None = None) -> int:
+def q4_k_blocks(decoded: Decoded | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A GGUF Q4_K tensor as ``recover_q4_1``'s ``(codes [N, K] int32, scale [N, K/32], minimum [N, K/32])``:
+    each 32-weight sub-block is ``w = (d·sc)·q − dmin·m``, a Q4_1 block with float32 scale and minimum."""
+    if decoded is None or decoded.kind != "Q4_K":
+        return None
+    return decoded.codes.to(torch.int32), decoded.scale, decoded.low
+
+
+def install_int4_linears(
+    model: Any, quantize: bool = False, kernel: str | None = None, blocks: dict[int, Decoded] | None = None
+) -> int:
     """Replace every CPU ``nn.Linear`` of ``model`` but the output embedding (drafters and the engine read
-    its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks by an ``Int4Linear``
-    with ``kernel`` (and, with ``quantize``, every other one whose input size is a multiple of 32,
-    lossily); returns how many were replaced. Layers whose output size is not a multiple of 16 stay as
-    they are: neither kernel takes them."""
+    its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks, or whose GGUF tensor
+    is Q4_K (``blocks``: ``kquant_linear.read_blocks``), by an ``Int4Linear`` with ``kernel`` (and, with
+    ``quantize``, every other one whose input size is a multiple of 32, lossily); returns how many were
+    replaced. Layers whose output size is not a multiple of 16 stay as they are: neither kernel takes
+    them."""
     head = output_embedding(model)
     swaps = []
     for name, module in model.named_modules():
@@ -184,7 +196,7 @@ def install_int4_linears(model: Any, quantize: bool = False, kernel: str | None 
             continue
         if module.out_features % LANES:
             continue
-        found = recover_q4_1(module.weight)
+        found = recover_q4_1(module.weight) or q4_k_blocks((blocks or {}).get(id(module.weight)))
         if found is None and quantize:
             found = quantize_int4(module.weight)
         if found is not None:
@@ -200,6 +212,7 @@ __all__ = [
     "PackedLinear",
     "install_int4_linears",
     "q4_1_tiles",
+    "q4_k_blocks",
     "quantize_int4",
     "recover_q4_1",
 ]

