@@ -86,6 +86,11 @@ def native_attention_rows(
     if head_dim % 16 or head_dim > 256:
         return None
     scale = scaling if scaling is not None else head_dim**-0.5
+    # the kernel reads rows of D contiguous values; a projection may hand a transposed product on (the
+    # tall-skinny float one does), which copies make readable without changing a value (all three, so
+    # that key and value keep one layout)
+    if any(t.stride(-1) != 1 for t in (query, key, value)):
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
 
 

@@ -129,3 +129,18 @@ def test_key_and_value_of_different_layouts_are_accepted() -> None:
     assert op is not None
     with pytest.raises(RuntimeError, match=r"key and value must share strides \(on dims longer than 1\)"):
         op(q, k, v.transpose(1, 2).contiguous().transpose(1, 2), torch.tensor([2]), torch.tensor([4]), 0.1)
+
+
+def test_heads_read_from_a_transposed_projection_are_accepted() -> None:
+    """transformers splits the q/k/v projections' outputs into heads by views; when a projection returns
+    its product transposed (``TallSkinnyProjection``: ``(W @ x.T).T``, a float layer of a model whose
+    other layers are packed), the heads' last dim is strided. Such inputs give the contiguous inputs'
+    result bit for bit (before the fix: "query, key and value must be float32 [B, H, T, D] with a
+    contiguous last dim")."""
+    q, k, v = _qkv(3, 7)
+    rows = q.transpose(1, 2).reshape(3, HQ * D)  # [Q, Hq*D] as the projection computes it
+    strided = rows.T.contiguous().T.reshape(1, 3, HQ, D).transpose(1, 2)  # [1, Hq, Q, D], last-dim stride Q
+    assert strided.stride(-1) == 3 and torch.equal(strided, q)
+    assert torch.equal(_rows(strided, k, v, [3], [7]), _rows(q, k, v, [3], [7]))
+    strided_k = k.transpose(2, 3).contiguous().transpose(2, 3)  # [1, Hkv, L, D] with last-dim stride L
+    assert torch.equal(_rows(q, strided_k, v, [3], [7]), _rows(q, k, v, [3], [7]))
