@@ -13,6 +13,9 @@ Glossary:
 * **Q6_K** — sixteen 16-weight sub-blocks; fp16 ``d``, an int8 scale per sub-block, 6-bit codes stored as
   4 low bits and 2 high bits: ``w = (d·sc)·(q − 32)``.
 * **Q8_0** — 32-weight blocks, fp16 ``d`` and int8 codes: ``w = d·q``.
+* **Q4_0 / Q5_0 / Q5_1** — 32-weight blocks with fp16 ``d`` (Q5_1: and ``m``), 4-bit codes (Q5_*: plus a
+  32-bit word of high bits): ``w = d·(q − 8)``, ``d·(q − 16)``, ``d·q + m``. llama.cpp's k-quant mixes
+  store a tensor whose rows are not a multiple of 256 weights in these (SmolLM2's 576-wide ones: Q5_0).
 * **decoded tensor** — ``Decoded(codes [N, K] int16, scale [N, K/group], low [N, K/group], group)``:
   ``w = scale·code + low`` per ``group`` consecutive weights (32, or 16 for Q6_K). ``d·sc`` is exact in
   float32 (an fp16 times a small integer), so ``scale·code`` is the de-quantized product exactly.
@@ -34,7 +37,15 @@ import torch
 
 QK_K = 256  # weights per k-quant super-block
 #: type name -> (bytes per block, weights per block); the types this module reads
-BLOCK_BYTES = {"Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
+BLOCK_BYTES = {
+    "Q4_K": (144, 256),
+    "Q5_K": (176, 256),
+    "Q6_K": (210, 256),
+    "Q8_0": (34, 32),
+    "Q4_0": (18, 32),
+    "Q5_0": (22, 32),
+    "Q5_1": (24, 32),
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,25 @@ def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return qs.copy().view(np.int8).reshape(-1, 1, 32), scale, np.zeros_like(scale)
 
 
+def _legacy(blocks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_0, Q5_0, Q5_1: code j < 16 in the low nibble of byte j, code 16 + j in its high nibble, and for
+    Q5_* bit j of the little-endian word ``qh`` the fifth bit of code j."""
+    if kind == "Q5_1":
+        d, m, qh, qs = _halves(blocks, 2, 2, 4)
+    elif kind == "Q5_0":
+        d, qh, qs = _halves(blocks, 2, 4)
+    else:
+        d, qs = _halves(blocks, 2)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int16)  # [B, 32]
+    if kind != "Q4_0":
+        word = qh.copy().view("<u4").astype(np.int64)  # [B, 1]
+        codes |= (((word >> np.arange(32)) & 1) << 4).astype(np.int16)
+    scale = _fp16(d)
+    if kind == "Q5_1":
+        return codes[:, None], scale, _fp16(m)
+    return codes[:, None] - (8 if kind == "Q4_0" else 16), scale, np.zeros_like(scale)
+
+
 def decode(kind: str, data: np.ndarray, n: int, k: int) -> Decoded:
     """The GGUF tensor ``data`` (raw blocks, any shape holding ``n·k`` weights' bytes) of type ``kind``
     (``BLOCK_BYTES``) with ``n`` rows of ``k`` weights, decoded (module glossary)."""
@@ -128,6 +158,8 @@ def decode(kind: str, data: np.ndarray, n: int, k: int) -> Decoded:
         codes, scale, low = _q6_k(blocks)
     elif kind == "Q8_0":
         codes, scale, low = _q8_0(blocks)
+    elif kind in ("Q4_0", "Q5_0", "Q5_1"):
+        codes, scale, low = _legacy(blocks, kind)
     else:
         codes, scale, low = _q4_k(blocks, high_bits=kind == "Q5_K")
     group = codes.shape[-1]

@@ -172,11 +172,14 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return torch.clamp(codes, 0, 15).reshape(weight.shape).to(torch.int32), scale, low
 
 
-def q4_k_blocks(decoded: Decoded | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """A GGUF Q4_K tensor as ``recover_q4_1``'s ``(codes [N, K] int32, scale [N, K/32], minimum [N, K/32])``:
-    each 32-weight sub-block is ``w = (d·sc)·q − dmin·m``, a Q4_1 block with float32 scale and minimum."""
-    if decoded is None or decoded.kind != "Q4_K":
+def q4_blocks(decoded: Decoded | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A GGUF Q4_K or Q4_0 tensor as ``recover_q4_1``'s ``(codes [N, K] int32, scale [N, K/32], minimum
+    [N, K/32])``: a Q4_K sub-block is ``w = (d·sc)·q − dmin·m`` and a Q4_0 block ``w = d·q − 8d`` (codes
+    0..15), each a Q4_1 block with a float32 scale and minimum."""
+    if decoded is None or decoded.kind not in ("Q4_K", "Q4_0"):
         return None
+    if decoded.kind == "Q4_0":  # decoded as q - 8
+        return (decoded.codes + 8).to(torch.int32), decoded.scale, -8 * decoded.scale
     return decoded.codes.to(torch.int32), decoded.scale, decoded.low
 
 
@@ -185,8 +188,8 @@ def install_int4_linears(
 ) -> int:
     """Replace every CPU ``nn.Linear`` of ``model`` but the output embedding (drafters and the engine read
     its weight; it stays float32) whose float32 weight is made of exact Q4_1 blocks, or whose GGUF tensor
-    is Q4_K (``blocks``: ``kquant_linear.read_blocks``), by an ``Int4Linear`` with ``kernel`` (and, with
-    ``quantize``, every other one whose input size is a multiple of 32, lossily); returns how many were
+    is Q4_K or Q4_0 (``blocks``: ``kquant_linear.read_blocks``), by an ``Int4Linear`` with ``kernel`` (and,
+    with ``quantize``, every other one whose input size is a multiple of 32, lossily); returns how many were
     replaced. Layers whose output size is not a multiple of 16 stay as they are: neither kernel takes
     them."""
     head = output_embedding(model)
@@ -196,7 +199,7 @@ def install_int4_linears(
             continue
         if module.out_features % LANES:
             continue
-        found = recover_q4_1(module.weight) or q4_k_blocks((blocks or {}).get(id(module.weight)))
+        found = recover_q4_1(module.weight) or q4_blocks((blocks or {}).get(id(module.weight)))
         if found is None and quantize:
             found = quantize_int4(module.weight)
         if found is not None:
@@ -212,7 +215,7 @@ __all__ = [
     "PackedLinear",
     "install_int4_linears",
     "q4_1_tiles",
-    "q4_k_blocks",
+    "q4_blocks",
     "quantize_int4",
     "recover_q4_1",
 ]

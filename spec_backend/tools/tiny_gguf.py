@@ -10,7 +10,8 @@ Glossary:
 
 * **mix** — which type each projection gets, named after llama.cpp's file types: ``Q4_K_M`` (Q4_K, with
   ``attn_v`` and ``ffn_down`` Q6_K as llama.cpp's mix gives them), ``Q5_K_M`` (Q5_K with the same Q6_K
-  ones), ``Q6_K``, ``Q8_0`` and ``Q4_1`` (every projection that type).
+  ones), ``Q6_K``, ``Q8_0`` and ``Q4_1`` (every projection that type), ``legacy`` (Q4_0, Q5_0 and Q5_1,
+  which the mixes fall back to for rows that are not a multiple of 256, and a float32 ``attn_q``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ MIXES: dict[str, dict[str, str]] = {
     "Q6_K": dict.fromkeys(ROLES, "Q6_K"),
     "Q8_0": dict.fromkeys(ROLES, "Q8_0"),
     "Q4_1": dict.fromkeys(ROLES, "Q4_1"),
+    # the types llama.cpp's mixes fall back to, and a float32 projection beside packed ones
+    "legacy": dict(zip(ROLES, ("F32", "Q4_0", "Q5_0", "Q5_1", "Q4_0", "Q5_0", "Q5_1"), strict=True)),
 }
 #: mix name -> the untied output projection's type (llama.cpp's k-quant mixes give it Q6_K)
-HEADS = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "Q4_1": "Q8_0"}
+HEADS = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0", "Q4_1": "Q8_0", "legacy": "Q8_0"}
 #: type -> (bytes per block, weights per block, byte offsets of its fp16 scales, their typical value)
 _LAYOUT = {
     "Q4_K": (144, 256, (0, 2), (5e-5, 3.75e-4)),  # d, dmin: mean weight about 0
@@ -38,6 +41,9 @@ _LAYOUT = {
     "Q6_K": (210, 256, (208,), (1e-5,)),
     "Q8_0": (34, 32, (0,), (3e-4,)),
     "Q4_1": (20, 32, (0, 2), (5e-3, -4e-2)),  # d, m
+    "Q4_0": (18, 32, (0,), (5e-3,)),
+    "Q5_0": (22, 32, (0,), (2.5e-3,)),
+    "Q5_1": (24, 32, (0, 2), (2.5e-3, -4e-2)),  # d, m
 }
 
 
@@ -142,6 +148,11 @@ def write_tiny_llama_gguf(
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", rng.uniform(0.8, 1.2, hidden).astype(np.float32))
         for role, kind in MIXES[mix].items():
+            if kind == "F32":
+                writer.add_tensor(
+                    f"blk.{i}.{role}.weight", rng.normal(0, 0.04, shapes[role]).astype(np.float32)
+                )
+                continue
             blocks = random_blocks(kind, *shapes[role], rng)
             writer.add_tensor(f"blk.{i}.{role}.weight", blocks, raw_dtype=quant[kind])
     writer.write_header_to_file()

@@ -25,6 +25,8 @@ EXPECTED = {
     "Q5_K_M": (0, {"Q5_K": 10, "Q6_K": 5}),
     "Q6_K": (0, {"Q6_K": 15}),
     "Q8_0": (0, {"Q8_0": 15}),
+    # q_proj float32 (a transposed tall-skinny product beside packed layers: the attention must take it)
+    "legacy": (4, {"Q5_0": 4, "Q5_1": 4, "Q8_0": 1}),
 }
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 #: prompts that repeat themselves, so ngram drafts are both accepted and rejected

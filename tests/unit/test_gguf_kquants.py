@@ -38,7 +38,9 @@ def test_decoded_blocks_equal_the_gguf_packages_dequantization(kind: str) -> Non
     decoded = decode(kind, raw, 6, 512)
     expected = quants.dequantize(raw, GGMLQuantizationType[kind])  # [6, 512]
     assert torch.equal(decoded.weights(), torch.from_numpy(expected))
-    low, high = {"Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (-32, 31), "Q8_0": (-127, 127)}[kind]
+    ranges = {"Q4_K": (0, 15), "Q5_K": (0, 31), "Q6_K": (-32, 31), "Q8_0": (-127, 127)}
+    ranges.update({"Q4_0": (-8, 7), "Q5_0": (-16, 15), "Q5_1": (0, 31)})
+    low, high = ranges[kind]
     assert int(decoded.codes.min()) >= low and int(decoded.codes.max()) <= high
     assert decoded.group == (16 if kind == "Q6_K" else 32)
 
