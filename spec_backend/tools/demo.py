@@ -1,18 +1,21 @@
 """Demo: SmolLM2 with plain decoding and model-free drafters side by side, greedy, code-edit and chat.
 
-Each method gets its own engine over the same model and the same prompts, one request at a time (batch
-1, the latency case speculative decoding is for): plain decoding first (the reference), then n-gram and
-suffix drafting. Prints the reference texts, then one line per method: tokens/s (prefills included),
-the speed-up over plain decoding, the mean acceptance length, and whether its texts equal
-plain decoding's (greedy speculation is lossless, so they must; the command fails otherwise). Run with
-``spec-backend demo`` or ``python -m spec_backend.tools.demo``.
+Each method gets its own engine over the same model; every prompt runs alone (batch 1, the latency case
+speculative decoding is for) on each engine in turn, so a change of load on the machine hits every
+method alike. Prints plain decoding's texts, then per method and per kind of prompt (code edits, whose
+answers copy from the question, and open chat, whose answers do not) the decode rate (tokens after the
+first over the time after the first: the prefill, the same for every method, left out), the speed-up
+over plain decoding and the mean acceptance length, and a sentence for each drafter and kind saying
+whether speculation paid there. Greedy speculation is lossless, so every method's texts must equal plain
+decoding's; the command fails otherwise. Run with ``spec-backend demo`` or ``python -m
+spec_backend.tools.demo``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+from dataclasses import dataclass
 from typing import Any
 
 #: Prompts whose answers copy little from the question (where n-gram drafting has little to find).
@@ -35,23 +38,56 @@ def drafter_specs(k: int) -> dict[str, dict[str, Any] | None]:
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="model folder, .gguf file, or 'smollm2' (bundled)")
-    p.add_argument("--num-prompts", type=int, default=2, help="code-edit prompts (plus the chat prompts)")
+    p.add_argument("--num-prompts", type=int, default=4, help="code-edit prompts (plus the chat prompts)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, draft tokens per step")
 
 
-def _run(llm: Any, prompts: list[str], max_tokens: int) -> tuple[list[Any], float]:
-    """Each prompt alone (batch 1: the latency case speculative decoding is for); outputs and the summed
-    wall time, prefills included."""
+#: the kinds of prompt the demo reports apart (module docstring)
+KINDS = ("code edit", "open chat")
+#: below this speed-up a drafter is reported as not paying
+PAYS = 1.05
+
+
+@dataclass
+class Tally:
+    """One method's decode tokens, decode seconds and steps on one kind of prompt."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, output: Any) -> None:
+        metrics = output.metrics
+        if metrics is None or metrics.first_token_time is None or metrics.last_token_time is None:
+            return
+        self.tokens += max(len(output.outputs[0].token_ids) - 1, 0)
+        self.seconds += metrics.last_token_time - metrics.first_token_time
+        self.steps += output.num_steps
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+def _interleaved(engines: dict[str, Any], prompts: list[tuple[str, str]], max_tokens: int) -> dict[str, Any]:
+    """Each prompt on each engine in turn; per method its outputs and ``Tally`` per kind of prompt."""
     from spec_backend.engine import SamplingParams
 
-    llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    outputs, seconds = [], 0.0
-    for prompt in prompts:
-        start = time.perf_counter()
-        outputs += llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens))
-        seconds += time.perf_counter() - start
-    return outputs, seconds
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    result: dict[str, Any] = {name: ([], {kind: Tally() for kind in KINDS}) for name in engines}
+    for llm in engines.values():
+        llm.generate([prompts[0][1]], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    for kind, prompt in prompts:
+        for name, llm in engines.items():
+            out = llm.generate([prompt], params)[0]
+            result[name][0].append(out)
+            result[name][1][kind].add(out)
+    return result
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -62,28 +98,46 @@ def run_demo(args: argparse.Namespace) -> int:
     from spec_backend.tools.prompts import code_edit_prompts
 
     messages = [*code_edit_prompts(args.num_prompts), *CHAT_PROMPTS]
-    specs = drafter_specs(args.num_speculative_tokens)
-    rows, reference = [], None
-    for name, spec in specs.items():
+    kinds = [KINDS[0]] * args.num_prompts + [KINDS[1]] * len(CHAT_PROMPTS)
+    engines = {}
+    for name, spec in drafter_specs(args.num_speculative_tokens).items():
         print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
         try:
-            llm = LLM(args.model, speculative_config=spec, log_stats_interval=None)
+            engines[name] = LLM(args.model, speculative_config=spec, log_stats_interval=None)
         except (ValueError, BackendError, OSError) as exc:
             return fail(exc)
-        outputs, seconds = _run(llm, [llm.chat_prompt(m) for m in messages], args.max_tokens)
-        texts = [o.outputs[0].text if o.outputs[0].finish_reason != "error" else None for o in outputs]
-        if reference is None:
-            reference = texts
-            _print_texts(messages, outputs)
-        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        rows.append((name, tokens / seconds, llm.metrics.total.mean_acceptance_length, texts == reference))
-    base = rows[0][1]
-    print("batch 1, greedy, prefills included")
-    print(f"{'method':<8} {'tokens/s':>9} {'vs plain':>9} {'acceptance length':>18}  same text as plain")
-    for name, speed, length, same in rows:
-        accept = f"{length:.2f}" if name != "plain" else "-"
-        print(f"{name:<8} {speed:>9.2f} {speed / base:>8.2f}x {accept:>18}  {'yes' if same else 'NO'}")
-    return 0 if all(row[3] for row in rows) else 1
+    plain = engines["plain"]
+    results = _interleaved(
+        engines, list(zip(kinds, [plain.chat_prompt(m) for m in messages], strict=True)), args.max_tokens
+    )
+    texts = {
+        name: [o.outputs[0].text if o.outputs[0].finish_reason != "error" else None for o in outs]
+        for name, (outs, _) in results.items()
+    }
+    _print_texts(messages, results["plain"][0])
+    _print_table(results, texts)
+    return 0 if all(t == texts["plain"] for t in texts.values()) else 1
+
+
+def _print_table(results: dict[str, Any], texts: dict[str, list[str | None]]) -> None:
+    base = results["plain"][1]
+    print("batch 1, greedy; decode tokens/s (after each prompt's first token: prefills left out)")
+    head = "".join(f" | {kind:>9} {'vs plain':>8} {'accept':>6}" for kind in KINDS)
+    print(f"{'method':<8}{head} | same text as plain")
+    for name, (_, tallies) in results.items():
+        cells = "".join(
+            f" | {t.rate:>9.2f} {t.rate / base[k].rate if base[k].rate else 0.0:>7.2f}x "
+            f"{f'{t.acceptance_length:.2f}' if name != 'plain' else '-':>6}"
+            for k, t in tallies.items()
+        )
+        print(f"{name:<8}{cells} | {'yes' if texts[name] == texts['plain'] else 'NO'}")
+    for name, (_, tallies) in results.items():
+        if name == "plain":
+            continue
+        for kind, tally in tallies.items():
+            gain = tally.rate / base[kind].rate if base[kind].rate else 0.0
+            verdict = "pays" if gain >= PAYS else "does not pay"
+            print(f"{name} on {kind}: speculation {verdict} here ({gain:.2f}x plain decoding)")
 
 
 def _print_texts(messages: list[str], outputs: list[Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,9 +93,16 @@ def test_demo_compares_methods_with_plain_decoding(
     code = main(["demo", "--model", model_dir, "--num-prompts", "1", "--max-tokens", "8"])
     out = capsys.readouterr().out
     assert code == 0, out
-    table = out[out.index("same text as plain") :].splitlines()[1:]
+    lines = out[out.index("same text as plain") :].splitlines()[1:]
+    table, verdicts = lines[:3], lines[3:]
     assert [line.split()[0] for line in table] == ["plain", "ngram", "suffix"]
     assert all(line.split()[-1] == "yes" for line in table)
+    # per drafter and kind of prompt, a plain statement of whether speculation paid there
+    said = [v.split(":")[0] for v in verdicts]
+    assert said == [f"{m} on {k}" for m in ("ngram", "suffix") for k in ("code edit", "open chat")]
+    assert all(
+        re.search(r"speculation (pays|does not pay) here \(\d+\.\d\dx plain decoding\)", v) for v in verdicts
+    )
 
 
 def test_cli_generate_sampling_flags_and_json(model_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
