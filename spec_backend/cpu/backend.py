@@ -123,7 +123,9 @@ def _int4_path(model: torch.nn.Module, quantize: bool, options: ModelOptions) ->
     decision: Decision = decide(model, quantize, options.speculative_tokens, blocks)
     packed = pack(model, decision.path, quantize, blocks) if decision.path != "float32" else 0
     if packed or decision.times:
-        logger.info("spec_backend: Q4_1 path for this model: %s", describe(decision))
+        logger.info(
+            "spec_backend: packed-layer path for this model (Q4_1 and GGUF blocks): %s", describe(decision)
+        )
     kinds = block_kinds(model)
     if kinds:
         logger.info(

@@ -1,4 +1,5 @@
-"""Linear layers of GGUF k-quant (Q4_K, Q5_K, Q6_K) and Q8_0 models run from the file's own blocks.
+"""Linear layers of GGUF k-quant (Q4_K, Q5_K, Q6_K), Q8_0 and Q4_0/Q5_0/Q5_1 models run from the file's
+own blocks.
 
 Glossary:
 
@@ -7,16 +8,17 @@ Glossary:
   (``gguf_blocks``), keyed by ``id`` of the layer's weight (copies of a layer that share the weight find
   them too, as ``fast_path``'s measurement makes). A tensor is used only when it re-creates the weight
   transformers loaded (``gguf_blocks.match_rows``); one that does not is logged and keeps float32.
-* **Q4_K on the Q4_1 kernel** — a Q4_K sub-block of 32 is ``w = (d·sc)·q − dmin·m``: a Q4_1 block with a
-  float32 scale and minimum. So Q4_K layers become ``int4_linear.Int4Linear`` layers (the measured path's
-  kernel: ours with int8 activations, or torch's with bfloat16 ones), lossy as Q4_1 is, and decoder
-  layers made only of them run as one native call (``native_layer``).
-* **k8 kernel** — Q5_K, Q6_K and Q8_0 layers (and Q4_K where no Q4_1 kernel takes it) run on
-  ``csrc/q8_0_gemm.cpp``'s ``k8_mm``: int8 codes with a float32 scale and offset per 16 weights, float32
-  activations. ``scale·code`` is the de-quantized weight exactly (``gguf_blocks``) and one rounding adds
-  the offset, as the de-quantizer does, so the product equals the float32 layer's up to summation order:
-  **not lossy**, and a row's result does not depend on the batch. It reads 12 bits per weight (8 for the
-  code, 4 for the per-16 scale and offset), against the file's 5.5 (Q5_K), 6.56 (Q6_K) or 8.5 (Q8_0) and
+* **Q4_K on the Q4_1 kernel** — a Q4_K sub-block of 32 is ``w = (d·sc)·q − dmin·m`` and a Q4_0 block
+  ``w = d·q − 8d``: Q4_1 blocks with a float32 scale and minimum. So Q4_K and Q4_0 layers become
+  ``int4_linear.Int4Linear`` layers (the measured path's kernel: ours with int8 activations, or torch's
+  with bfloat16 ones), lossy as Q4_1 is, and decoder layers made only of them run as one native call
+  (``native_layer``).
+* **k8 kernel** — Q5_K, Q6_K, Q8_0, Q5_0 and Q5_1 layers (and Q4_K/Q4_0 where no Q4_1 kernel takes them) run
+  on ``csrc/q8_0_gemm.cpp``'s ``k8_mm``: int8 codes with a float32 scale and offset per 16 weights, float32
+  activations. ``scale·code`` is the de-quantized weight exactly (``gguf_blocks``) and one rounding adds the
+  offset, as the de-quantizer does, so the product equals the float32 layer's up to summation order: **not
+  lossy**, and a row's result does not depend on the batch. It reads 12 bits per weight (8 for the code, 4 for
+  the per-16 scale and offset), against the file's 5.5 (Q5_K, Q5_0), 6 (Q5_1), 6.56 (Q6_K) or 8.5 (Q8_0) and
   float32's 32.
 * **head** — an untied LM head with such a tensor (llama.cpp's k-quant mixes store it as Q6_K) runs on
   the k8 kernel too and keeps its float32 ``weight`` (drafters and the engine read it); a tied head is the
