@@ -1,15 +1,19 @@
-"""Llama-shaped decoder layers of GGUF Q4_1 models, each run as one native call (``csrc/decoder_layer.cpp``).
+"""Llama-shaped decoder layers of GGUF block-quantized models, each run as one native call
+(``csrc/decoder_layer.cpp``).
 
 Why: at batch 1 a SmolLM2 decode step on the reference machine spent about 11 of its 18 ms in Python —
 transformers' module calls and some twenty small torch ops per layer — against about 7 ms in the
 products. A ``NativeDecoderLayer`` replaces a whole ``LlamaDecoderLayer`` (or ``MistralDecoderLayer``)
-whose seven projections are Q4_1 layers on our native kernel (``int4_linear``), so a layer costs one
-Python call. The ops are those of the ISA variant selected when the layer is built (``isa``).
+whose seven projections run on our native kernels — Q4_1 (and Q4_K, Q4_0) layers on the Q4_1 kernel
+(``int4_linear``) or GGUF blocks on the k8 kernel (``kquant_linear``), one kind per product — so a layer
+costs one Python call. The ops are those of the ISA variant selected when the layer is built (``isa``).
 
 Glossary:
 
-* **fused weights** — the q, k and v projections' tiles concatenated along their outputs (one product
-  instead of three); gate and up likewise. The weight list the op takes is ``weight_names()``'s order.
+* **fused weights** — the q, k and v projections' tiles (or codes) concatenated along their outputs (one
+  product instead of three); gate and up likewise. A product whose layers mix the two kernels (a llama.cpp
+  Q4_K_M layer with a Q6_K ``v_proj``) is not fused: the layer stays transformers'. The weight list the op
+  takes is ``weight_names()``'s order.
 * **ragged path** — inside an engine step (the cache has a ``StepBatch`` plan and the forward carries
   ``spec_attn_metadata``): norm, products, rotary embedding, the KV cache write and the row attention
   kernel (what ``sdpa_ragged_attention`` runs for these models) are one call.
@@ -34,6 +38,7 @@ import torch
 from torch import nn
 
 from spec_backend.cpu.int4_linear import Int4Linear
+from spec_backend.cpu.kquant_linear import K8Linear
 from spec_backend.cpu.native import active_variant, native_op, required_op
 from spec_backend.cpu.vocab_projection import replace_modules
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
@@ -45,10 +50,13 @@ SUPPORTED_LAYERS = {
     "LlamaDecoderLayer": ("LlamaRMSNorm", "LlamaAttention"),
     "MistralDecoderLayer": ("MistralRMSNorm", "MistralAttention"),
 }
-_PROJECTIONS = {
-    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-}
+#: the op's products, each of (parent, projection) pairs: q|k|v, o, gate|up, down
+_PRODUCTS = (
+    (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj")),
+    (("self_attn", "o_proj"),),
+    (("mlp", "gate_proj"), ("mlp", "up_proj")),
+    (("mlp", "down_proj"),),
+)
 
 
 class AttentionInfo(nn.Module):
@@ -66,12 +74,29 @@ class AttentionInfo(nn.Module):
 
 
 def _fuse(linears: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The layers' native tiles, scales and minima concatenated along their output tiles."""
+    """The layers' native weights concatenated along their outputs: Q4_1 tiles, scales and minima, or
+    GGUF blocks' codes, scales and offsets (one kind per group: ``supported``)."""
+    if isinstance(linears[0], K8Linear):
+        return (
+            torch.cat([m.codes for m in linears]),  # [sum N, K] int8
+            torch.cat([m.scale for m in linears]),  # [sum N, K/16]
+            torch.cat([m.low for m in linears]),
+        )
     return (
         torch.cat([m.tiles for m in linears]),  # [sum N/16, G, 256] uint8
         torch.cat([m.tile_scale for m in linears]),  # [sum N/16, G, 16]
         torch.cat([m.tile_low for m in linears]),
     )
+
+
+def _native_product(linears: list[Any]) -> bool:
+    """Whether the layers can be one product of the op: all on our Q4_1 kernel or all on the k8 kernel
+    (``kquant_linear``), without bias."""
+    if any(getattr(m, "bias", None) is not None for m in linears):
+        return False
+    if all(isinstance(m, K8Linear) for m in linears):
+        return True
+    return all(isinstance(m, Int4Linear) and m.kernel == "native" for m in linears)
 
 
 def weight_names() -> tuple[str, ...]:
@@ -239,11 +264,9 @@ def supported(layer: nn.Module, extra: tuple[str, ...] = ()) -> bool:
         "gate_proj", "up_proj", "down_proj", "act_fn",
     }:  # fmt: skip
         return False
-    for parent, projections in _PROJECTIONS.items():
-        for name in projections:
-            proj = getattr(children[parent], name, None)
-            if not isinstance(proj, Int4Linear) or proj.kernel != "native" or proj.bias is not None:
-                return False
+    for group in _PRODUCTS:
+        if not _native_product([getattr(children[parent], name, None) for parent, name in group]):
+            return False
     norms = [children["input_layernorm"], children["post_attention_layernorm"], *(children[e] for e in extra)]
     return all(
         type(n).__name__ == norm_class

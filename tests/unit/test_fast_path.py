@@ -120,7 +120,7 @@ def test_prepare_model_installs_the_measured_path_and_says_why(
     times[winner] = (1e-3, 2e-3)  # seconds per layer
     seen: list[int] = []
 
-    def fake(layer: Any, rotary: Any, paths: list[str], quantize: bool, verify_rows: int) -> Any:
+    def fake(layer: Any, rotary: Any, paths: list[str], quantize: bool, verify_rows: int, blocks: Any) -> Any:
         seen.append(verify_rows)
         return {p: times[p] for p in paths}
 
@@ -169,7 +169,9 @@ def test_unmeasurable_models_take_the_native_path_where_it_runs(model_dir: str) 
     model = _loaded(model_dir)
     model.model.rotary_emb = None  # no rotary embedding to time a layer with
     decision = decide(model, quantize=False, speculative_tokens=None)
-    assert decision == Decision("native", "not measured: no plain decoder layer with Q4_1 weights to time")
+    assert decision == Decision(
+        "native", "not measured: no plain decoder layer with Q4_1 or GGUF block weights to time"
+    )
 
 
 def test_layers_no_kernel_takes_stay_float(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +201,7 @@ def test_a_layer_shape_is_measured_once_per_process(model_dir: str, monkeypatch:
     answers = iter([{"native": (1.0, 1.0), "int4-bf16": (2.0, 2.0), "float32": (3.0, 3.0)},
                     {"native": (3.0, 3.0), "int4-bf16": (1.0, 1.0), "float32": (2.0, 2.0)}])  # fmt: skip
 
-    def fake(layer: Any, rotary: Any, paths: list[str], quantize: bool, verify_rows: int) -> Any:
+    def fake(layer: Any, rotary: Any, paths: list[str], quantize: bool, verify_rows: int, blocks: Any) -> Any:
         calls.append(verify_rows)
         return next(answers)
 

@@ -16,17 +16,19 @@ from spec_backend import paths
 from spec_backend.cpu.fast_path import PATH_ENV
 from spec_backend.cpu.int4_linear import Int4Linear
 from spec_backend.cpu.kquant_linear import K8Linear
+from spec_backend.cpu.native_layer import NativeDecoderLayer
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.tools.tiny_gguf import write_tiny_llama_gguf
 
-#: mix -> (Q4 layers on the Q4_1 kernel, k8 layers by type) for 2 decoder layers and the untied head
+#: mix -> (decoder layers fused into one native call, Q4 layers left on the Q4_1 kernel, k8 layers left by
+#: type) for 2 decoder layers and the untied head; fused layers hold their products' weights themselves
 EXPECTED = {
-    "Q4_K_M": (10, {"Q6_K": 5}),
-    "Q5_K_M": (0, {"Q5_K": 10, "Q6_K": 5}),
-    "Q6_K": (0, {"Q6_K": 15}),
-    "Q8_0": (0, {"Q8_0": 15}),
+    "Q4_K_M": (0, 10, {"Q6_K": 5}),  # q|k|v mixes Q4_K with Q6_K: not one product, not fused
+    "Q5_K_M": (2, 0, {"Q6_K": 1}),
+    "Q6_K": (2, 0, {"Q6_K": 1}),
+    "Q8_0": (2, 0, {"Q8_0": 1}),
     # q_proj float32 (a transposed tall-skinny product beside packed layers: the attention must take it)
-    "legacy": (4, {"Q5_0": 4, "Q5_1": 4, "Q8_0": 1}),
+    "legacy": (0, 4, {"Q5_0": 4, "Q5_1": 4, "Q8_0": 1}),
 }
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 #: prompts that repeat themselves, so ngram drafts are both accepted and rejected
@@ -42,10 +44,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
         yield {mix: write_tiny_llama_gguf(folder / f"tiny-{mix}.gguf", mix) for mix in EXPECTED}
 
 
-def _kinds(llm: LLM) -> tuple[int, dict[str, int]]:
+def _kinds(llm: LLM) -> tuple[int, int, dict[str, int]]:
     modules = list(llm.model.modules())
     k8 = Counter(m.kind for m in modules if isinstance(m, K8Linear))
-    return sum(isinstance(m, Int4Linear) for m in modules), dict(k8)
+    fused = sum(isinstance(m, NativeDecoderLayer) for m in modules)
+    return fused, sum(isinstance(m, Int4Linear) for m in modules), dict(k8)
 
 
 def _greedy(llm: LLM, **extra: int) -> list[tuple[int, ...]]:
@@ -93,7 +96,7 @@ def test_the_float32_path_keeps_the_de_quantized_weights(
     files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(PATH_ENV, "float32")
-    assert _kinds(LLM(str(files["Q6_K"]), log_stats_interval=None)) == (0, {})
+    assert _kinds(LLM(str(files["Q6_K"]), log_stats_interval=None)) == (0, 0, {})
 
 
 def _logprob_gap(a: LLM, b: LLM) -> float:

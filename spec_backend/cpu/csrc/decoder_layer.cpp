@@ -1,4 +1,4 @@
-// A whole Llama-shaped decoder layer in one native call, for GGUF Q4_1 models on the cpu backend
+// A whole Llama-shaped decoder layer in one native call, for GGUF block-quantized models on the cpu backend
 // (spec_backend/cpu/native_layer.py has the glossary and the weight list): RMS norm, the fused
 // q/k/v product, rotary embedding, the KV cache write, row attention, the output product and residual,
 // RMS norm, the fused gate/up product, SiLU-gated product, the down product and residual. Every step
@@ -28,7 +28,9 @@ using spec_backend_native::v16f;
 using spec_backend_native::vf;
 
 // weights: input norm [H]; q|k|v tiles, scales, minima; o tiles, scales, minima; post-attention norm [H];
-// gate|up tiles, scales, minima; down tiles, scales, minima (Q4_1 tile layout, see int4_linear.py).
+// gate|up tiles, scales, minima; down tiles, scales, minima. Each product's three tensors are either the
+// Q4_1 tile layout (uint8 tiles [N/16, K/32, 256], see int4_linear.py) or GGUF blocks for k8_mm (int8
+// codes [N, K], scale and low [N, K/16], see kquant_linear.py); the first tensor's dtype says which.
 constexpr size_t kWeights = 14;
 constexpr size_t kNorm1 = 0, kQkv = 1, kOut = 4, kNorm2 = 7, kGateUp = 8, kDown = 11;
 
@@ -37,10 +39,12 @@ struct Layer {
   int64_t heads, kv_heads, head_dim;
   float eps;
 
+  bool blocks(size_t first) const { return w[first].scalar_type() == at::kChar; }
   at::Tensor mm(const at::Tensor& rows, size_t first) const {  // [M, K] -> [M, N]
+    if (blocks(first)) return spec_backend_native::k8_mm(rows, w[first], w[first + 1], w[first + 2]);
     return spec_backend_native::q4_1_q8_mm(rows, w[first], w[first + 1], w[first + 2]);
   }
-  int64_t outputs(size_t first) const { return w[first].size(0) * 16; }
+  int64_t outputs(size_t first) const { return w[first].size(0) * (blocks(first) ? 1 : 16); }
 };
 
 Layer checked(const at::Tensor& x, at::TensorList w, int64_t heads, int64_t kv_heads, int64_t head_dim,

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "isa.h"
+#include "native_ops.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -150,14 +151,18 @@ at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   return block_mm(x, codes, scale, at::Tensor());
 }
 
+}  // namespace
+
+namespace spec_backend_native {
+
 at::Tensor k8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
   TORCH_CHECK(low.defined(), "k8_mm needs low [N, K/16]");
   return block_mm(x, codes, scale, low);
 }
 
-}  // namespace
+}  // namespace spec_backend_native
 
 TORCH_LIBRARY_FRAGMENT(SPEC_OPS, m) {
   m.def("q8_0_mm(Tensor x, Tensor codes, Tensor scale) -> Tensor", &q8_0_mm);
-  m.def("k8_mm(Tensor x, Tensor codes, Tensor scale, Tensor low) -> Tensor", &k8_mm);
+  m.def("k8_mm(Tensor x, Tensor codes, Tensor scale, Tensor low) -> Tensor", &spec_backend_native::k8_mm);
 }
