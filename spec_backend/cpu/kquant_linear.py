@@ -14,12 +14,13 @@ Glossary:
   with bfloat16 ones), lossy as Q4_1 is, and decoder layers made only of them run as one native call
   (``native_layer``).
 * **k8 kernel** — Q5_K, Q6_K, Q8_0, Q5_0 and Q5_1 layers (and Q4_K/Q4_0 where no Q4_1 kernel takes them) run
-  on ``csrc/q8_0_gemm.cpp``'s ``k8_mm``: int8 codes with a float32 scale and offset per 16 weights, float32
-  activations. ``scale·code`` is the de-quantized weight exactly (``gguf_blocks``) and one rounding adds the
-  offset, as the de-quantizer does, so the product equals the float32 layer's up to summation order: **not
-  lossy**, and a row's result does not depend on the batch. It reads 12 bits per weight (8 for the code, 4 for
-  the per-16 scale and offset), against the file's 5.5 (Q5_K, Q5_0), 6 (Q5_1), 6.56 (Q6_K) or 8.5 (Q8_0) and
-  float32's 32.
+  on ``csrc/q8_0_gemm.cpp``'s ``k8_mm``: int8 codes with a float32 scale and offset per 16 weights, or, for
+  the types without offsets and with one scale per 32 (Q8_0, Q5_0), a float32 scale per 32 and no offset;
+  float32 activations. ``scale·code`` is the de-quantized weight exactly (``gguf_blocks``) and one rounding
+  adds the offset, as the de-quantizer does, so the product equals the float32 layer's up to summation order:
+  **not lossy**, and a row's result does not depend on the batch. It reads 12 bits per weight (8 for the code,
+  4 for the per-16 scale and offset), 9 for Q8_0 and Q5_0, against the file's 5.5 (Q5_K, Q5_0), 6 (Q5_1), 6.56
+  (Q6_K) or 8.5 (Q8_0) and float32's 32.
 * **head** — an untied LM head with such a tensor (llama.cpp's k-quant mixes store it as Q6_K) runs on
   the k8 kernel too and keeps its float32 ``weight`` (drafters and the engine read it); a tied head is the
   token embedding, whose Q8_0 blocks ``q8_0_projection`` recovers.
@@ -106,15 +107,20 @@ class K8Linear(PackedLinear):
             self.weight = linear.weight
         self.activation_dtype = torch.float32
         self.kind = decoded.kind
-        repeat = decoded.group // K8_GROUP  # 2 for 32-weight scales, 1 for Q6_K's 16
         self.codes: torch.Tensor
         self.scale: torch.Tensor
         self.low: torch.Tensor
         self.register_buffer("codes", decoded.codes.to(torch.int8).contiguous())  # [N, K]
-        self.register_buffer(
-            "scale", decoded.scale.repeat_interleave(repeat, dim=1).contiguous()
-        )  # [N, K/16]
-        self.register_buffer("low", decoded.low.repeat_interleave(repeat, dim=1).contiguous())  # [N, K/16]
+        if decoded.group == 32 and not bool(decoded.low.any()):  # Q8_0, Q5_0: w = d·q per 32
+            self.register_buffer("scale", decoded.scale.contiguous())  # [N, K/32]
+            self.register_buffer("low", torch.empty(0))  # none: the kernel's Q8_0 form
+        else:
+            repeat = decoded.group // K8_GROUP  # 2 for 32-weight scales, 1 for Q6_K's 16
+            scale = decoded.scale.repeat_interleave(repeat, dim=1)  # [N, K/16]
+            self.register_buffer("scale", scale.contiguous())
+            self.register_buffer(
+                "low", decoded.low.repeat_interleave(repeat, dim=1).contiguous()
+            )  # [N, K/16]
         self._op = required_op("k8_mm")  # the ISA variant selected now
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:  # [M, K] float32 -> [M, N]

@@ -79,8 +79,8 @@ def _fuse(linears: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     if isinstance(linears[0], K8Linear):
         return (
             torch.cat([m.codes for m in linears]),  # [sum N, K] int8
-            torch.cat([m.scale for m in linears]),  # [sum N, K/16]
-            torch.cat([m.low for m in linears]),
+            torch.cat([m.scale for m in linears]),  # [sum N, K/16] or [sum N, K/32]
+            torch.cat([m.low for m in linears]),  # [sum N, K/16] or empty
         )
     return (
         torch.cat([m.tiles for m in linears]),  # [sum N/16, G, 256] uint8
@@ -94,8 +94,8 @@ def _native_product(linears: list[Any]) -> bool:
     (``kquant_linear``), without bias."""
     if any(getattr(m, "bias", None) is not None for m in linears):
         return False
-    if all(isinstance(m, K8Linear) for m in linears):
-        return True
+    if all(isinstance(m, K8Linear) for m in linears):  # and of one form: with offsets or without
+        return len({m.low.numel() > 0 for m in linears}) == 1
     return all(isinstance(m, Int4Linear) and m.kernel == "native" for m in linears)
 
 

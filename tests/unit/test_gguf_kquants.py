@@ -124,3 +124,16 @@ def test_only_layers_with_blocks_are_replaced() -> None:
     assert install_k8_linears(model, {id(model[0].weight): decoded}) == 1
     assert isinstance(model[0], K8Linear) and type(model[1]) is nn.Linear
     assert not hasattr(model[0], "weight")  # the codes replace the float weight
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0"])
+def test_types_without_offsets_keep_one_scale_per_32(isa: str, kind: str) -> None:
+    """Q8_0 and Q5_0 (``w = d·q``) keep the kernel's Q8_0 form, 9 bits per weight instead of 12, with the
+    same exactness and the same bits as the per-16 form of the same weights."""
+    layer, weight = _layer(kind, 32, 256, seed=9)
+    assert layer.scale.shape == (32, 8) and layer.low.numel() == 0
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(10))  # [M, K]
+    per16 = layer._op(x, layer.codes, layer.scale.repeat_interleave(2, dim=1), torch.zeros(32, 16))
+    assert torch.equal(layer(x), per16)
+    bound = (x.abs().double() @ weight.abs().double().T) * 2**-14
+    assert ((layer(x).double() - x.double() @ weight.double().T).abs() <= bound).all()

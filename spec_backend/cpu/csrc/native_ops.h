@@ -10,8 +10,9 @@ namespace spec_backend_native {
 at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                       const at::Tensor& low);
 
-// Weights w = scale * code + low per 16 (int8 codes [N, K], scale and low [N, K/16]: the GGUF blocks
-// kquant_linear.py reads) times float32 rows [M, K] (q8_0_gemm.cpp; every ISA variant).
+// Weights w = scale * code + low per 16 (int8 codes [N, K], scale and low [N, K/16]), or w = scale * code
+// per 32 (scale [N, K/32], low empty): the GGUF blocks kquant_linear.py reads, times float32 rows [M, K]
+// (q8_0_gemm.cpp; every ISA variant).
 at::Tensor k8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low);
 
 // Row-invariant causal attention (attention_rows.cpp): query [B, Hq, Q, D], key/value [B, Hkv, L, D]

@@ -1,7 +1,8 @@
 // Few-row products with GGUF Q8_0 weights kept packed (int8 codes, one float32 scale per 32 weights) and
 // float32 activations; the glossary and the layout are in spec_backend/cpu/q8_0_projection.py. k8_mm is
-// the same product for weights w = scale * code + low with a scale and an offset per 16 codes (the GGUF
-// k-quants' layout once read: spec_backend/cpu/kquant_linear.py).
+// the same product for weights w = scale * code + low with a scale and an offset per 16 codes, or (low
+// empty) w = scale * code with a scale per 32 as Q8_0 (the GGUF blocks once read:
+// spec_backend/cpu/kquant_linear.py).
 // Each output element is computed by the same instruction sequence whatever the number of rows (every
 // row runs the same unrolled body), so a row's result does not depend on the batch it is computed in.
 #include <ATen/ATen.h>
@@ -112,8 +113,8 @@ void rows_tile(const Problem& p, int64_t n, int64_t m0, int64_t rows) {
   }
 }
 
-// x [M, K] float32 times int8 codes [N, K] with scale [N, K/32] (low undefined), or with scale and low
-// [N, K/16] each: [M, N].
+// x [M, K] float32 times int8 codes [N, K] with scale [N, K/32] (low undefined or empty), or with scale
+// and low [N, K/16] each: [M, N].
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
@@ -121,10 +122,10 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == k,
               "codes must be contiguous int8 [N, ", k, "], got ", codes.scalar_type(), " ", codes.sizes());
-  const bool offsets = low.defined();
+  const bool offsets = low.defined() && low.numel() > 0;
   const int64_t groups = offsets ? k / 16 : k / kBlock;
   for (const at::Tensor* t : {&scale, &low}) {
-    if (!t->defined()) continue;
+    if (t == &low && !offsets) continue;
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->sizes() == at::IntArrayRef({n_out, groups}),
                 "scale", offsets ? " and low" : "", " must be contiguous float32 [", n_out, ", ", groups, "], got ",
                 t->scalar_type(), " ", t->sizes());
@@ -156,7 +157,6 @@ at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 namespace spec_backend_native {
 
 at::Tensor k8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
-  TORCH_CHECK(low.defined(), "k8_mm needs low [N, K/16]");
   return block_mm(x, codes, scale, low);
 }
 
