@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,22 @@ def _copy_tokenizer(writer: object, source: Path) -> None:
             writer.add_key_value(key, field.contents(), kind, sub)
 
 
+def _shape_metadata(
+    writer: Any, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, vocab: int
+) -> None:
+    """The llama architecture's keys transformers' GGUF loader reads into the config."""
+    writer.add_block_count(layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(hidden // heads)
+
+
 def write_tiny_llama_gguf(
     path: str | Path,
     mix: str,
@@ -119,16 +136,7 @@ def write_tiny_llama_gguf(
     vocab = len(gguf.GGUFReader(str(source)).fields["tokenizer.ggml.tokens"].data)
     head_dim = hidden // heads
     writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_block_count(layers)
-    writer.add_context_length(2048)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
-    writer.add_rope_dimension_count(head_dim)
+    _shape_metadata(writer, layers, hidden, ffn, heads, kv_heads, vocab)
     _copy_tokenizer(writer, source)
     shapes = {  # role -> (rows, cols) of the weight
         "attn_q": (hidden, hidden),
