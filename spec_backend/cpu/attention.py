@@ -87,10 +87,12 @@ def native_attention_rows(
         return None
     scale = scaling if scaling is not None else head_dim**-0.5
     # the kernel reads rows of D contiguous values; a projection may hand a transposed product on (the
-    # tall-skinny float one does), which copies make readable without changing a value (all three, so
-    # that key and value keep one layout)
-    if any(t.stride(-1) != 1 for t in (query, key, value)):
-        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    # tall-skinny float one does), which a copy makes readable without changing a value. Key and value
+    # (the cache's views) are copied only when one of them needs it, and then both, to keep one layout.
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        key, value = key.contiguous(), value.contiguous()
     return op(query, key, value, meta.query_lens, meta.kv_lens, scale)
 
 

@@ -9,9 +9,9 @@ attention function (the conformance suite checks it against the reference):
   (``fast_path``: our int8-activation kernel with native decoder layers, torch's int4 kernel with
   bfloat16 activations, or the de-quantized float32 weights; the packed ones are lossy; logged with the
   times) unless ``SPEC_BACKEND_INT4=0``; ``ModelOptions.quantization`` "int4" / "int8" quantizes every
-  linear layer (opt-in, lossy). A GGUF model's Q4_K, Q5_K, Q6_K and Q8_0 layers are read from the file
-  (``ModelOptions.gguf_file``, ``kquant_linear``) and take part in the same measurement: Q4_K as Q4_1,
-  the others on an exact float32-activation kernel on the native path.
+  linear layer (opt-in, lossy). A GGUF model's Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 and Q5_1 layers are
+  read from the file (``ModelOptions.gguf_file``, ``kquant_linear``) and take part in the same
+  measurement: Q4_K and Q4_0 as Q4_1, the others on an exact float32-activation kernel on the native path.
 * a packed model's decoder layers (and an EAGLE-3 head's first layer) run as one native call each, and
   its attention rows are computed independently of the batch (``attention``), so speculative greedy
   output still equals plain greedy output;

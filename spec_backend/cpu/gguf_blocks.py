@@ -16,7 +16,7 @@ Glossary:
 * **Q4_0 / Q5_0 / Q5_1** — 32-weight blocks with fp16 ``d`` (Q5_1: and ``m``), 4-bit codes (Q5_*: plus a
   32-bit word of high bits): ``w = d·(q − 8)``, ``d·(q − 16)``, ``d·q + m``. llama.cpp's k-quant mixes
   store a tensor whose rows are not a multiple of 256 weights in these (SmolLM2's 576-wide ones: Q5_0).
-* **decoded tensor** — ``Decoded(codes [N, K] int16, scale [N, K/group], low [N, K/group], group)``:
+* **decoded tensor** — ``Decoded(codes [N, K] int8, scale [N, K/group], low [N, K/group], group)``:
   ``w = scale·code + low`` per ``group`` consecutive weights (32, or 16 for Q6_K). ``d·sc`` is exact in
   float32 (an fp16 times a small integer), so ``scale·code`` is the de-quantized product exactly.
 * **row order** — llama.cpp's converter permutes the rows of a llama-style ``q``/``k`` projection (rotary
@@ -24,7 +24,7 @@ Glossary:
   that reversal and keeps the one whose weights equal the loaded module's, or nothing: a tensor is used
   only when it re-creates the weights the model was loaded with (to float32 rounding).
 
-Format facts are from llama.cpp's ``ggml-common.h`` block structs; ``tests/unit/test_gguf_blocks.py``
+Format facts are from llama.cpp's ``ggml-common.h`` block structs; ``tests/unit/test_gguf_kquants.py``
 checks every decoder against the ``gguf`` package's de-quantizers on blocks written in the file format.
 """
 
@@ -53,7 +53,7 @@ class Decoded:
     """A decoded tensor (module glossary): ``w = scale·code + low`` per ``group`` weights."""
 
     kind: str
-    codes: torch.Tensor  # [N, K] int16
+    codes: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N, K/group] float32
     low: torch.Tensor  # [N, K/group] float32
     group: int
@@ -114,7 +114,7 @@ def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     high2 = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
     codes = low4.reshape(-1, 2, 4, 32) | (high2 << 4)  # [B, 2, 4, 32] in 0..63
     scale = _fp16(d) * sc.copy().view(np.int8).astype(np.float32)  # [B, 16]
-    return codes.reshape(-1, 16, 16).astype(np.int16) - 32, scale, np.zeros_like(scale)
+    return codes.reshape(-1, 16, 16).astype(np.int8) - np.int8(32), scale, np.zeros_like(scale)
 
 
 def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -165,7 +165,7 @@ def decode(kind: str, data: np.ndarray, n: int, k: int) -> Decoded:
     group = codes.shape[-1]
     return Decoded(
         kind,
-        torch.from_numpy(codes.astype(np.int16).reshape(n, k)),
+        torch.from_numpy(codes.astype(np.int8).reshape(n, k)),  # every type's codes fit int8
         torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32).reshape(n, k // group)),
         torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32).reshape(n, k // group)),
         group,
@@ -187,7 +187,9 @@ def match_rows(decoded: Decoded, weight: torch.Tensor, head_counts: tuple[int, .
         return None
     target = weight.detach().float()
     rebuilt = decoded.weights()
-    tolerance = 4 * torch.finfo(torch.float32).eps * target.abs().amax().clamp_min(1e-30)
+    # per row: float32 rounding of the row's largest weight (the de-quantizers' arithmetic is ours, so
+    # equal tensors match exactly; a small row is not excused by a large one elsewhere)
+    tolerance = 4 * torch.finfo(torch.float32).eps * target.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
     orders = [None] + [
         rotary_unpermute(weight.shape[0], h) for h in head_counts if weight.shape[0] % (2 * h) == 0
     ]

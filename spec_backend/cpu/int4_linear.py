@@ -199,7 +199,8 @@ def install_int4_linears(
             continue
         if module.out_features % LANES:
             continue
-        found = recover_q4_1(module.weight) or q4_blocks((blocks or {}).get(id(module.weight)))
+        decoded = (blocks or {}).get(id(module.weight))  # the file's own blocks, when read, decide
+        found = q4_blocks(decoded) if decoded is not None else recover_q4_1(module.weight)
         if found is None and quantize:
             found = quantize_int4(module.weight)
         if found is not None:

@@ -15,12 +15,12 @@ Glossary:
   (``native_layer``).
 * **k8 kernel** — Q5_K, Q6_K, Q8_0, Q5_0 and Q5_1 layers (and Q4_K/Q4_0 where no Q4_1 kernel takes them) run
   on ``csrc/q8_0_gemm.cpp``'s ``k8_mm``: int8 codes with a float32 scale and offset per 16 weights, or, for
-  the types without offsets and with one scale per 32 (Q8_0, Q5_0), a float32 scale per 32 and no offset;
-  float32 activations. ``scale·code`` is the de-quantized weight exactly (``gguf_blocks``) and one rounding
-  adds the offset, as the de-quantizer does, so the product equals the float32 layer's up to summation order:
-  **not lossy**, and a row's result does not depend on the batch. It reads 12 bits per weight (8 for the code,
-  4 for the per-16 scale and offset), 9 for Q8_0 and Q5_0, against the file's 5.5 (Q5_K, Q5_0), 6 (Q5_1), 6.56
-  (Q6_K) or 8.5 (Q8_0) and float32's 32.
+  the types without offsets and with one scale per 32 (Q8_0, Q5_0; Q4_0 where no Q4_1 kernel takes it), a
+  float32 scale per 32 and no offset; float32 activations. ``scale·code`` is the de-quantized weight exactly
+  (``gguf_blocks``) and one rounding adds the offset, as the de-quantizer does, so the product equals the
+  float32 layer's up to summation order: **not lossy**, and a row's result does not depend on the batch. It
+  reads 12 bits per weight (8 for the code, 4 for the per-16 scale and offset), 9 for Q8_0 and Q5_0, against
+  the file's 5.5 (Q5_K, Q5_0), 6 (Q5_1), 6.56 (Q6_K) or 8.5 (Q8_0) and float32's 32.
 * **head** — an untied LM head with such a tensor (llama.cpp's k-quant mixes store it as Q6_K) runs on
   the k8 kernel too and keeps its float32 ``weight`` (drafters and the engine read it); a tied head is the
   token embedding, whose Q8_0 blocks ``q8_0_projection`` recovers.
@@ -78,20 +78,26 @@ def read_blocks(model: nn.Module, gguf_file: str) -> dict[int, Decoded]:
     )
     found: dict[int, Decoded] = {}
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear or module.weight.device.type != "cpu":
+        weight = getattr(module, "weight", None)
+        if type(module) is not nn.Linear or weight is None or weight.device.type != "cpu":
+            continue
+        if weight.dtype != torch.float32:  # loaded in another dtype: the float32 kernels do not apply
             continue
         tensor = tensors.get(names.get_name(f"{name}.weight", try_suffixes=(".weight",)) or "")
         if tensor is None or tensor.tensor_type.name not in BLOCK_BYTES:
             continue
-        decoded = match_rows(
-            decode(tensor.tensor_type.name, tensor.data, *module.weight.shape), module.weight, heads
-        )
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the row length first
+        decoded = None
+        if shape == tuple(weight.shape):
+            decoded = match_rows(decode(tensor.tensor_type.name, tensor.data, *shape), weight, heads)
         if decoded is None:
             logger.warning(
-                "spec_backend: GGUF tensor %s (%s) does not re-create %s as loaded; it stays float32",
+                "spec_backend: GGUF tensor %s (%s, %s) does not re-create %s %s as loaded; it stays float32",
                 tensor.name,
                 tensor.tensor_type.name,
+                list(shape),
                 name,
+                list(weight.shape),
             )
             continue
         found[id(module.weight)] = decoded
@@ -102,6 +108,11 @@ class K8Linear(PackedLinear):
     """An ``nn.Linear`` replaced by its decoded GGUF blocks on the k8 kernel (module glossary); float32."""
 
     def __init__(self, linear: nn.Linear, decoded: Decoded, keep_weight: bool = False) -> None:
+        if tuple(decoded.codes.shape) != (linear.out_features, linear.in_features):
+            raise ValueError(
+                f"decoded {decoded.kind} codes must be [out, in] = [{linear.out_features}, "
+                f"{linear.in_features}], got {list(decoded.codes.shape)}"
+            )
         super().__init__(linear)
         if keep_weight:  # the LM head: drafters and the engine read its weight  # [N, K]
             self.weight = linear.weight

@@ -131,9 +131,7 @@ class LLM:
         runs_in = resolve_dtype(dtype) or self.backend.default_dtype
         self.model = load_model(self.source, attn_name, runs_in, self.backend.device())
         k = getattr(self.speculative_config, "num_speculative_tokens", None)  # the verify steps' K+1 rows
-        gguf = self.source.display if self.source.gguf_file is not None else None
-        options = ModelOptions(quantization=quantization, speculative_tokens=k, gguf_file=gguf)
-        self.backend.prepare_model(self.model, options)
+        self.backend.prepare_model(self.model, ModelOptions(quantization, k, self.source.gguf_path))
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = self._max_model_len(max_model_len)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)

@@ -28,6 +28,11 @@ class ModelSource:
     def display(self) -> str:
         return os.path.join(self.directory, self.gguf_file) if self.gguf_file else self.directory
 
+    @property
+    def gguf_path(self) -> str | None:
+        """The GGUF file's path, ``None`` for a folder of other weights."""
+        return os.path.join(self.directory, self.gguf_file) if self.gguf_file else None
+
 
 def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
     """Map ``model`` (``"smollm2"``, a folder, or a ``.gguf`` file) to a ``ModelSource``."""

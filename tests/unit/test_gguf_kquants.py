@@ -124,6 +124,10 @@ def test_only_layers_with_blocks_are_replaced() -> None:
     assert install_k8_linears(model, {id(model[0].weight): decoded}) == 1
     assert isinstance(model[0], K8Linear) and type(model[1]) is nn.Linear
     assert not hasattr(model[0], "weight")  # the codes replace the float weight
+    with pytest.raises(
+        ValueError, match=r"decoded Q8_0 codes must be \[out, in\] = \[16, 512\], got \[16, 256\]"
+    ):
+        K8Linear(nn.Linear(512, 16), decoded)
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q5_0"])

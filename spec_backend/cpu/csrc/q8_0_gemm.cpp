@@ -82,8 +82,8 @@ void tile(const Problem& p, int64_t n, int64_t m0) {
     if constexpr (kLow) {
       const float* s = p.scale + (n * groups + g) * 2;
       const float* m = p.low + (n * groups + g) * 2;
-      w_lo = w_lo * s[0] + m[0];
-      w_hi = w_hi * s[1] + m[1];
+      w_lo = fma16(w_lo, v16f{} + s[0], v16f{} + m[0]);  // one rounding, whatever the compiler contracts
+      w_hi = fma16(w_hi, v16f{} + s[1], v16f{} + m[1]);
     } else {
       const float d = p.scale[n * groups + g];
       w_lo = w_lo * d;
@@ -118,6 +118,7 @@ void rows_tile(const Problem& p, int64_t n, int64_t m0, int64_t rows) {
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& low) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K], got ", x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(codes.dim() == 2, "codes must be contiguous int8 [N, K], got ", codes.sizes());
   const int64_t m_rows = x.size(0), k = x.size(1), n_out = codes.size(0);
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.size(1) == k,
