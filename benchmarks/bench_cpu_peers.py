@@ -189,7 +189,7 @@ def quantized_gguf(bins: Path, kind: str) -> str:
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         tool = [str(bins / "llama-quantize"), "--allow-requantize", source, str(partial), kind]
-        subprocess.run(tool, check=True, capture_output=True)
+        subprocess.run(tool, check=True, stdout=subprocess.DEVNULL)  # its errors reach stderr
         partial.rename(out)
     return str(out)
 
@@ -275,7 +275,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (medians over all)")
     parser.add_argument("--llama-cpp-bin", default=None, help="folder with llama-completion and llama-lookup")
-    parser.add_argument("--isa", choices=sorted(LLAMA_ISA_FLAGS), default="native", help="see the docstring")
+    parser.add_argument(
+        "--isa",
+        choices=sorted(LLAMA_ISA_FLAGS),
+        default="native",
+        help="see the docstring; with --llama-cpp-bin it caps only our kernels (that build is used as given)",
+    )
     parser.add_argument(
         "--gguf-type", default="Q4_1", help="Q4_1 (the bundled file), Q4_K_M, Q6_K, Q8_0, ..."
     )

@@ -5,6 +5,8 @@ greedy speculative output equal to plain output on every mix."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +111,18 @@ def _logprob_gap(a: LLM, b: LLM) -> float:
             assert p is not None and q is not None and p.keys() == q.keys()
             gap = max(gap, max(abs(p[t].logprob - q[t].logprob) for t in p))
     return gap
+
+
+def test_the_measurement_times_every_path_from_the_files_blocks(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unpinned, the load-time measurement builds each candidate path from the file's blocks and times it;
+    a failure there would be logged as "not measured"."""
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger="spec_backend.backends"):
+        LLM(str(files["Q5_K_M"]), log_stats_interval=None)
+    line = next(r.getMessage() for r in caplog.records if "path for this model" in r.getMessage())
+    assert "not measured" not in line, line
+    assert all(
+        re.search(rf"{path} \d+\.\d+/\d+\.\d+", line) for path in ("native", "int4-bf16", "float32")
+    ), line
