@@ -31,7 +31,7 @@ import torch
 from spec_backend.backends.base import AttentionFn, Availability, ModelOptions
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
-from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe, pack
+from spec_backend.cpu.fast_path import Decision, decide, default_model_decision, describe, pack, pinned_path
 from spec_backend.cpu.int4_linear import Int4Linear, PackedLinear
 from spec_backend.cpu.int8_linear import install_int8_linears
 from spec_backend.cpu.isa import cpu_flags, machine_variants, missing_flags
@@ -119,7 +119,9 @@ class CpuBackend(ReferenceBackend):
 
 def _int4_path(model: torch.nn.Module, quantize: bool, options: ModelOptions) -> tuple[int, str]:
     """The measured path's packing (``fast_path``): how many layers were packed, and how."""
-    blocks = read_blocks(model, options.gguf_file) if options.gguf_file else {}
+    # the file's blocks serve the packed paths only: a pinned float32 path skips decoding them
+    unpacked = pinned_path() == "float32"
+    blocks = read_blocks(model, options.gguf_file) if options.gguf_file and not unpacked else {}
     decision: Decision = decide(model, quantize, options.speculative_tokens, blocks)
     packed = pack(model, decision.path, quantize, blocks) if decision.path != "float32" else 0
     if packed or decision.times:

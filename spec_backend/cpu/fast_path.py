@@ -154,10 +154,9 @@ def build(layer: nn.Module, path: str, quantize: bool, blocks: dict[int, Decoded
 
 
 def pack(model: nn.Module, path: str, quantize: bool, blocks: dict[int, Decoded] | None) -> int:
-    """``model``'s linear layers packed for a packed ``path``: Q4_1 and Q4_K ones as int4 on the path's
-    kernel (with Q4_0), and on the native path the other GGUF ``blocks`` (Q5_K, Q6_K, Q8_0, Q5_0, Q5_1) on
-    the k8 kernel
-    (``kquant_linear``); returns how many were replaced."""
+    """``model``'s linear layers packed for a packed ``path``: Q4_1, Q4_K and Q4_0 ones as int4 on the
+    path's kernel, and on the native path the other GGUF ``blocks`` (Q5_K, Q6_K, Q8_0, Q5_0, Q5_1) on the
+    k8 kernel (``kquant_linear``); returns how many were replaced."""
     packed = install_int4_linears(model, quantize=quantize, kernel=path_kernel(path), blocks=blocks)
     if path == "native" and blocks:
         packed += install_k8_linears(model, blocks)

@@ -38,6 +38,7 @@ from spec_backend.cpu.gguf_blocks import BLOCK_BYTES, Decoded, decode, match_row
 from spec_backend.cpu.int4_linear import PackedLinear
 from spec_backend.cpu.native import required_op
 from spec_backend.cpu.vocab_projection import output_embedding, replace_modules
+from spec_backend.runtime.checkpoint_files import gguf_architecture
 
 logger = logging.getLogger("spec_backend.backends")
 
@@ -50,9 +51,7 @@ def _gguf_tensors(gguf_file: str) -> tuple[str, dict[str, Any]]:
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_file)
-    field = reader.fields["general.architecture"]
-    arch = bytes(field.parts[field.data[0]]).decode()
-    return arch, {t.name: t for t in reader.tensors}
+    return gguf_architecture(reader), {t.name: t for t in reader.tensors}
 
 
 def _name_map(arch: str, layers: int) -> Any:

@@ -130,9 +130,16 @@ def refuse_integer_weights(
         )
 
 
+def gguf_architecture(reader: Any) -> str:
+    """The ``general.architecture`` string of an open ``gguf.GGUFReader`` (``llama``, ``qwen2``, ...)."""
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
 __all__ = [
     "INTEGER_DTYPES",
     "ModelLoadError",
+    "gguf_architecture",
     "read_json_config",
     "read_safetensors_dtypes",
     "refuse_integer_weights",

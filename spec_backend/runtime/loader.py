@@ -29,6 +29,7 @@ from spec_backend.runtime.checkpoint_files import (
     ModelLoadError as ModelLoadError,  # defined there, raised and re-exported here
 )
 from spec_backend.runtime.checkpoint_files import (
+    gguf_architecture,
     read_json_config,
     read_safetensors_dtypes,
     refuse_integer_weights,
@@ -80,9 +81,7 @@ def check_gguf_architecture(source: ModelSource) -> None:
     except ImportError as exc:  # pragma: no cover - gguf is an engine dependency
         raise ModelLoadError(f"loading {source.display} needs the 'gguf' package: {exc}") from exc
     try:
-        reader = GGUFReader(source.display)
-        field = reader.fields["general.architecture"]
-        arch = bytes(field.parts[field.data[0]]).decode("utf-8")
+        arch = gguf_architecture(GGUFReader(source.display))
     except Exception as exc:
         raise ModelLoadError(
             f"{source.display} is not a readable GGUF file: {type(exc).__name__}: {exc}"

