@@ -209,10 +209,17 @@ class PathLog(logging.Handler):
 
 
 def load_engine(spec: dict[str, Any] | None, batch: int, ids: list[list[int]], model: str = "smollm2") -> Any:
-    """An engine on ``model`` (the bundled one unless given), warmed up on the first prompt."""
+    """An engine on ``model`` (the bundled one unless given), warmed up on the first prompt. Prefix
+    caching is off: llama.cpp recomputes every prompt of the repeated runs, so we do too."""
     from spec_backend import LLM, SamplingParams
 
-    llm = LLM(model, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
+    llm = LLM(
+        model,
+        speculative_config=spec,
+        max_num_seqs=batch,
+        log_stats_interval=None,
+        enable_prefix_caching=False,
+    )
     llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=4))
     return llm
 

@@ -78,3 +78,19 @@ def check_parallel_args(tensor_parallel_size: Any, executor: Any, async_scheduli
         raise ValueError(f"async_scheduling must be a bool or None, got {async_scheduling!r}")
     if async_scheduling:
         logger.info("async_scheduling=True: the embedded engine schedules each step synchronously")
+
+
+def resolve_max_model_len(model: Any, requested: int | None) -> int:
+    """The context length: ``requested``, else the model's position limit capped at 4096. A sliding
+    window never bounds it (it bounds what each token sees, the attention applies it)."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if requested is None:
+        return min(int(limit), 4096) if limit else 4096
+    if limit and requested > int(limit):
+        raise ValueError(
+            f"max_model_len={requested} exceeds the model's limit of {limit} positions "
+            "(max_position_embeddings)"
+        )
+    return requested

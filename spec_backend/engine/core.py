@@ -26,6 +26,7 @@ from typing import Any
 
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.pending import PendingDrafts
+from spec_backend.engine.prefix import PrefixHits
 from spec_backend.engine.request import Request
 from spec_backend.engine.sampling_state import SamplingState
 from spec_backend.engine.stepper import Stepper
@@ -58,6 +59,7 @@ class EngineCore:
         metrics: SpecDecodingMetrics,
         tokenizer: Any | None,
         adaptive: AdaptiveDraftLength | None = None,
+        prefix: PrefixHits | None = None,
     ) -> None:
         self.runner = runner
         self.slots = slots
@@ -76,6 +78,7 @@ class EngineCore:
         slots.join(self.pending)
         slots.join(self.sampling_state)
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
+        self.prefix = prefix  # automatic prefix caching (engine/prefix.py), None when off
         self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
         self._next_k = self.k  # the draft length greedy requests got at the last draft-next
         self.num_steps = 0
@@ -158,7 +161,10 @@ class EngineCore:
 
     def _admit(self, requests: list[Request]) -> None:
         for request in requests:
-            self.sampling_state.admit(self.slots.add(), request)
+            slot = self.slots.add()
+            self.sampling_state.admit(slot, request)
+            if self.prefix is not None:
+                self.prefix.admit(slot, request)
             self.running.append(request)
             if self.drafter is not None:
                 try:
@@ -199,6 +205,8 @@ class EngineCore:
         return done[::-1]
 
     def _forget(self, request: Request, report: bool) -> None:
+        if self.prefix is not None:
+            self.prefix.forget(request.request_id)
         if self.drafter is None:
             return
         try:

@@ -12,6 +12,9 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from spec_backend.engine.params import SamplingParams
+from spec_backend.engine.params_check import check_vocab
+
 #: What one prompt becomes: its text (None for token ids) and its token ids (None until tokenized).
 Prompt = tuple[str | None, list[int] | None]
 
@@ -88,4 +91,34 @@ def check_token_ids(ids: Sequence[int], index: int, vocab_size: int, max_model_l
         raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
 
 
-__all__ = ["Prompt", "check_token_ids", "parse_prompts"]
+def params_per_prompt(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    count: int,
+    vocab: int,
+    no_tokenizer: str | None,
+) -> list[SamplingParams]:
+    """One checked ``SamplingParams`` per prompt (one given for all, or one each). ``no_tokenizer``: the
+    model's name when it has no tokenizer (stop strings cannot be matched then)."""
+    if sampling_params is None:
+        params_list = [SamplingParams()] * count
+    elif isinstance(sampling_params, SamplingParams):
+        params_list = [sampling_params] * count
+    else:
+        params_list = list(sampling_params)
+        if len(params_list) != count:
+            raise ValueError(
+                f"got {len(params_list)} SamplingParams for {count} prompts; pass one, or one per prompt"
+            )
+    for i, params in enumerate(params_list):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and no_tokenizer is not None:
+            raise ValueError(
+                f"sampling_params[{i}] has stop strings {params.stop!r} but model {no_tokenizer} "
+                "has no tokenizer to match them; use stop_token_ids"
+            )
+        check_vocab(params, vocab, i)
+    return params_list
+
+
+__all__ = ["Prompt", "check_token_ids", "params_per_prompt", "parse_prompts"]

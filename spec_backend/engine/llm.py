@@ -16,12 +16,18 @@ from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError, ModelOptions
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
 from spec_backend.engine.adaptive import AdaptiveDraftLength
-from spec_backend.engine.args import check_args, check_parallel_args, check_quantization, refuse_unsupported
+from spec_backend.engine.args import (
+    check_args,
+    check_parallel_args,
+    check_quantization,
+    refuse_unsupported,
+    resolve_max_model_len,
+)
 from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
 from spec_backend.engine.core import EngineCore, seed_for
-from spec_backend.engine.inputs import check_token_ids, parse_prompts
+from spec_backend.engine.inputs import check_token_ids, params_per_prompt, parse_prompts
 from spec_backend.engine.params import RequestOutput, SamplingParams
-from spec_backend.engine.params_check import check_vocab
+from spec_backend.engine.prefix import PrefixHits, PrefixSettings
 from spec_backend.engine.request import Request, merge_samples
 from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.structured import make_grammars
@@ -82,7 +88,9 @@ class LLM:
     ``kv_cache_memory_bytes``: KV cache budget for the target's and the drafter's caches together
     (default: ``max_num_seqs`` full-length requests); fewer slots are preallocated when it holds fewer.
     ``kv_transfer_config``: vLLM's connector config, for ``extract_hidden_states``
-    (``ExampleHiddenStatesConnector``) only.
+    (``ExampleHiddenStatesConnector``) only. ``enable_prefix_caching`` (default on, as in vLLM),
+    ``block_size`` (positions per cached block, 16) and ``prefix_cache_memory_bytes`` (default: 4
+    full-length requests' KV): automatic prefix caching (``engine/prefix.py``).
     """
 
     def __init__(
@@ -104,10 +112,14 @@ class LLM:
         distributed_executor_backend: str | None = None,
         async_scheduling: bool | None = None,
         quantization: str | None = None,
+        enable_prefix_caching: bool | None = None,
+        block_size: int | None = None,
+        prefix_cache_memory_bytes: int | None = None,
         **unsupported: Any,
     ) -> None:
         refuse_unsupported("LLM", unsupported)
         check_parallel_args(tensor_parallel_size, distributed_executor_backend, async_scheduling)
+        prefix = PrefixSettings.parse(enable_prefix_caching, block_size, prefix_cache_memory_bytes)
         check_args(
             enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config
         )
@@ -133,7 +145,7 @@ class LLM:
         k = getattr(self.speculative_config, "num_speculative_tokens", None)  # the verify steps' K+1 rows
         self.backend.prepare_model(self.model, ModelOptions(quantization, k, self.source.gguf_path))
         self.tokenizer = load_tokenizer(self.source)
-        self.max_model_len = self._max_model_len(max_model_len)
+        self.max_model_len = resolve_max_model_len(self.model, max_model_len)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
         self.metrics = SpecDecodingMetrics(registry=metrics_registry, log_interval_s=log_stats_interval)
         configure_default_logging()
@@ -142,7 +154,13 @@ class LLM:
         self._lock = threading.Lock()  # generate() calls run one at a time
         self._owner: int | None = None  # thread inside generate(), to refuse re-entrant calls
         self.engine = self._engine(
-            attn_name, verifier, max_num_seqs, kv_cache_memory_bytes, kv_transfer_config, enforce_eager
+            attn_name,
+            verifier,
+            max_num_seqs,
+            kv_cache_memory_bytes,
+            kv_transfer_config,
+            enforce_eager,
+            prefix,
         )
 
     def _verifier(
@@ -169,6 +187,7 @@ class LLM:
         kv_cache_memory_bytes: int | None,
         kv_transfer_config: dict[str, Any] | None,
         enforce_eager: bool,
+        prefix: PrefixSettings,
     ) -> EngineCore:
         """The drafter, the preallocated caches and slot table, the engine, and its captured graphs."""
         spec, device = self.speculative_config, self.backend.device()
@@ -194,28 +213,28 @@ class LLM:
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom=k
         )
         adaptive = AdaptiveDraftLength(k) if spec is not None and spec.adaptive_draft_length else None
+        hits = PrefixHits.build(
+            prefix,
+            [runner.cache, *(drafter.prefix_caches() if drafter else ())],
+            bool(drafter is not None and drafter.hidden_states.any),
+        )
         engine = EngineCore(
-            runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer, adaptive
+            runner,
+            slots,
+            verifier,
+            drafter,
+            k,
+            max_num_seqs,
+            disable,
+            self.metrics,
+            self.tokenizer,
+            adaptive,
+            hits,
         )
         eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
         # the verify step (K+1 tokens per request), or plain decoding's one token per request
         engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine
-
-    def _max_model_len(self, requested: int | None) -> int:
-        """The context length: ``requested``, else the model's position limit capped at 4096. A sliding
-        window never bounds it (it bounds what each token sees, the attention applies it)."""
-        config = self.model.config
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        limit = getattr(text, "max_position_embeddings", None)
-        if requested is None:
-            return min(int(limit), 4096) if limit else 4096
-        if limit and requested > int(limit):
-            raise ValueError(
-                f"max_model_len={requested} exceeds the model's limit of {limit} positions "
-                "(max_position_embeddings)"
-            )
-        return requested
 
     # -- input handling ------------------------------------------------------------------------------
     def _tokenize(self, text: str | None, ids: list[int] | None, index: int) -> list[int]:
@@ -231,32 +250,6 @@ class LLM:
             raise ValueError(f"prompt {index} is empty (no tokens)")
         return tokens
 
-    def _params_list(
-        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
-    ) -> list[SamplingParams]:
-        if sampling_params is None:
-            params_list = [SamplingParams()] * count
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * count
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != count:
-                raise ValueError(
-                    f"got {len(params_list)} SamplingParams for {count} prompts; pass one, or one per prompt"
-                )
-        for i, params in enumerate(params_list):
-            if not isinstance(params, SamplingParams):
-                raise ValueError(
-                    f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}"
-                )
-            if params.stop and self.tokenizer is None:
-                raise ValueError(
-                    f"sampling_params[{i}] has stop strings {params.stop!r} but model {self.source.display} "
-                    "has no tokenizer to match them; use stop_token_ids"
-                )
-            check_vocab(params, self.engine.runner.vocab_size, i)
-        return params_list
-
     def make_requests(
         self,
         prompts: PromptInput | Sequence[PromptInput],
@@ -266,8 +259,9 @@ class LLM:
         A prompt with ``n`` samples gives ``n`` consecutive requests (``merge_samples`` joins their outputs).
         Not thread-safe: ids and seeds come from the engine's generator (the server calls it under a lock)."""
         parsed = parse_prompts(prompts)
-        params_list = self._params_list(sampling_params, len(parsed))
         vocab = self.engine.runner.vocab_size
+        no_tokenizer = self.source.display if self.tokenizer is None else None
+        params_list = params_per_prompt(sampling_params, len(parsed), vocab, no_tokenizer)
         requests = []
         for i, ((text, ids), params) in enumerate(zip(parsed, params_list, strict=True)):
             tokens = self._tokenize(text, ids, i)

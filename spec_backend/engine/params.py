@@ -222,7 +222,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     prompt_logprobs: PromptLogprobs | None = None
-    #: Prompt tokens served from a prefix cache (the embedded engine has none: always 0).
+    #: Prompt positions served from the prefix cache (``enable_prefix_caching``), not computed.
     num_cached_tokens: int = 0
     spec_stats: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
     #: Steps (target forwards after prefill) this request took part in.

@@ -47,6 +47,7 @@ class Request:
     prompt_logprobs: PromptLogprobs | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     grammar: RequestGrammar | None = None  # structured outputs' matcher (``structured.py``)
+    num_cached_tokens: int = 0  # prompt positions a prefix-cache hit served (``engine/prefix.py``)
 
     def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
         """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample
@@ -179,6 +180,7 @@ class Request:
             num_steps=self.num_steps,
             kv_transfer_params=self.kv_transfer_params,
             metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 

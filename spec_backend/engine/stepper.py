@@ -21,6 +21,7 @@ from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts
+    from spec_backend.engine.prefix import PrefixHits
     from spec_backend.engine.sampling_state import SamplingState
     from spec_backend.engine.verify import Verifier
     from spec_backend.metrics import SpecDecodingMetrics
@@ -41,6 +42,7 @@ class StepEngine(Protocol):
     pending: PendingDrafts
     sampling_state: SamplingState
     captured: CapturedDecode | None
+    prefix: PrefixHits | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
 
@@ -89,11 +91,13 @@ class Stepper:
         return self.engine.runner.cache.layout.device
 
     def prefill(self, start: int, requests: list[Request]) -> None:
-        """Prefill newly admitted requests (slots ``start ..``), sample their first tokens, draft."""
-        lens = [len(r.prompt_token_ids) for r in requests]
+        """Prefill newly admitted requests (slots ``start ..``), sample their first tokens, draft. A request
+        with a prefix-cache hit feeds the prompt positions after it."""
+        lens = [len(r.prompt_token_ids) - r.num_cached_tokens for r in requests]
         tokens = torch.zeros((len(requests), max(lens)), dtype=torch.int64)  # [B, P]
         for b, request in enumerate(requests):
-            tokens[b, : lens[b]] = torch.tensor(request.prompt_token_ids, dtype=torch.int64)
+            fed = request.prompt_token_ids[request.num_cached_tokens :]
+            tokens[b, : lens[b]] = torch.tensor(fed, dtype=torch.int64)
         self._group(start, requests, DecodeInputs(tokens.to(self.device), [0] * len(requests), None), True)
 
     def decode(self, requests: list[Request]) -> None:
@@ -127,7 +131,8 @@ class Stepper:
             inputs = _widen(inputs, captured.q - 1)
             query_lens, drafts = [captured.q] * len(requests), [captured.q - 1] * len(requests)
         elif last_only:
-            query_lens, drafts = [len(r.prompt_token_ids) for r in requests], [0] * len(requests)
+            query_lens = [len(r.prompt_token_ids) - r.num_cached_tokens for r in requests]
+            drafts = [0] * len(requests)
         else:
             query_lens, drafts = [1 + c for c in inputs.counts], list(inputs.counts)
         cached = engine.runner.cache.lengths[start : start + len(requests)]
@@ -174,22 +179,27 @@ class Stepper:
             record_logprobs(requests, kept_all, result.target.logits, result.batch.query_lens_host, last_only)
         if drafted:
             engine.metrics.observe_many(drafted, accepted)
-        self._draft_next(requests, result, last_only, kept_all)
+        self._draft_next(start, requests, result, last_only, kept_all)
+        if last_only and engine.prefix is not None:
+            engine.prefix.remember(start, requests, result.batch, result.target)
 
     def _draft_next(
-        self, requests: list[Request], result: _Result, last_only: bool, kept: list[list[int]]
+        self, start: int, requests: list[Request], result: _Result, last_only: bool, kept: list[list[int]]
     ) -> None:
         engine, drafter = self.engine, self.engine.drafter
         if drafter is None:
             return
+        batch, target = result.batch, result.target
+        if last_only and engine.prefix is not None:  # the drafter sees every prompt row
+            batch, target = engine.prefix.drafter_view(start, requests, batch, target)
         disabled = engine.speculation_disabled
         if not disabled and not last_only:
             engine.plan_draft_length(requests)
         budgets = tuple(0 if disabled else engine.draft_budget(r) for r in requests)
         num_accepted = tuple(0 if last_only else max(0, len(e) - 1) for e in result.emitted)
         inputs = DraftInputs(
-            batch=result.batch,
-            target=result.target,
+            batch=batch,
+            target=target,
             accepted=AcceptedTokens(tuple(kept), num_accepted, last_only),
             requests=requests,
             budgets=budgets,

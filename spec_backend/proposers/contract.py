@@ -38,6 +38,7 @@ from spec_backend.step import HiddenStateRequest, SlotCache, StepBatch, TargetOu
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
     from spec_backend.config import SpeculativeConfig
+    from spec_backend.runtime.kv_cache import RaggedKVCache
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,13 @@ class Drafter(ABC):
 
     def caches(self) -> Sequence[SlotCache]:
         """Caches that live in the engine's slot table next to the target's (default: none)."""
+        return ()
+
+    def prefix_caches(self) -> Sequence[RaggedKVCache]:
+        """Those of ``caches()`` whose positions are a function of the prompt tokens alone, so the prefix
+        cache may store and reload them (a draft model's KV). A request admitted with a hit finds them
+        holding the hit's positions at ``add_request``. Default: none (the drafter rebuilds its state
+        from the prefill's rows, which show the whole prompt)."""
         return ()
 
     def add_request(self, request: DraftRequest) -> None:  # noqa: B027 - optional hook

@@ -42,14 +42,16 @@ if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
     from spec_backend.proposers.contract import DrafterContext
     from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.kv_cache import RaggedKVCache
     from spec_backend.runtime.runner import ModelRunner
 
 
 @dataclass
 class _Fed:
-    """What a request's draft cache holds beyond its committed prefix: drafts fed from ``start``."""
+    """What a request's draft cache holds beyond its committed prefix: drafts fed from ``start``
+    (``None``: a new request, whose cache holds what a prefix-cache hit loaded, if anything)."""
 
-    start: int = 0
+    start: int | None = None
     drafts: int = 0
 
 
@@ -95,6 +97,10 @@ class DraftModelDrafter(Drafter):
             self.decode_graph = maybe_capture(self.runner, self.backend, 1, num_slots, self.enforce_eager)
 
     def caches(self) -> Sequence[SlotCache]:
+        return (self._runner().cache,)
+
+    def prefix_caches(self) -> Sequence[RaggedKVCache]:
+        """The draft cache: a function of the tokens alone, so prompt blocks of it are reusable."""
         return (self._runner().cache,)
 
     def _runner(self) -> ModelRunner:
@@ -160,7 +166,12 @@ class DraftModelDrafter(Drafter):
         for b, request in enumerate(inputs.requests):
             slot = start + b
             fed = self._fed.setdefault(request.request_id, _Fed())
-            kept = min(cache.lengths[slot], fed.start + min(inputs.accepted.num_accepted[b], fed.drafts))
+            held = cache.lengths[slot]
+            kept = (
+                held
+                if fed.start is None
+                else min(held, fed.start + min(inputs.accepted.num_accepted[b], fed.drafts))
+            )
             kept = min(kept, request.num_tokens - 1)  # the newest token is never cached yet
             cache.truncate(slot, kept)
             self._fed[request.request_id] = _Fed(start=kept, drafts=0)

@@ -231,6 +231,34 @@ class RaggedKVCache(Cache):
         self.lengths[slot] = length
 
     @torch.inference_mode()
+    def read_positions(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ``slot``'s cached positions ``[start, end)`` of every layer, copied:
+        keys ``[layers, H, end - start, D]`` and values ``[layers, H, end - start, Dv]``."""
+        if not 0 <= start <= end <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions, asked for [{start}, {end})")
+        kv = self._kv()
+        return (
+            torch.stack([keys[slot, :, start:end] for keys, _ in kv]),
+            torch.stack([values[slot, :, start:end] for _, values in kv]),
+        )
+
+    @torch.inference_mode()
+    def append_positions(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Append positions to slot ``slot`` (a prefix cache hit): ``keys`` ``[layers, H, n, D]``,
+        ``values`` ``[layers, H, n, Dv]`` land at the slot's end, which grows by ``n``."""
+        first, n = self.lengths[slot], int(keys.shape[2])
+        if first + n > self.max_len or values.shape[2] != n or keys.shape[0] != self.layout.num_layers:
+            raise ValueError(
+                f"cannot append {n} positions of {keys.shape[0]} layers to slot {slot} holding {first} "
+                f"(max_len {self.max_len}, {self.layout.num_layers} layers)"
+            )
+        for layer, (dst_k, dst_v) in enumerate(self._kv()):
+            dst_k[slot, :, first : first + n] = keys[layer]
+            dst_v[slot, :, first : first + n] = values[layer]
+        self.lengths[slot] = first + n
+        self._zeroed[slot] = max(self._zeroed[slot], first + n)
+
+    @torch.inference_mode()
     def zero_all(self) -> None:
         """Zero every position of every slot (for captured graphs, which read whole slots)."""
         for keys, values in self._kv():

@@ -30,11 +30,13 @@ def _finish(output: RequestOutput) -> str:
     return str(completion.finish_reason)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -161,7 +163,8 @@ def _completions_route(server: Server) -> Callable[..., Any]:
             choice, count = _completion_choice(server, i, output, echo, body)
             choices.append(choice)
             generated += count
-        usage = _usage(sum(len(t) for t in ids), generated)  # each prompt once, whatever n
+        cached = sum(o.num_cached_tokens for o in outputs[:: body.n])  # each prompt's first sample
+        usage = _usage(sum(len(t) for t in ids), generated, cached)  # each prompt once, whatever n
         return {**_head("text_completion", "cmpl", server), "choices": choices, "usage": usage}
 
     return completions
@@ -206,7 +209,8 @@ def _chat_route(server: Server) -> Callable[..., Any]:
                     server.texts, completion.token_ids, completion.logprobs or [], logprobs or 0
                 )
             choices.append({"index": i, "message": message, "finish_reason": _finish(output), "logprobs": lp})
-        usage = _usage(len(ids[0]), sum(len(o.outputs[0].token_ids) for o in outputs))
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        usage = _usage(len(ids[0]), generated, outputs[0].num_cached_tokens)
         return {**_head("chat.completion", "chatcmpl", server), "choices": choices, "usage": usage}
 
     return chat

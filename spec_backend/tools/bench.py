@@ -176,7 +176,14 @@ def run_e2e_bench(
         "prompt_lookup_min": prompt_lookup_min,
         "prompt_lookup_max": prompt_lookup_max,
     }
-    llm = LLM(model, speculative_config=spec, max_num_seqs=batch_size, log_stats_interval=None)
+    # prefix caching off: transformers' generate recomputes every prompt of the repeated samples
+    llm = LLM(
+        model,
+        speculative_config=spec,
+        max_num_seqs=batch_size,
+        log_stats_interval=None,
+        enable_prefix_caching=False,
+    )
     if llm.tokenizer is None:
         raise ValueError(f"the e2e benchmark needs a model with a tokenizer; {model!r} has none")
     ids = [

@@ -42,6 +42,9 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
             max_model_len=args.max_model_len,
             seed=args.seed,
             quantization=getattr(args, "quantization", None),
+            enable_prefix_caching=args.enable_prefix_caching,
+            block_size=args.block_size,
+            prefix_cache_memory_bytes=args.prefix_cache_memory_bytes,
             **extra,
         )
     except (ValueError, BackendError, OSError) as exc:
@@ -113,6 +116,19 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         type=int,
         default=0,
         help="engine seed; each prompt's sampling seed derives from it (default 0, as in vLLM)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV of shared prompt prefixes across requests (default: on, as in vLLM)",
+    )
+    p.add_argument("--block-size", type=int, default=None, help="prefix cache block, in positions (16)")
+    p.add_argument(
+        "--prefix-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="prefix cache budget (default: 4 full-length requests' KV, allocated as prompts arrive)",
     )
 
 

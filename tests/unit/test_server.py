@@ -78,6 +78,19 @@ def test_completion_equals_offline_generate(server: str, offline: LLM) -> None:
     assert got.usage is not None and got.usage.completion_tokens == 20 and got.usage.prompt_tokens == 11
 
 
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(server: str, offline: LLM) -> None:
+    """The same long prompt twice: the second time every whole 16-token block (at most the prompt minus
+    one token) comes from the prefix cache, ``usage.prompt_tokens_details.cached_tokens`` says how
+    many, and the answer is unchanged (and equals offline generation without the cache)."""
+    prompt = "usage check: " + "the quick brown fox jumps over the lazy dog " * 2  # 101 characters
+    want = greedy(offline, [prompt], 12)[0]
+    api = client(server)
+    calls = [api.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0) for _ in "ab"]
+    assert [c.choices[0].text for c in calls] == [want, want]
+    details = [c.usage.prompt_tokens_details for c in calls if c.usage is not None]
+    assert [d.cached_tokens for d in details if d is not None] == [0, 96]
+
+
 def test_streaming_completion_equals_the_whole(server: str, offline: LLM) -> None:
     stream = client(server).completions.create(
         model="tiny", prompt="abcabcabc", max_tokens=24, temperature=0, stream=True
