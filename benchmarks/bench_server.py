@@ -126,7 +126,10 @@ async def level(base: str, clients: int, max_tokens: int, messages: Any) -> dict
             return await one(api, messages(i), max_tokens)
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(gated(i) for i in range(total)))
+    try:
+        results = await asyncio.gather(*(gated(i) for i in range(total)))
+    finally:
+        await api.close()  # inside this event loop (asyncio.run closes it after)
     seconds = time.perf_counter() - start
     return {"req_s": total / seconds, "ttft_median_s": statistics.median(results), "seconds": seconds}
 
