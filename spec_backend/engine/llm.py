@@ -217,6 +217,7 @@ class LLM:
             prefix,
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],
             bool(drafter is not None and drafter.hidden_states.any),
+            self.metrics.registry,
         )
         engine = EngineCore(
             runner,

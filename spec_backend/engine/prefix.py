@@ -70,22 +70,49 @@ def _rows(target: torch.Tensor | None, loc: Sequence[int], b: int) -> torch.Tens
     return None if target is None else target[loc[b] : loc[b + 1]]
 
 
-class PrefixHits:
-    """The prefix cache plus the hits of the requests being admitted (see the module docstring)."""
+def _counters(registry: Any) -> list[tuple[Any, Any]]:
+    """(queries, hits) counters of prompt tokens, under our prefix and vLLM's."""
+    from prometheus_client import Counter
 
-    def __init__(self, cache: PrefixCache) -> None:
+    return [
+        (
+            Counter(
+                f"{prefix}prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache",
+                registry=registry,
+            ),
+            Counter(
+                f"{prefix}prefix_cache_hits", "Prompt tokens served from the prefix cache", registry=registry
+            ),
+        )
+        for prefix in ("spec_backend_", "vllm:")
+    ]
+
+
+class PrefixHits:
+    """The prefix cache plus the hits of the requests being admitted (see the module docstring).
+
+    ``registry``: a ``prometheus_client`` registry that gets the lifetime counters of prompt tokens
+    looked up and served, under our names and vLLM's (``vllm:prefix_cache_queries`` / ``_hits``)."""
+
+    def __init__(self, cache: PrefixCache, registry: Any | None = None) -> None:
         self.cache = cache
         self._hits: dict[str, Hit] = {}
+        self._counters = _counters(registry) if registry is not None else []
 
     @classmethod
     def build(
-        cls, settings: PrefixSettings, caches: Sequence[RaggedKVCache], needs_hidden: bool
+        cls,
+        settings: PrefixSettings,
+        caches: Sequence[RaggedKVCache],
+        needs_hidden: bool,
+        registry: Any | None = None,
     ) -> PrefixHits | None:
         if not settings.enabled:
             return None
         per_request = sum(c.layout.bytes_per_position * c.max_len for c in caches)
         budget = settings.memory_bytes or DEFAULT_REQUESTS * per_request
-        return cls(PrefixCache(caches, settings.block_size, budget, needs_hidden))
+        return cls(PrefixCache(caches, settings.block_size, budget, needs_hidden), registry)
 
     def admit(self, slot: int, request: Request) -> None:
         """Look ``request``'s prompt up and load the hit into its (new, empty) slot."""
@@ -93,6 +120,9 @@ class PrefixHits:
         if request.params.prompt_logprobs is None:
             hit = self.cache.lookup(request.prompt_token_ids)
             self.cache.load(slot, hit)
+            for queries, hits in self._counters:
+                queries.inc(len(request.prompt_token_ids))
+                hits.inc(hit.length)
         request.num_cached_tokens = hit.length
         self._hits[request.request_id] = hit
 

@@ -85,10 +85,28 @@ def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(server: str, of
     prompt = "usage check: " + "the quick brown fox jumps over the lazy dog " * 2  # 101 characters
     want = greedy(offline, [prompt], 12)[0]
     api = client(server)
+    before = _prefix_counters(server)
     calls = [api.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0) for _ in "ab"]
     assert [c.choices[0].text for c in calls] == [want, want]
     details = [c.usage.prompt_tokens_details for c in calls if c.usage is not None]
     assert [d.cached_tokens for d in details if d is not None] == [0, 96]
+    prompt_tokens = calls[0].usage.prompt_tokens if calls[0].usage is not None else 0
+    after = _prefix_counters(server)  # /metrics: tokens looked up and served, ours and vLLM's names
+    assert {k: after[k] - before.get(k, 0.0) for k in after} == {
+        "spec_backend_prefix_cache_queries_total": 2.0 * prompt_tokens,
+        "spec_backend_prefix_cache_hits_total": 96.0,
+        "vllm:prefix_cache_queries_total": 2.0 * prompt_tokens,
+        "vllm:prefix_cache_hits_total": 96.0,
+    }
+
+
+def _prefix_counters(server: str) -> dict[str, float]:
+    lines = httpx.get(f"{server}/metrics").text.splitlines()
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in lines
+        if "prefix_cache_" in line and not line.startswith("#") and "_created" not in line
+    }
 
 
 def test_streaming_completion_equals_the_whole(server: str, offline: LLM) -> None:
