@@ -95,7 +95,7 @@ def test_kernel_matches_the_float_layer_within_its_rounding(kernel: str, rows: i
 
 
 def test_rows_do_not_depend_on_the_batch(kernel: str) -> None:
-    """Each row bit-identical alone and in batches of 1..9 (the native kernel's tiles of 4 rows and their
+    """Each row bit-identical alone and in batches of 1..9 (the native kernel's tiles of 5 rows and their
     remainders): what speculative greedy output equal to plain greedy output rests on."""
     _, packed = _packed(kernel)
     x = torch.randn(9, 128, generator=torch.Generator().manual_seed(3))  # [M, K]

@@ -123,7 +123,7 @@ def test_a_variant_that_does_not_build_falls_back_to_the_next(monkeypatch: pytes
 
 def test_the_q4_1_product_gives_the_same_bits_on_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact integer block dots and the same two FMAs per block on every variant (``csrc/q4_1.h``): each
-    variant this CPU runs gives the first one's output bit for bit, for 1 to 9 rows (row tiles of 4 and
+    variant this CPU runs gives the first one's output bit for bit, for 1 to 9 rows (row tiles of 5 and
     their remainders); a variant bound to a layer stays bound when the cap changes."""
     runnable = [v.name for v in runnable_variants()]
     linear = torch.nn.Linear(96, 48, bias=False)

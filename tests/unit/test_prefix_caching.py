@@ -46,7 +46,7 @@ def _tokens(outputs: list[Any]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@pytest.mark.parametrize("method", sorted(set(SPECS) - {"ngram_gpu"}))
+@pytest.mark.parametrize("method", sorted(SPECS))
 def test_outputs_with_hits_equal_outputs_without_the_cache(method: str, target: str, tmp_path: Path) -> None:
     spec = SPECS[method](target, tmp_path)
     want = _tokens(_llm(target, spec, enable_prefix_caching=False).generate(PROMPTS, GREEDY))

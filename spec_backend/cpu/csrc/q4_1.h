@@ -15,7 +15,7 @@ namespace spec_backend_native {
 constexpr int64_t kBlock = 32;       // weights per block
 constexpr int64_t kLanes = 16;       // output features per tile
 constexpr int64_t kTileBytes = 256;  // one tile's codes for one block: 16 features x 32 codes x 4 bits
-constexpr int kRowTile = 4;          // activation rows sharing one unpack of a tile's codes
+constexpr int kRowTile = 5;          // activation rows sharing one unpack of a tile's codes (K+1 at K=4)
 
 // The product's operands: activations as int8 codes [M, K] with, per block of 32, their scale [M, G]
 // and scale * sum(codes) [M, G]; weights as tiles [N/16, G, 256] with scales and minima [N/16, G, 16].

@@ -31,7 +31,7 @@ inline __m256i dot32(__m256i sum) {
 }
 
 // Features 8 h .. 8 h + 7 of tile t for rows m0 .. m0 + R - 1. Per block, each 32-byte part is unpacked
-// once and added to every row's dot products (one part live at a time: 16 registers hold R = 4 rows).
+// once and added to every row's dot products (one part live at a time: R = 5 rows take 14 of the 16 registers).
 template <int R>
 void q4_1_half_tile(const Q4Problem& p, int64_t t, int64_t m0, int h) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);

@@ -45,7 +45,8 @@ void rows_tile(const spec_backend_native::Q4Problem& p, int64_t t, int64_t m0, i
     case 1: return q4_1_tile<1>(p, t, m0);
     case 2: return q4_1_tile<2>(p, t, m0);
     case 3: return q4_1_tile<3>(p, t, m0);
-    default: return q4_1_tile<4>(p, t, m0);
+    case 4: return q4_1_tile<4>(p, t, m0);
+    default: return q4_1_tile<5>(p, t, m0);
   }
 }
 

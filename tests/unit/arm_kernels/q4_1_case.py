@@ -69,7 +69,7 @@ class Q4Case:
         return out
 
 
-def make_case(seed: int, rows: int = 12, groups: int = 3, tiles: int = 3) -> Q4Case:
+def make_case(seed: int, rows: int = 60, groups: int = 3, tiles: int = 3) -> Q4Case:
     """Pseudo-random operands with the extremes in block 0: row 0's codes all +127 and row 1's all -127
     against tile 0's codes all 15 (dot products of +-60960, the largest there are)."""
     rng = random.Random(seed)

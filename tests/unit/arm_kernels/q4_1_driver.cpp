@@ -54,8 +54,8 @@ void run(const Q4Problem& p, int64_t m_rows, int64_t tiles) {
 int main() {
   int64_t m_rows = 0, groups = 0, tiles = 0;
   std::cin >> m_rows >> groups >> tiles;
-  if (!std::cin || m_rows <= 0 || m_rows % 12 != 0 || groups <= 0 || tiles <= 0) {
-    std::fprintf(stderr, "want M G T with M a positive multiple of 12, G > 0, T > 0\n");
+  if (!std::cin || m_rows <= 0 || m_rows % 60 != 0 || groups <= 0 || tiles <= 0) {
+    std::fprintf(stderr, "want M G T with M a positive multiple of 60, G > 0, T > 0\n");
     return 2;
   }
   const auto xq = read_ints<int8_t>(m_rows * groups * kBlock);
@@ -70,12 +70,13 @@ int main() {
   std::vector<float> out(m_rows * n_out);
   const Q4Problem p{xq.data(), xd.data(), xs.data(), codes.data(), scale.data(), low.data(), out.data(),
                     groups, n_out};
-  for (int r = 1; r <= 4; ++r) {
+  for (int r = 1; r <= 5; ++r) {
     std::fill(out.begin(), out.end(), -1.0f);
     if (r == 1) run<1>(p, m_rows, tiles);
     if (r == 2) run<2>(p, m_rows, tiles);
     if (r == 3) run<3>(p, m_rows, tiles);
     if (r == 4) run<4>(p, m_rows, tiles);
+    if (r == 5) run<5>(p, m_rows, tiles);
     std::printf("R %d\n", r);
     for (int64_t i = 0; i < m_rows; ++i) {
       for (int64_t n = 0; n < n_out; ++n) {
