@@ -389,5 +389,6 @@ class LLM:
             "dtype": str(self.model.dtype),
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.engine.max_num_seqs,
+            "prefix_caching": self.engine.prefix is not None,
             "speculative_config": json.loads(spec.model_dump_json(exclude_none=True)) if spec else None,
         }

@@ -65,8 +65,11 @@ def summary_table(outputs: list[Any], seconds: float) -> str:
         )
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     errors = sum(o.outputs[0].finish_reason == "error" for o in outputs)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
     rows = [
         ("requests", f"{len(outputs)} ({errors} failed)"),
+        ("prompt tokens (from the prefix cache)", f"{prompt_tokens} ({cached})"),
         ("generated tokens", str(tokens)),
         ("wall time", f"{seconds:.2f} s"),
         ("tokens/s", f"{tokens / seconds:.2f}" if seconds > 0 else "-"),
@@ -203,6 +206,7 @@ def _json_report(prompts: list[str], outputs: list[Any], seconds: float) -> dict
                 "token_ids": list(c.token_ids),
                 "finish_reason": c.finish_reason,
                 "error": c.error,
+                "num_cached_tokens": out.num_cached_tokens,
                 "num_draft_tokens": stats.num_draft_tokens,
                 "num_accepted_tokens": stats.num_accepted_tokens,
             }

@@ -122,6 +122,10 @@ def test_cli_generate_sampling_flags_and_json(model_dir: str, capsys: pytest.Cap
     assert [o["finish_reason"] for o in report["outputs"]] == [o.outputs[0].finish_reason for o in expected]
     assert report["summary"]["generated_tokens"] == sum(len(o["token_ids"]) for o in report["outputs"])
     assert report["summary"]["tokens_per_s"] > 0
+    # the one-token warm-up on the first prompt stored its whole 16-token blocks; the second prompt is short
+    first = len(llm.tokenizer(PROMPT)["input_ids"])
+    assert first > 32  # character-level: two whole blocks at least
+    assert [o["num_cached_tokens"] for o in report["outputs"]] == [min(first // 16 * 16, first - 1), 0]
     assert main([*base, "--top-p", "1.5", "--no-progress"]) == 2
     assert "top_p" in capsys.readouterr().err
 
