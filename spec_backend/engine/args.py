@@ -94,3 +94,17 @@ def resolve_max_model_len(model: Any, requested: int | None) -> int:
             "(max_position_embeddings)"
         )
     return requested
+
+
+def eos_token_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
+    """Every EOS id the model's generation config, its config and its tokenizer name."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

@@ -20,6 +20,7 @@ from spec_backend.engine.args import (
     check_args,
     check_parallel_args,
     check_quantization,
+    eos_token_ids,
     refuse_unsupported,
     resolve_max_model_len,
 )
@@ -55,17 +56,18 @@ logger = logging.getLogger("spec_backend.engine")
 PromptInput = str | Sequence[int] | dict[str, Any]
 
 
-def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, list | tuple):
-            ids.update(int(e) for e in eos)
-    if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
+def _available_backend(backend: str | Backend | None, quantization: str | None) -> Backend:
+    """The backend named (or found), with ``quantization`` checked against it; ``BackendError`` before any
+    weights load when it cannot run here (a missing device is not a model error)."""
+    found = backend if isinstance(backend, Backend) else load_backend(backend)
+    check_quantization(quantization, found.name, found.supported_quantizations)
+    status = found.probe()
+    if not status.available:
+        raise BackendError(
+            f"backend {found.name!r} cannot run on this machine: {status.reason} "
+            f"(installed backends and their status: spec-backend backends)"
+        )
+    return found
 
 
 class LLM:
@@ -124,14 +126,7 @@ class LLM:
             enforce_eager, seed, max_num_seqs, max_model_len, kv_cache_memory_bytes, kv_transfer_config
         )
         self.enforce_eager = enforce_eager
-        self.backend = backend if isinstance(backend, Backend) else load_backend(backend)
-        check_quantization(quantization, self.backend.name, self.backend.supported_quantizations)
-        status = self.backend.probe()  # before any weights load: a missing device is not a model error
-        if not status.available:
-            raise BackendError(
-                f"backend {self.backend.name!r} cannot run on this machine: {status.reason} "
-                f"(installed backends and their status: spec-backend backends)"
-            )
+        self.backend = _available_backend(backend, quantization)
         try:  # the checkpoints' config.json complete the speculative config (spec_config)
             source: ModelSource | None = resolve_model(model)
         except ModelLoadError:
@@ -146,22 +141,15 @@ class LLM:
         self.backend.prepare_model(self.model, ModelOptions(quantization, k, self.source.gguf_path))
         self.tokenizer = load_tokenizer(self.source)
         self.max_model_len = resolve_max_model_len(self.model, max_model_len)
-        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.metrics = SpecDecodingMetrics(registry=metrics_registry, log_interval_s=log_stats_interval)
         configure_default_logging()
         self._rng = random.Random(seed)
         self._next_id = 0
         self._lock = threading.Lock()  # generate() calls run one at a time
         self._owner: int | None = None  # thread inside generate(), to refuse re-entrant calls
-        self.engine = self._engine(
-            attn_name,
-            verifier,
-            max_num_seqs,
-            kv_cache_memory_bytes,
-            kv_transfer_config,
-            enforce_eager,
-            prefix,
-        )
+        kv_args = (kv_cache_memory_bytes, kv_transfer_config)
+        self.engine = self._engine(attn_name, verifier, max_num_seqs, *kv_args, prefix)
 
     def _verifier(
         self, additional_config: dict[str, Any] | str | None, kv_transfer_config: dict[str, Any] | None
@@ -186,7 +174,6 @@ class LLM:
         max_num_seqs: int,
         kv_cache_memory_bytes: int | None,
         kv_transfer_config: dict[str, Any] | None,
-        enforce_eager: bool,
         prefix: PrefixSettings,
     ) -> EngineCore:
         """The drafter, the preallocated caches and slot table, the engine, and its captured graphs."""
@@ -204,7 +191,7 @@ class LLM:
                 kv_transfer_config,
                 dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
                 self.backend,
-                enforce_eager or bool(spec.enforce_eager),
+                self.enforce_eager or bool(spec.enforce_eager),
                 self.source.directory if self.source.gguf_file is None else None,
                 prepare,
             )
@@ -232,7 +219,7 @@ class LLM:
             adaptive,
             hits,
         )
-        eager = enforce_eager or bool(spec is not None and spec.enforce_eager)
+        eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         # the verify step (K+1 tokens per request), or plain decoding's one token per request
         engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine

@@ -177,13 +177,8 @@ def run_e2e_bench(
         "prompt_lookup_max": prompt_lookup_max,
     }
     # prefix caching off: transformers' generate recomputes every prompt of the repeated samples
-    llm = LLM(
-        model,
-        speculative_config=spec,
-        max_num_seqs=batch_size,
-        log_stats_interval=None,
-        enable_prefix_caching=False,
-    )
+    quiet: dict[str, Any] = {"log_stats_interval": None, "enable_prefix_caching": False}
+    llm = LLM(model, speculative_config=spec, max_num_seqs=batch_size, **quiet)
     if llm.tokenizer is None:
         raise ValueError(f"the e2e benchmark needs a model with a tokenizer; {model!r} has none")
     ids = [
@@ -212,11 +207,8 @@ def run_e2e_bench(
         "samples": samples,
         "torch_threads": torch.get_num_threads(),
     }
-    return {
-        "setup": setup,
-        "rows": _rows(results),
-        "ratios": _ratios(results, num_speculative_tokens, batch_size),
-    }
+    ratios = _ratios(results, num_speculative_tokens, batch_size)
+    return {"setup": setup, "rows": _rows(results), "ratios": ratios}
 
 
 def _rows(results: list[RunResult]) -> list[dict[str, Any]]:
