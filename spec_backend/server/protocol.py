@@ -64,6 +64,14 @@ class _Body(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k in required}
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``: ``include_usage`` sends one more chunk before ``[DONE]`` with empty
+    ``choices`` and the request's ``usage``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
 class _Sampling(_Body):
     model: str
     temperature: float = Field(default=1.0, ge=0.0)
@@ -83,6 +91,7 @@ class _Sampling(_Body):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
     # structured outputs (``server/structured.py``): at most one of these
@@ -92,6 +101,14 @@ class _Sampling(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _Sampling:
+        if self.stream_options is not None and not self.stream:
+            raise PydanticCustomError(
+                "stream_options", "stream_options is only allowed with stream=true (got stream=false)"
+            )
+        return self
 
 
 class CompletionRequest(_Sampling):

@@ -50,9 +50,26 @@ def _head(kind: str, prefix: str, server: Server) -> dict[str, Any]:
 
 
 def _streaming(
-    server: Server, queued: list[Queued], skip: bool, chat: bool, choice: Any
+    server: Server, queued: list[Queued], skip: bool, chat: bool, choice: Any, usage: Any = None
 ) -> StreamingResponse:
-    return StreamingResponse(stream(server, queued, skip, chat, choice), media_type="text/event-stream")
+    events = stream(server, queued, skip, chat, choice, usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
+
+
+def _usage_of(prompts: list[list[int]], n: int) -> Callable[[list[RequestOutput]], dict[str, Any]]:
+    """The usage of ``prompts`` (each sampled ``n`` times) from their final outputs, in choice order:
+    each prompt counted once, its cached tokens from its first sample."""
+
+    def usage(outputs: list[RequestOutput]) -> dict[str, Any]:
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        cached = sum(o.num_cached_tokens for o in outputs[::n])
+        return _usage(sum(len(p) for p in prompts), generated, cached)
+
+    return usage
 
 
 def _step_finish(step: Step) -> tuple[str | None, dict[str, Any] | None]:
@@ -154,7 +171,8 @@ def _completions_route(server: Server) -> Callable[..., Any]:
         queued = server.submit(ids, params)
         if body.stream:
             per_step = _completion_stream_choice(server, body, len(queued))
-            return _streaming(server, queued, params.skip_special_tokens, False, per_step)
+            with_usage = _usage_of(ids, body.n) if _include_usage(body) else None
+            return _streaming(server, queued, params.skip_special_tokens, False, per_step, with_usage)
         outputs = await _finals(server, queued, http)
         choices, generated = [], 0
         for i, output in enumerate(outputs):
@@ -195,9 +213,9 @@ def _chat_route(server: Server) -> Callable[..., Any]:
         ids = await server.tokenize([text])
         queued = server.submit(ids, params)
         if body.stream:
-            return _streaming(
-                server, queued, params.skip_special_tokens, True, _chat_stream_choice(server, body)
-            )
+            per_step = _chat_stream_choice(server, body)
+            with_usage = _usage_of(ids, body.n) if _include_usage(body) else None
+            return _streaming(server, queued, params.skip_special_tokens, True, per_step, with_usage)
         outputs = await _finals(server, queued, http)
         choices = []
         for i, output in enumerate(outputs):
@@ -209,8 +227,10 @@ def _chat_route(server: Server) -> Callable[..., Any]:
                     server.texts, completion.token_ids, completion.logprobs or [], logprobs or 0
                 )
             choices.append({"index": i, "message": message, "finish_reason": _finish(output), "logprobs": lp})
-        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        usage = _usage(len(ids[0]), generated, outputs[0].num_cached_tokens)
-        return {**_head("chat.completion", "chatcmpl", server), "choices": choices, "usage": usage}
+        return {
+            **_head("chat.completion", "chatcmpl", server),
+            "choices": choices,
+            "usage": _usage_of(ids, body.n)(outputs),
+        }
 
     return chat

@@ -115,10 +115,12 @@ async def stream(
     skip_special: bool,
     chat: bool,
     choice: Callable[[int, Step], dict[str, Any] | None],
+    usage: Callable[[list[RequestOutput]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[str]:
     """The event stream of ``queued`` (choice ``i`` is ``queued[i]``): ``choice(i, step)`` turns a
     step into the choice object to send, ``None`` to send nothing, or an ``{"error": ...}`` body that
-    ends the stream with that error."""
+    ends the stream with that error. ``usage``: the usage object of the final outputs (in choice
+    order), sent in a last chunk with empty ``choices`` (``stream_options.include_usage``)."""
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     kind = "chat.completion.chunk" if chat else "text_completion"
     if chat:
@@ -126,18 +128,27 @@ async def stream(
             first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
             yield sse(_chunk(server, kind, rid, {**first, "finish_reason": None}))
 
+    finals: dict[int, RequestOutput] = {}
+
     async def one(i: int) -> AsyncIterator[dict[str, Any]]:
         async for step in steps(server, queued[i], skip_special):
+            if step.output is not None:
+                finals[i] = step.output
             item = choice(i, step)
             if item is not None:
                 yield item
 
+    failed = False
     async with aclosing(merged([one(i) for i in range(len(queued))])) as items:
         async for item in items:
             if "error" in item:
                 yield sse(item)
+                failed = True
                 break
             yield sse(_chunk(server, kind, rid, item))
+    if usage is not None and not failed:
+        outputs = [finals[i] for i in range(len(queued))]
+        yield sse({**_chunk(server, kind, rid, {}), "choices": [], "usage": usage(outputs)})
     yield sse("[DONE]")
 
 

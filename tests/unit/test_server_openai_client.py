@@ -64,6 +64,36 @@ def test_streaming_chat_equals_offline_greedy(server: str, offline: LLM) -> None
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
 
 
+def test_streamed_usage_is_the_whole_responses_usage(server: str) -> None:
+    """``stream_options={"include_usage": True}``: one last chunk with no choices carries the usage the
+    same request gets without streaming (``n=2``: the prompt once, both samples' tokens), cached prompt
+    tokens included; chat and completions. Without it no chunk carries usage."""
+    api = client(server)
+    messages = [{"role": "user", "content": "count the usage of this stream"}]  # 48 tokens, this test's own
+    call: dict[str, Any] = {"model": "tiny", "messages": messages, "max_tokens": 9, "seed": 5, "n": 2}
+    whole = api.chat.completions.create(**call)
+    chunks = list(api.chat.completions.create(**call, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    got, want = chunks[-1].usage, whole.usage
+    assert got is not None and want is not None
+    assert (
+        (got.prompt_tokens, got.completion_tokens) == (want.prompt_tokens, 18) == (48, want.completion_tokens)
+    )
+    # the first request stored the prompt's three whole blocks; the streamed one took all but the last token
+    cached = [u.prompt_tokens_details.cached_tokens for u in (want, got) if u.prompt_tokens_details]
+    assert cached == [0, 47]
+    assert all(c.usage is None for c in api.chat.completions.create(**call, stream=True))
+    prompt = "usage stream " * 4  # 52 characters: three whole 16-token blocks on the second call
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 5, "temperature": 0}
+    first = api.completions.create(**kwargs)
+    streamed = list(api.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    usage = streamed[-1].usage
+    assert streamed[-1].choices == [] and usage is not None and first.usage is not None
+    assert usage.prompt_tokens == first.usage.prompt_tokens and usage.completion_tokens == 5
+    details = usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens == 48
+
+
 def test_streaming_chat_n_samples_with_logprobs(server: str, offline: LLM) -> None:
     """``n=2`` sampled answers streamed with ``top_logprobs=2``: each index joins to offline sample ``j``
     (seeded ``seed + j``), token for token with its log-probabilities and top tokens."""
@@ -182,6 +212,18 @@ def test_arguments_passed_as_none_are_absent(server: str, offline: LLM) -> None:
             openai.BadRequestError,
             "tools: Extra inputs are not permitted",
             "tools",
+        ),
+        (
+            {"stream_options": {"include_usage": True}},
+            openai.BadRequestError,
+            "stream_options is only allowed with stream=true",
+            None,
+        ),
+        (
+            {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+            openai.BadRequestError,
+            "continuous_usage_stats: Extra inputs are not permitted",
+            "stream_options.continuous_usage_stats",
         ),
     ],
 )
