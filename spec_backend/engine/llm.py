@@ -92,7 +92,8 @@ class LLM:
     ``kv_transfer_config``: vLLM's connector config, for ``extract_hidden_states``
     (``ExampleHiddenStatesConnector``) only. ``enable_prefix_caching`` (default on, as in vLLM),
     ``block_size`` (positions per cached block, 16) and ``prefix_cache_memory_bytes`` (default: 4
-    full-length requests' KV): automatic prefix caching (``engine/prefix.py``).
+    full-length requests' KV, at most ``kv_cache_memory_bytes``): automatic prefix caching
+    (``engine/prefix.py``).
     """
 
     def __init__(
@@ -205,6 +206,7 @@ class LLM:
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],
             bool(drafter is not None and drafter.hidden_states.any),
             self.metrics.registry,
+            kv_cache_memory_bytes,
         )
         engine = EngineCore(
             runner,

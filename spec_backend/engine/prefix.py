@@ -30,7 +30,8 @@ from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
 #: default positions per block (vLLM's default ``block_size``)
 DEFAULT_BLOCK_SIZE = 16
-#: default memory of the prefix cache, in full-length requests' KV (allocated as blocks are stored)
+#: default memory of the prefix cache, in full-length requests' KV (allocated as blocks are stored; at
+#: most ``kv_cache_memory_bytes`` when that is set)
 DEFAULT_REQUESTS = 4
 
 
@@ -107,11 +108,20 @@ class PrefixHits:
         caches: Sequence[RaggedKVCache],
         needs_hidden: bool,
         registry: Any | None = None,
+        kv_cache_memory_bytes: int | None = None,
     ) -> PrefixHits | None:
+        """The prefix cache of ``caches``, or ``None`` when off. Its default budget is
+        ``DEFAULT_REQUESTS`` full-length requests' KV, at most ``kv_cache_memory_bytes`` when that bounds
+        the slots (so a bounded engine at most doubles), and never below one block."""
         if not settings.enabled:
             return None
-        per_request = sum(c.layout.bytes_per_position * c.max_len for c in caches)
-        budget = settings.memory_bytes or DEFAULT_REQUESTS * per_request
+        if settings.memory_bytes is not None:
+            budget = settings.memory_bytes
+        else:
+            per_position = sum(c.layout.bytes_per_position for c in caches)
+            budget = DEFAULT_REQUESTS * per_position * max(c.max_len for c in caches)
+            budget = min(budget, kv_cache_memory_bytes or budget)
+            budget = max(budget, settings.block_size * per_position)
         return cls(PrefixCache(caches, settings.block_size, budget, needs_hidden), registry)
 
     def admit(self, slot: int, request: Request) -> None:

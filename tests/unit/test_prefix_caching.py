@@ -194,6 +194,19 @@ def test_the_default_is_on_with_16_position_blocks(target: str) -> None:
     llm = LLM(target)
     prefix = llm.engine.prefix
     assert prefix is not None and prefix.cache.block_size == 16
-    per_request = llm.engine.runner.cache.layout.bytes_per_position * llm.max_model_len
-    assert prefix.cache.max_bytes == 4 * per_request
+    per_position = llm.engine.runner.cache.layout.bytes_per_position
+    assert prefix.cache.max_bytes == 4 * per_position * llm.max_model_len
     assert torch.get_num_threads() == 1  # the module fixture is active (tiny models, one thread)
+
+
+def test_the_default_budget_follows_a_kv_budget_and_holds_a_block(target: str) -> None:
+    """With ``kv_cache_memory_bytes`` the default prefix budget is at most that (a bounded engine at
+    most doubles); a context shorter than a block still builds (one block's budget, nothing to store)."""
+    per_position = LLM(target).engine.runner.cache.layout.bytes_per_position
+    kv = 3 * per_position * 128  # three requests of 128 positions
+    bounded = LLM(target, max_model_len=128, kv_cache_memory_bytes=kv).engine.prefix
+    assert bounded is not None and bounded.cache.max_bytes == kv
+    short = LLM(target, max_model_len=3)  # four requests hold 12 positions, fewer than a block's 16
+    assert short.engine.prefix is not None and short.engine.prefix.cache.max_bytes == 16 * per_position
+    outputs = short.generate([[5, 6]] * 2, SamplingParams(temperature=0.0, max_tokens=1))
+    assert [o.num_cached_tokens for o in outputs] == [0, 0]
