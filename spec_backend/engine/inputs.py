@@ -1,7 +1,9 @@
 """Prompts accepted by ``LLM.generate``, checked at the door (vLLM's offline prompt shapes).
 
 A prompt is a non-empty ``str``, a non-empty list (or tuple) of token ids (ints), or a dict in vLLM's
-``TextPrompt`` / ``TokensPrompt`` shape: ``{"prompt": str}`` or ``{"prompt_token_ids": [int, ...]}``.
+``TextPrompt`` / ``TokensPrompt`` shape: ``{"prompt": str}`` or ``{"prompt_token_ids": [int, ...]}``,
+optionally with ``"cache_salt"``: a non-empty string that keeps the request's prompt blocks apart in the
+prefix cache (only requests with the same salt share them: tenants' isolation, as in vLLM).
 ``generate`` takes one prompt or a list of them. Everything else (``None``, bytes, tensors, numbers,
 dicts with other keys) is a ``ValueError`` naming the prompt's index and what it got, before any work.
 """
@@ -15,8 +17,9 @@ from typing import Any
 from spec_backend.engine.params import SamplingParams
 from spec_backend.engine.params_check import check_vocab
 
-#: What one prompt becomes: its text (None for token ids) and its token ids (None until tokenized).
-Prompt = tuple[str | None, list[int] | None]
+#: What one prompt becomes: its text (None for token ids), its token ids (None until tokenized) and its
+#: prefix-cache salt (None: none).
+Prompt = tuple[str | None, list[int] | None, str | None]
 
 _DICT_KEYS = ("prompt", "prompt_token_ids")
 _ALLOWED = (
@@ -39,31 +42,39 @@ def _one(value: object, index: int) -> Prompt:
     if isinstance(value, str):
         if not value:
             raise ValueError(f"prompt {index} is empty")
-        return value, None
+        return value, None, None
     if isinstance(value, Mapping):
-        keys = sorted(str(k) for k in value)
-        if len(value) != 1 or keys[0] not in _DICT_KEYS:
-            raise ValueError(
-                f"prompt {index} is a dict with keys {keys}; a dict prompt has exactly one key, "
-                f"'prompt' (str) or 'prompt_token_ids' (list of ints)"
-            )
-        key, inner = keys[0], value[keys[0]]
-        text = key == "prompt"
-        if not (isinstance(inner, str) if text else _is_token_list(inner)):
-            want = "a string" if text else "a list of ints"
-            raise ValueError(f"prompt {index}: {key!r} must be {want}, got {_describe(inner)}")
-        return _one(inner, index)
+        return _from_dict(value, index)
     if _is_token_list(value):
         ids = [int(t) for t in value]  # type: ignore[attr-defined]
         if not ids:
             raise ValueError(f"prompt {index} is empty (no tokens)")
-        return None, ids
+        return None, ids, None
     hint = (
         " (pass token ids as a list: tensor.tolist())"
         if type(value).__name__ in ("Tensor", "ndarray")
         else ""
     )
     raise ValueError(f"prompt {index} must be {_ALLOWED}; got {_describe(value)}{hint}")
+
+
+def _from_dict(value: Mapping[Any, Any], index: int) -> Prompt:
+    keys = sorted(str(k) for k in value if k != "cache_salt")
+    if len(keys) != 1 or keys[0] not in _DICT_KEYS:
+        raise ValueError(
+            f"prompt {index} is a dict with keys {sorted(str(k) for k in value)}; a dict prompt has exactly "
+            "one of 'prompt' (str) or 'prompt_token_ids' (list of ints), and optionally 'cache_salt' (str)"
+        )
+    key, inner = keys[0], value[keys[0]]
+    text = key == "prompt"
+    if not (isinstance(inner, str) if text else _is_token_list(inner)):
+        want = "a string" if text else "a list of ints"
+        raise ValueError(f"prompt {index}: {key!r} must be {want}, got {_describe(inner)}")
+    salt = value.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"prompt {index}: 'cache_salt' must be a non-empty string, got {_describe(salt)}")
+    found_text, ids, _ = _one(inner, index)
+    return found_text, ids, salt
 
 
 def parse_prompts(prompts: Any) -> list[Prompt]:

@@ -253,10 +253,10 @@ class LLM:
         no_tokenizer = self.source.display if self.tokenizer is None else None
         params_list = params_per_prompt(sampling_params, len(parsed), vocab, no_tokenizer)
         requests = []
-        for i, ((text, ids), params) in enumerate(zip(parsed, params_list, strict=True)):
+        for i, ((text, ids, salt), params) in enumerate(zip(parsed, params_list, strict=True)):
             tokens = self._tokenize(text, ids, i)
             check_token_ids(tokens, i, vocab, self.max_model_len)
-            requests.append(Request("", text, tokens, params, 0, self.eos_token_ids))
+            requests.append(Request("", text, tokens, params, 0, self.eos_token_ids, cache_salt=salt))
         samples: list[Request] = []
         for request in requests:  # ids and seeds only once every prompt is known to be valid
             parent, self._next_id = str(self._next_id), self._next_id + 1

@@ -128,7 +128,7 @@ class PrefixHits:
         """Look ``request``'s prompt up and load the hit into its (new, empty) slot."""
         hit = NO_HIT
         if request.params.prompt_logprobs is None:
-            hit = self.cache.lookup(request.prompt_token_ids)
+            hit = self.cache.lookup(request.prompt_token_ids, request.cache_salt)
             self.cache.load(slot, hit)
             for queries, hits in self._counters:
                 queries.inc(len(request.prompt_token_ids))
@@ -184,6 +184,7 @@ class PrefixHits:
                 hit,
                 _rows(target.final, loc, b),
                 _rows(target.aux, loc, b),
+                request.cache_salt,
             )
 
 

@@ -48,6 +48,7 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     grammar: RequestGrammar | None = None  # structured outputs' matcher (``structured.py``)
     num_cached_tokens: int = 0  # prompt positions a prefix-cache hit served (``engine/prefix.py``)
+    cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
 
     def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
         """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample
@@ -58,7 +59,15 @@ class Request:
             sample = (
                 self
                 if i == 0
-                else Request("", self.prompt, list(self.prompt_token_ids), self.params, 0, self.eos_token_ids)
+                else Request(
+                    "",
+                    self.prompt,
+                    list(self.prompt_token_ids),
+                    self.params,
+                    0,
+                    self.eos_token_ids,
+                    cache_salt=self.cache_salt,
+                )
             )
             sample.request_id = parent_id if self.params.n == 1 else f"{parent_id}-{i}"
             sample.parent_id, sample.index = parent_id, i

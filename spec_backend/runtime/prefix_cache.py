@@ -3,9 +3,11 @@
 Glossary:
 
 * *block* — ``block_size`` consecutive prompt positions, aligned to the prompt's start. A block is
-  keyed by its content: its parent block (the one before it; none for the first) and its token ids, so
-  a block is found only after the same tokens at the same positions, and equal keys mean equal tokens
-  (the key is the content itself, never a digest that could collide).
+  keyed by its content: its parent block (the one before it; for the first, the request's *salt* or
+  none) and its token ids, so a block is found only after the same tokens at the same positions under
+  the same salt, and equal keys mean equal tokens (the key is the content itself, never a digest that
+  could collide).
+* *salt* — ``cache_salt``: a string only requests that share it share blocks under (tenants' isolation).
 * *entry* — a stored block: for each prefix-cacheable cache (the target's, then the drafter's that are
   a function of the tokens alone, such as a draft model's), its keys and values of those positions, and
   the target hidden states of those positions the drafter declared (``HiddenStateRequest``). A drafter
@@ -35,8 +37,9 @@ from spec_backend.runtime.kv_cache import RaggedKVCache
 
 logger = logging.getLogger("spec_backend.engine")
 
-#: the content key of a block: its parent's entry id (-1 for the first block) and its token ids
-BlockKey = tuple[int, tuple[int, ...]]
+#: the content key of a block: its parent's entry id (for the first block: ``-1``, or the salt) and its
+#: token ids
+BlockKey = tuple[int | str, tuple[int, ...]]
 
 
 @dataclass
@@ -111,11 +114,12 @@ class PrefixCache:
         bs = self.block_size
         return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(count)]
 
-    def lookup(self, tokens: Sequence[int]) -> Hit:
-        """The hit for a prompt ``tokens`` (module docstring); its entries become most recently used."""
+    def lookup(self, tokens: Sequence[int], salt: str | None = None) -> Hit:
+        """The hit for a prompt ``tokens`` under ``salt`` (module docstring); its entries become most
+        recently used."""
         limit = len(tokens) - 1
         chain: list[Entry] = []
-        parent = -1
+        parent: int | str = -1 if salt is None else salt
         for block in self._keys(tokens, -(-limit // self.block_size) if limit > 0 else 0):
             entry = self._by_key.get((parent, block))
             if entry is None:
@@ -154,6 +158,7 @@ class PrefixCache:
         hit: Hit,
         final: torch.Tensor | None,  # [L - hit.length, H] hidden states of the computed prompt rows
         aux: torch.Tensor | None,  # [L - hit.length, n, H]
+        salt: str | None = None,
     ) -> int:
         """Store the whole blocks of a prefilled prompt ``tokens`` that ``hit`` did not come from, reading
         slot ``slot`` of every cache; return how many were stored. A block is stored only when the
@@ -162,7 +167,7 @@ class PrefixCache:
             return 0
         bs, stored = self.block_size, 0
         count = min(len(tokens), self.caches[0].lengths[slot]) // bs
-        parent = hit.entries[-1].id if hit.entries else -1
+        parent: int | str = hit.entries[-1].id if hit.entries else (-1 if salt is None else salt)
         chain = list(hit.entries)
         for b in range(len(hit.entries), count):
             key = (parent, tuple(tokens[b * bs : (b + 1) * bs]))
@@ -213,8 +218,9 @@ class PrefixCache:
             if victim is None:
                 return None  # the chain fills the budget: its later blocks are not stored
             self._evict(victim)
-        parent = self._entries.get(key[0])
-        if key[0] != -1 and parent is None:  # evicted between the lookup and now
+        first = not isinstance(key[0], int) or key[0] == -1
+        parent = None if first else self._entries.get(int(key[0]))
+        if not first and parent is None:  # evicted between the lookup and now
             return None
         entry = Entry(self._next_id, key, kv, h_final, h_aux, nbytes)
         self._next_id += 1
@@ -227,7 +233,7 @@ class PrefixCache:
 
     def _evict(self, entry: Entry) -> None:
         """Drop ``entry`` and the blocks stored after it."""
-        parent = self._entries.get(entry.key[0])
+        parent = self._entries.get(entry.key[0]) if isinstance(entry.key[0], int) else None
         if parent is not None:
             parent.children.discard(entry.id)
         doomed = [entry]

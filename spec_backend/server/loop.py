@@ -72,9 +72,7 @@ class AsyncEngine:
         self._send("stop", message)
         self._stopped.wait(timeout=60)
 
-    def submit(
-        self, prompts: list[str | list[int]], params: SamplingParams
-    ) -> list[tuple[str, asyncio.Queue[Event]]]:
+    def submit(self, prompts: list[Any], params: SamplingParams) -> list[tuple[str, asyncio.Queue[Event]]]:
         """Queue the requests of ``prompts``, ``params.n`` consecutive samples each (seeded as offline
         ``generate`` seeds them): every one or, for bad input (``ValueError``), none."""
         if self._stopped.is_set():

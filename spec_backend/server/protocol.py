@@ -94,6 +94,8 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
+    #: vLLM's extension: only requests with the same salt share prefix-cache blocks
+    cache_salt: str | None = Field(default=None, min_length=1)
     # structured outputs (``server/structured.py``): at most one of these
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -168,7 +168,7 @@ def _completions_route(server: Server) -> Callable[..., Any]:
         params = server.params(body, max(max_tokens, 1), **extra)
         prompts = _prompt_list(body.prompt)
         ids = await server.tokenize(prompts)
-        queued = server.submit(ids, params)
+        queued = server.submit(ids, params, body.cache_salt)
         if body.stream:
             per_step = _completion_stream_choice(server, body, len(queued))
             with_usage = _usage_of(ids, body.n) if _include_usage(body) else None
@@ -211,7 +211,7 @@ def _chat_route(server: Server) -> Callable[..., Any]:
         params = server.params(body, body.max_completion_tokens or body.max_tokens, logprobs=logprobs)
         text = await server.chat_text([m.model_dump(exclude_none=True) for m in body.messages])
         ids = await server.tokenize([text])
-        queued = server.submit(ids, params)
+        queued = server.submit(ids, params, body.cache_salt)
         if body.stream:
             per_step = _chat_stream_choice(server, body)
             with_usage = _usage_of(ids, body.n) if _include_usage(body) else None

@@ -103,11 +103,15 @@ class Server:
             raise ApiError(400, f"the chat template refused the messages: {exc}", param="messages") from exc
 
     def submit(
-        self, prompts: list[list[int]], params: SamplingParams
+        self, prompts: list[list[int]], params: SamplingParams, cache_salt: str | None = None
     ) -> list[tuple[str, asyncio.Queue[Event]]]:
-        """Queue every prompt's ``n`` samples, or nothing (``SamplingParams.n`` consecutive per prompt)."""
+        """Queue every prompt's ``n`` samples, or nothing (``SamplingParams.n`` consecutive per prompt);
+        ``cache_salt``: the prefix-cache salt of every prompt (``engine/inputs.py``)."""
+        queued: list[Any] = list(prompts)
+        if cache_salt is not None:
+            queued = [{"prompt_token_ids": p, "cache_salt": cache_salt} for p in prompts]
         try:
-            return self.engine.submit(list(prompts), params)
+            return self.engine.submit(queued, params)
         except ValueError as exc:  # a bad prompt, or a constraint that does not compile for this tokenizer
             param = "structured_outputs" if str(exc).startswith("structured_outputs") else "prompt"
             raise ApiError(400, str(exc), param=param) from exc

@@ -139,7 +139,16 @@ def test_stale_slot_is_detected_and_cleared(llm: LLM, caplog: pytest.LogCaptureF
         ([torch.tensor([1, 2])], r"prompt 0 must be .*got Tensor"),
         (b"hi", r"prompt 0 must be .*got bytes: b'hi'"),
         ([[1, 2], b"\x01"], r"prompt 1 must be .*got bytes"),
-        ([{"text": "hi"}], r"prompt 0 is a dict with keys \['text'\]; a dict prompt has exactly one key"),
+        ([{"text": "hi"}], r"prompt 0 is a dict with keys \['text'\]; a dict prompt has exactly one of"),
+        (
+            [{"prompt": "hi", "prompt_token_ids": [1]}],
+            r"keys \['prompt', 'prompt_token_ids'\]; a dict prompt has exactly one of",
+        ),
+        ([{"prompt": "hi", "cache_salt": ""}], r"prompt 0: 'cache_salt' must be a non-empty string, got str"),
+        (
+            [{"prompt": "hi", "cache_salt": 7}],
+            r"prompt 0: 'cache_salt' must be a non-empty string, got int: 7",
+        ),
         ([{"prompt_token_ids": "ab"}], r"prompt 0: 'prompt_token_ids' must be a list of ints, got str"),
         ([1.5, 2.5], r"prompt 0 must be .*got float: 1.5"),
         ([[1, True]], r"prompt 0 must be .*got list"),

@@ -51,6 +51,21 @@ def test_hits_are_whole_matching_blocks_and_never_the_whole_prompt() -> None:
     assert (prefix.queried_tokens, prefix.hit_tokens) == (10 + 13 + 8 + 6 + 1 + 10 + 10, 8 + 8 + 7 + 4)
 
 
+def test_a_salt_keeps_blocks_apart() -> None:
+    """Blocks stored under a salt are found under that salt only, and unsalted ones without a salt."""
+    prefix = PrefixCache([_cache()], BS, 100 * BLOCK_BYTES, needs_hidden=False)
+    tokens = list(range(70, 79))  # two whole blocks
+    cache = prefix.caches[0]
+    slot = _fill(cache, len(tokens), 13)
+    assert prefix.store(slot, tokens, NO_HIT, None, None, "tenant-a") == 2
+    assert prefix.lookup(tokens, "tenant-a").length == 8
+    assert prefix.lookup(tokens, "tenant-b").length == 0 and prefix.lookup(tokens).length == 0
+    assert (
+        prefix.store(slot, tokens, NO_HIT, None, None) == 2
+    )  # the same tokens unsalted: entries of their own
+    assert prefix.lookup(tokens).length == 8 and len(prefix) == 4
+
+
 def test_a_hit_copies_the_stored_values_exactly() -> None:
     cache = _cache()
     prefix = PrefixCache([cache], BS, 100 * BLOCK_BYTES, needs_hidden=False)

@@ -165,6 +165,24 @@ def test_logprobs_after_a_hit_equal_up_to_rounding(target: str) -> None:
                 assert abs(got_entry[token].logprob - lp.logprob) < 1e-5
 
 
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt(target: str) -> None:
+    """vLLM's ``cache_salt`` in a dict prompt: a request finds the blocks of earlier requests with the
+    same salt only (salted and unsalted requests never share); outputs are the same in every case."""
+    llm = _llm(target, None, block_size=BS)
+    want = _tokens(llm.generate(PROMPTS[:1], GREEDY))  # unsalted: stores the prompt's blocks
+
+    def run(salt: str, n: int = 1) -> list[Any]:
+        prompt = {"prompt_token_ids": PROMPTS[0], "cache_salt": salt}
+        return llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, n=n))
+
+    first, again, other = run("a"), run("a"), run("b")
+    assert [o.num_cached_tokens for o in (first[0], again[0], other[0])] == [0, 40, 0]
+    assert all(_tokens(o) == want for o in (first, again, other))
+    assert llm.generate(PROMPTS[:1], GREEDY)[0].num_cached_tokens == 40  # the unsalted blocks are there
+    samples = run("a", n=2)[0]  # every sample carries its prompt's salt
+    assert samples.num_cached_tokens == 40 and [s.token_ids for s in samples.outputs] == want * 2
+
+
 def test_disabled_caching_serves_nothing(target: str) -> None:
     llm = _llm(target, None, enable_prefix_caching=False)
     assert llm.engine.prefix is None

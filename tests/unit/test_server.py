@@ -100,6 +100,29 @@ def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(server: str, of
     }
 
 
+def test_a_cache_salt_keeps_prefix_blocks_apart(server: str) -> None:
+    """vLLM's ``cache_salt`` request field: the second request with the same salt finds the first one's
+    blocks; another salt, or none, does not; answers are the same; an empty salt is a 400."""
+    prompt = "salted prompt: " + "pack my box with five dozen liquor jugs " * 2
+    api = client(server)
+
+    def cached(salt: str | None) -> tuple[int | None, str, int]:
+        extra = {"cache_salt": salt} if salt is not None else {}
+        got = api.completions.create(
+            model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body=extra
+        )
+        details = got.usage.prompt_tokens_details if got.usage is not None else None
+        length = got.usage.prompt_tokens if got.usage is not None else 0
+        return (details.cached_tokens if details is not None else None), got.choices[0].text, length
+
+    runs = [cached("tenant-1"), cached("tenant-1"), cached("tenant-2"), cached(None)]
+    length = runs[0][2]  # every whole block, at most the prompt minus one token
+    assert [c for c, _, _ in runs] == [0, min(length // 16 * 16, length - 1), 0, 0] and length > 32
+    assert len({t for _, t, _ in runs}) == 1
+    with pytest.raises(openai.BadRequestError, match="cache_salt: String should have at least 1 character"):
+        cached("")
+
+
 def _prefix_counters(server: str) -> dict[str, float]:
     lines = httpx.get(f"{server}/metrics").text.splitlines()
     return {
