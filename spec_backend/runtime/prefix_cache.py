@@ -26,7 +26,6 @@ own chain is never evicted to store its later blocks (they are not stored when i
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,8 +33,6 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_backend.runtime.kv_cache import RaggedKVCache
-
-logger = logging.getLogger("spec_backend.engine")
 
 #: the content key of a block: its parent's entry id (for the first block: ``-1``, or the salt) and its
 #: token ids
@@ -243,12 +240,6 @@ class PrefixCache:
             self._entries.pop(gone.id, None)
             self._by_key.pop(gone.key, None)
             self.nbytes -= gone.nbytes
-
-    def clear(self) -> None:
-        """Forget every entry."""
-        self._entries.clear()
-        self._by_key.clear()
-        self.nbytes = 0
 
 
 __all__ = ["NO_HIT", "Entry", "Hit", "PrefixCache"]

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -60,16 +61,16 @@ def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
 
-def _usage_of(prompts: list[list[int]], n: int) -> Callable[[list[RequestOutput]], dict[str, Any]]:
+def _usage_of(
+    prompts: list[list[int]], n: int, outputs: list[RequestOutput], generated: int | None = None
+) -> dict[str, Any]:
     """The usage of ``prompts`` (each sampled ``n`` times) from their final outputs, in choice order:
-    each prompt counted once, its cached tokens from its first sample."""
-
-    def usage(outputs: list[RequestOutput]) -> dict[str, Any]:
+    each prompt counted once, its cached tokens from its first sample; ``generated`` overrides the
+    completion tokens counted from the outputs."""
+    if generated is None:
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        cached = sum(o.num_cached_tokens for o in outputs[::n])
-        return _usage(sum(len(p) for p in prompts), generated, cached)
-
-    return usage
+    cached = sum(o.num_cached_tokens for o in outputs[::n])
+    return _usage(sum(len(p) for p in prompts), generated, cached)
 
 
 def _step_finish(step: Step) -> tuple[str | None, dict[str, Any] | None]:
@@ -171,7 +172,7 @@ def _completions_route(server: Server) -> Callable[..., Any]:
         queued = server.submit(ids, params, body.cache_salt)
         if body.stream:
             per_step = _completion_stream_choice(server, body, len(queued))
-            with_usage = _usage_of(ids, body.n) if _include_usage(body) else None
+            with_usage = partial(_usage_of, ids, body.n) if _include_usage(body) else None
             return _streaming(server, queued, params.skip_special_tokens, False, per_step, with_usage)
         outputs = await _finals(server, queued, http)
         choices, generated = [], 0
@@ -181,8 +182,7 @@ def _completions_route(server: Server) -> Callable[..., Any]:
             choice, count = _completion_choice(server, i, output, echo, body)
             choices.append(choice)
             generated += count
-        cached = sum(o.num_cached_tokens for o in outputs[:: body.n])  # each prompt's first sample
-        usage = _usage(sum(len(t) for t in ids), generated, cached)  # each prompt once, whatever n
+        usage = _usage_of(ids, body.n, outputs, generated)  # max_tokens=0 with echo generates none
         return {**_head("text_completion", "cmpl", server), "choices": choices, "usage": usage}
 
     return completions
@@ -214,7 +214,7 @@ def _chat_route(server: Server) -> Callable[..., Any]:
         queued = server.submit(ids, params, body.cache_salt)
         if body.stream:
             per_step = _chat_stream_choice(server, body)
-            with_usage = _usage_of(ids, body.n) if _include_usage(body) else None
+            with_usage = partial(_usage_of, ids, body.n) if _include_usage(body) else None
             return _streaming(server, queued, params.skip_special_tokens, True, per_step, with_usage)
         outputs = await _finals(server, queued, http)
         choices = []
@@ -230,7 +230,7 @@ def _chat_route(server: Server) -> Callable[..., Any]:
         return {
             **_head("chat.completion", "chatcmpl", server),
             "choices": choices,
-            "usage": _usage_of(ids, body.n)(outputs),
+            "usage": _usage_of(ids, body.n, outputs),
         }
 
     return chat
