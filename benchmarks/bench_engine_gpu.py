@@ -8,10 +8,16 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
 * ``plain`` — no speculation;
 * ``ngram K`` — n-gram prompt lookup, real acceptance;
 * ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
-  mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance.
+  mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance;
+* ``draft_model synthetic K`` — a model-based drafter (a 2-layer random model of the target's shape and
+  vocabulary, K draft forwards per step) at the same synthetic acceptance: what a model-based drafter
+  costs per step (random weights would accept nothing, so the acceptance is set, not measured).
 
 Tokens/s = generated tokens / wall time of ``generate`` (after one warm-up call). Ratios: each mode vs
-``plain`` at the same model, batch and graph setting, and graphs vs eager. A row says "graphs on" only
+``plain`` at the same model, batch and graph setting, and graphs vs eager. ``ms/step``: wall time of the
+engine's decode steps in the timed wave over their count (prefills excluded); ``syncs/step``: the most
+tensor-to-host reads one decode step made (each waits for the GPU), counted in a separate untimed pass
+(``spec_backend.testing.host_reads``). A row says "graphs on" only
 when the engine captured graphs (``llm.engine.captured``); a run that asked for graphs and captured none
 is reported as such, never timed as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model
 predicts at the measured acceptance length L for a free drafter (c = 0) whose K+1-token verify costs one
@@ -35,7 +41,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +52,10 @@ sys.path.insert(0, str(ROOT / "backends" / "cuda"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
+from engine_table import Row, format_table, vs_peer  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
+from spec_backend.testing.host_reads import reads_per_decode_step  # noqa: E402
 
 #: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
 LLAMA_1B = {
@@ -65,24 +72,6 @@ LLAMA_1B = {
 
 #: SmolLM2-135M-Instruct's shape (the bundled model's config), as the drafter-cost benchmark builds it
 SMOLLM2 = {**SMOLLM2_SHAPE, "max_position_embeddings": 8192, "rope_theta": 100000.0}
-
-
-@dataclass
-class Row:
-    """One measured configuration."""
-
-    model: str
-    batch: int
-    mode: str
-    graphs: bool
-    tokens: int = 0
-    seconds: float = 0.0
-    acceptance_length: float | None = None
-    note: str = ""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 def engine_supports_graphs() -> bool:
@@ -173,9 +162,19 @@ def hf_rows(name: str, path: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def speculative_config(mode: str, k: int, synthetic_length: float) -> dict[str, Any] | None:
+def speculative_config(
+    mode: str, k: int, synthetic_length: float, draft: str | None = None
+) -> dict[str, Any] | None:
     if mode == "plain":
         return None
+    if mode == "draft":
+        return {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": k,
+            "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": synthetic_length,
+        }
     spec: dict[str, Any] = {
         "method": "ngram",
         "num_speculative_tokens": k,
@@ -189,30 +188,47 @@ def speculative_config(mode: str, k: int, synthetic_length: float) -> dict[str, 
     return spec
 
 
-def measure(
-    llm: LLM, prompts: list[list[int]], batch: int, max_tokens: int
-) -> tuple[int, float, float | None]:
-    """Generated tokens, seconds and mean acceptance length for one wave of ``batch`` prompts."""
+def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> None:
+    """Fill ``row`` for one wave of ``row.batch`` prompts: generated tokens, seconds, mean acceptance
+    length, decode steps with their wall time, and the host reads of a decode step (a separate pass)."""
+    batch = row.batch
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.engine.max_num_seqs = batch
     llm.generate(prompts[: min(2, batch)], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens
+    stepper: Any = llm.engine.stepper
+    decode, steps = stepper.decode, []
+
+    def timed(requests: Any) -> None:
+        t0 = time.perf_counter()
+        decode(requests)
+        steps.append(time.perf_counter() - t0)
+
+    stepper.decode = timed
     start = time.perf_counter()
-    outs = llm.generate(prompts[:batch], params)
+    try:
+        outs = llm.generate(prompts[:batch], params)
+    finally:
+        del stepper.decode
     seconds = time.perf_counter() - start
     drafts = llm.metrics.total.num_drafts - before[0]
     accepted = llm.metrics.total.num_accepted_tokens - before[1]
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return tokens, seconds, (1.0 + accepted / drafts) if drafts else None
+    row.tokens, row.seconds = sum(len(o.outputs[0].token_ids) for o in outs), seconds
+    row.acceptance_length = (1.0 + accepted / drafts) if drafts else None
+    row.steps, row.step_seconds = len(steps), sum(steps)
+    counted = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    row.syncs = max(reads_per_decode_step(llm, prompts[:batch], counted), default=0)
 
 
-def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> list[Row]:
+def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backend: Any) -> list[Row]:
     """Every (mode, graphs, batch) on one model; each mode loads the model once."""
     rows: list[Row] = []
-    graph_settings = [False, True]
-    modes = [("plain", "plain"), ("ngram", f"ngram K={args.k}"), ("synthetic", f"synthetic K={args.k}")]
+    graph_settings = [g == "on" for g in args.graphs]
+    labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
+    labels["draft"] = "draft_model synthetic K={k}"
+    modes = [(m, labels[m].format(k=args.k)) for m in args.modes]
     for mode, label in modes:
         for graphs in graph_settings:
             if graphs and not engine_supports_graphs():
@@ -222,7 +238,7 @@ def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> l
             try:
                 llm = LLM(
                     path,
-                    speculative_config=speculative_config(mode, args.k, args.synthetic_length),
+                    speculative_config=speculative_config(mode, args.k, args.synthetic_length, draft),
                     backend=backend,
                     max_num_seqs=max(args.batches),
                     dtype=args.dtype,
@@ -242,8 +258,8 @@ def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> l
                 continue
             prompts = prompt_ids(llm, max(args.batches), seed=1)
             for batch in args.batches:
-                tokens, seconds, acc = measure(llm, prompts, batch, args.max_tokens)
-                rows.append(Row(name, batch, label, graphs, tokens, seconds, acc))
+                rows.append(Row(name, batch, label, graphs))
+                measure(llm, prompts, rows[-1], args.max_tokens)
                 print(
                     f"  {name} b={batch} {label} graphs={'on' if graphs else 'off'}: "
                     f"{rows[-1].tokens_per_s:.1f} tok/s",
@@ -254,87 +270,6 @@ def run_model(name: str, path: str, args: argparse.Namespace, backend: Any) -> l
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return rows
-
-
-def format_table(rows: list[Row]) -> str:
-    """Aligned table with tokens/s, acceptance, vs-plain and graphs-vs-eager ratios (the peer's rows: vs
-    its own plain ``generate``)."""
-    base = {(r.model, r.batch, r.graphs): r.tokens_per_s for r in rows if r.mode == "plain" and r.tokens}
-    hf = {(r.model, r.batch): r.tokens_per_s for r in rows if r.mode == "hf generate" and r.tokens}
-    eager = {(r.model, r.batch, r.mode): r.tokens_per_s for r in rows if not r.graphs and r.tokens}
-    header = (
-        "model",
-        "batch",
-        "mode",
-        "graphs",
-        "tokens",
-        "tok/s",
-        "accept len",
-        "vs plain",
-        "graphs/eager",
-        "Leviathan",
-        "efficiency",
-    )
-    table = [header]
-    for r in rows:
-        if not r.tokens:
-            table.append(
-                (
-                    r.model,
-                    str(r.batch),
-                    r.mode,
-                    "on" if r.graphs else "off",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    r.note,
-                    "",
-                    "",
-                )
-            )
-            continue
-        plain = (
-            hf.get((r.model, r.batch)) if r.mode.startswith("hf") else base.get((r.model, r.batch, r.graphs))
-        )
-        no_graph = eager.get((r.model, r.batch, r.mode))
-        table.append(
-            (
-                r.model,
-                str(r.batch),
-                r.mode,
-                "on" if r.graphs else "off",
-                str(r.tokens),
-                f"{r.tokens_per_s:.1f}",
-                "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}",
-                f"{r.tokens_per_s / plain:.2f}x" if plain else "-",
-                f"{r.tokens_per_s / no_graph:.2f}x" if r.graphs and no_graph else "-",
-                "-" if r.acceptance_length is None else f"{r.acceptance_length:.2f}x",
-                f"{r.tokens_per_s / plain / r.acceptance_length:.2f}"
-                if plain and r.acceptance_length and not r.mode.startswith("hf")
-                else "-",
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
-
-
-def vs_peer(rows: list[Row]) -> str:
-    """Per model and batch: the engine's fastest row against transformers' plain ``generate``."""
-    lines = []
-    for (model, batch), peer in {(r.model, r.batch): r for r in rows if r.mode == "hf generate"}.items():
-        ours = [r for r in rows if r.model == model and r.batch == batch and r.tokens and "hf" not in r.mode]
-        if ours and peer.tokens:
-            best = max(ours, key=lambda r: r.tokens_per_s)
-            graphs = "graphs on" if best.graphs else "graphs off"
-            lines.append(
-                f"{model} b={batch}: best {best.mode} ({graphs}) {best.tokens_per_s:.1f} tok/s = "
-                f"{best.tokens_per_s / peer.tokens_per_s:.2f}x transformers' generate "
-                f"({peer.tokens_per_s:.1f})"
-            )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,8 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic-length", type=float, default=2.5, help="mean accepted length (K+1 max)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--modes", default="plain,ngram,synthetic,draft", help="comma-separated, from these")
+    parser.add_argument("--graphs", default="off,on", help="comma-separated: off (eager), on (captured)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
+    args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
+    if bad := [m for m in args.modes if m not in ("plain", "ngram", "synthetic", "draft")]:
+        parser.error(f"unknown modes {bad}: use plain, ngram, synthetic, draft")
+    if bad := [g for g in args.graphs if g not in ("on", "off")]:
+        parser.error(f"--graphs takes on and off, got {bad}")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.dry_run:
         args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"
@@ -371,14 +313,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in [m for m in args.models.split(",") if m]:
-            if name == "smollm2":
-                path = "smollm2"
-            elif name in ("random-1b", "smollm2-random"):
-                shape = LLAMA_1B if name == "random-1b" else SMOLLM2
-                path = make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
-            else:
+            if name not in ("smollm2", "random-1b", "smollm2-random"):
                 parser.error(f"unknown model {name!r}: use smollm2, smollm2-random or random-1b")
-            rows += run_model(name, path, args, backend)
+            shape = LLAMA_1B if name == "random-1b" else SMOLLM2
+            path = (
+                "smollm2"
+                if name == "smollm2"
+                else make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
+            )
+            draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
+            draft = make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
+            rows += run_model(name, path, draft, args, backend)
             if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
                 rows += hf_rows(name, path, args)
     print()

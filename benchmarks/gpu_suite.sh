@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The GPU runs of one session, from a bare checkout, in one command: the cuda test tier, the sampler
-# against the bandwidth floor, the engine with and without graphs and speculation. Results go to $OUT
-# (default ./gpu-results): env.txt, pytest.log, sampler.txt, engine.txt.
+# The GPU runs of one session, from a bare checkout, in one command, in the order issue 43 asks: the
+# engine with and without graphs and speculation, the plugin's verification against vLLM's own, the cuda
+# test tier, a second engine run, the sampler against the bandwidth floor. Results go to $OUT (default
+# ./gpu-results): env.txt, engine.txt, sampler-vllm.txt, pytest.log, engine-2.txt, sampler.txt.
 #
 #   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
 #
-# Knobs (environment): PYTEST_TARGETS (test paths), PYTEST_SECONDS, SAMPLER_SECONDS, ENGINE_SECONDS (0 skips a stage) cap the stages;
+# Knobs (environment): PYTEST_TARGETS (test paths), ENGINE_SECONDS, VLLM_SAMPLER_SECONDS, PYTEST_SECONDS,
+# ENGINE2_SECONDS, SAMPLER_SECONDS (0 skips a stage) cap the stages; ENGINE_ARGS and ENGINE2_ARGS add flags
+# to the engine runs (e.g. "--modes plain,ngram --graphs on --no-peer"), ENGINE2_MODELS names the second
+# run's models (empty: no second run); VLLM_FILE is vLLM's rejection_sampler.py taken from its wheel
+# (default .peer/vllm_0.33.0_rejection_sampler.py; absent: that stage is skipped), VLLM_SAMPLER_ARGS adds
+# flags to bench_sampler_vllm.py;
 # SAMPLER_ITERS, SAMPLER_SPLITS (vocab splits to sweep, default 32), SAMPLER_ARGS (more bench flags,
 # default "--composed": the fused verification beside the composed kernels in the same run; e.g.
 # "--composed --vocab-blocks 1024,4096 --modes standard,block"; "--fused-blocks 512,1024" sweeps the fused
@@ -58,21 +64,31 @@ EOF
 } >>"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-stage sampler.txt "${SAMPLER_SECONDS:-200}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
-    --vocab-splits "${SAMPLER_SPLITS:-32}" ${SAMPLER_ARGS---composed}
+engine() {  # engine FILE CAP MODELS ARGS
+    stage "$1" "$2" $PY benchmarks/bench_engine_gpu.py --models "$3" --max-tokens "${ENGINE_TOKENS:-64}" $4
+}
+engine engine.txt "${ENGINE_SECONDS:-$BUDGET}" "${ENGINE_MODELS:-smollm2-random,random-1b}" "${ENGINE_ARGS-}"
+VLLM_FILE=${VLLM_FILE:-.peer/vllm_0.33.0_rejection_sampler.py}
+if [ -f "$VLLM_FILE" ]; then
+    stage sampler-vllm.txt "${VLLM_SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_vllm.py \
+        --vllm-file "$VLLM_FILE" ${VLLM_SAMPLER_ARGS-}
+fi
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
     ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
+[ -n "${ENGINE2_MODELS-}" ] && engine engine-2.txt "${ENGINE2_SECONDS:-$BUDGET}" "$ENGINE2_MODELS" "${ENGINE2_ARGS-}"
+stage sampler.txt "${SAMPLER_SECONDS:-200}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
+    --vocab-splits "${SAMPLER_SPLITS:-32}" ${SAMPLER_ARGS---composed}
 PROFILE=${PROFILE_SPLITS-32}
 [ -n "$PROFILE" ] && for n in ${PROFILE//,/ }; do
     for mode in ${PROFILE_MODES:-standard}; do
         stage "profile-x$n-$mode.txt" 40 $PY benchmarks/profile_sampler_gpu.py --vocab-splits "$n" --mode "$mode"
     done
 done
-stage engine.txt "${ENGINE_SECONDS:-$BUDGET}" $PY benchmarks/bench_engine_gpu.py --models "${ENGINE_MODELS:-smollm2-random,random-1b}" \
-    --max-tokens "${ENGINE_TOKENS:-64}"
 
 echo "== summary"
-tail -n 25 "$OUT/pytest.log"
-grep -E "^target|device:" "$OUT/sampler.txt"
-sed -n '/^model /,$p' "$OUT/engine.txt"
+for f in engine.txt engine-2.txt; do [ -f "$OUT/$f" ] && sed -n '/^model /,$p' "$OUT/$f"; done
+[ -f "$OUT/sampler-vllm.txt" ] && grep -E "^ *[0-9]+ +[0-9]+ |^device|^ratio|DIFFER|DISAGREE" "$OUT/sampler-vllm.txt"
+[ -f "$OUT/pytest.log" ] && tail -n 15 "$OUT/pytest.log"
+[ -f "$OUT/sampler.txt" ] && grep -E "^target|device:" "$OUT/sampler.txt"
+true

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
-from torch.overrides import TorchFunctionMode
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.contract import DraftOutput
+from spec_backend.testing import host_reads
 from spec_backend.testing.fixtures.draft_checkpoints import (
     write_dflash,
     write_eagle3,
@@ -31,44 +30,10 @@ from spec_backend.testing.fixtures.draft_checkpoints import (
 )
 from spec_backend.tools.tiny import make_tiny_model
 
-HOST_READS = {
-    torch.Tensor.tolist,
-    torch.Tensor.item,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-}
-
-
-class HostReads(TorchFunctionMode):
-    """Counts tensor-to-host conversions (see the module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in HOST_READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
 
 def reads_per_decode_step(llm: LLM, params: SamplingParams) -> list[int]:
     """Run ``PROMPTS`` and return the host reads of each decode step."""
-    stepper: Any = llm.engine.stepper
-    decode, counts = stepper.decode, []
-
-    def counted(requests: Any) -> None:
-        with HostReads() as reads:
-            decode(requests)
-        counts.append(reads.count)
-
-    stepper.decode = counted
-    llm.generate(PROMPTS, params)
-    return counts
+    return host_reads.reads_per_decode_step(llm, PROMPTS, params)
 
 
 @pytest.fixture(scope="module")
