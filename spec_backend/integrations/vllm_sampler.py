@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import os
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -59,19 +60,29 @@ def expand_to_tokens(
     replace_to: float = 0,
 ) -> torch.Tensor:  # [num_tokens]
     """``x[b]`` repeated over request ``b``'s rows, with ``replace_from`` mapped to ``replace_to``
-    (vLLM's ``expand_batch_to_tokens`` contract: greedy's temperature 0 becomes 1)."""
-    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
-    out = torch.repeat_interleave(x, counts, output_size=num_tokens)  # [num_tokens]
+    (vLLM's ``expand_batch_to_tokens`` contract: greedy's temperature 0 becomes 1). Four device ops and
+    no host read: row ``t`` belongs to the first request whose cumulative count exceeds ``t``."""
     if replace_from != replace_to:
-        out = torch.where(out == replace_from, torch.full_like(out, replace_to), out)
-    return out
+        x = x.masked_fill(x == replace_from, replace_to)  # [B]
+    rows = torch.arange(num_tokens, dtype=cu_num_tokens.dtype, device=x.device)  # [num_tokens]
+    return x[torch.searchsorted(cu_num_tokens, rows, right=True)]
 
 
 class Verifier:
-    """Adapts vLLM's ``rejection_sample`` arguments to ``spec_backend.sampling.RejectionSampler``."""
+    """Adapts vLLM's ``rejection_sample`` arguments to ``spec_backend.sampling.RejectionSampler``.
+
+    vLLM runs its sampler eagerly, outside the captured forward, so each call's host work is part of
+    every step: nothing here reads the device (the sampling flags come from vLLM's host-side
+    ``all_greedy`` / ``all_random`` and the values we build, valid by construction), and the row layout
+    of a batch composition (``num_draft_tokens``) is built once and reused from ``LAYOUTS_KEPT`` recent
+    ones instead of being copied to the device every step.
+    """
+
+    LAYOUTS_KEPT = 64
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler  # spec_backend.sampling.RejectionSampler
+        self._layouts: OrderedDict[tuple[tuple[int, ...], torch.device], list[torch.Tensor]] = OrderedDict()
 
     @property
     def mode_name(self) -> str:
@@ -91,36 +102,78 @@ class Verifier:
         bonus_token_ids: torch.Tensor,  # [B, 1]
         sampling_metadata: Any,  # vllm.v1.sample.metadata.SamplingMetadata
     ) -> torch.Tensor:  # [B, max_spec_len + 1] int32, -1 padded
-        from spec_backend.sampling import SamplingMetadata, SpecDecodeMetadata
-
         nums = [int(n) for n in num_draft_tokens]
-        batch, total = len(nums), int(draft_token_ids.shape[0])
+        batch = len(nums)
         device, vocab = target_logits.device, target_logits.shape[-1]
         bonus_rows = torch.full((batch, vocab), float("-inf"), dtype=target_logits.dtype, device=device)
         bonus_rows.scatter_(1, bonus_token_ids.reshape(batch, 1).to(torch.int64), 0.0)  # one-hot logits
         logits = torch.cat([target_logits, bonus_rows])  # [T + B, V]
-        i32 = functools.partial(torch.arange, dtype=torch.int32, device=device)
-        metadata = SpecDecodeMetadata(
-            draft_token_ids=draft_token_ids.to(torch.int32),
-            num_draft_tokens=nums,
-            cu_num_draft_tokens=cu_num_draft_tokens.to(torch.int32),
-            target_logits_indices=i32(total),
-            bonus_logits_indices=i32(total, total + batch),
-            logits_indices=i32(total + batch),
-        )
-        sampling = SamplingMetadata(
-            temperature=self._temperature(sampling_metadata, batch, device),
-            top_k=torch.zeros(batch, dtype=torch.int64, device=device),  # applied by vLLM already
-            top_p=torch.ones(batch, dtype=torch.float32, device=device),
-            seeds=self._seeds(sampling_metadata.generators, nums, device),
-            positions=torch.zeros(batch, dtype=torch.int64, device=device),
-        )
-        out: torch.Tensor = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max K + 1]
+        metadata = self._metadata(draft_token_ids, nums, cu_num_draft_tokens, device)
+        out: torch.Tensor = self.sampler(
+            metadata, draft_probs, logits, self._sampling(sampling_metadata, nums, device)
+        )  # [B, max K + 1]
         width = max_spec_len + 1
         if out.shape[1] < width:
             out = torch.nn.functional.pad(out, (0, width - out.shape[1]), value=-1)
         self.trace(nums, out)
         return out.to(torch.int32)
+
+    def _metadata(
+        self, draft_token_ids: torch.Tensor, nums: list[int], cu: torch.Tensor, device: torch.device
+    ) -> Any:
+        """Our metadata for vLLM's rows: the ``T`` target rows, then the ``B`` bonus rows."""
+        from spec_backend.sampling import SpecDecodeMetadata
+
+        key = (tuple(nums), device)
+        layout = self._layouts.get(key)
+        total, batch = sum(nums), len(nums)
+        if layout is None:
+            i32 = functools.partial(torch.arange, dtype=torch.int32, device=device)
+            layout = [i32(total), i32(total, total + batch), i32(total + batch)]  # target, bonus, all rows
+        else:
+            self._layouts.move_to_end(key)
+        metadata = SpecDecodeMetadata(
+            draft_token_ids=draft_token_ids.to(torch.int32),
+            num_draft_tokens=nums,
+            cu_num_draft_tokens=cu.to(torch.int32),
+            target_logits_indices=layout[0],
+            bonus_logits_indices=layout[1],
+            logits_indices=layout[2],
+            request_index=layout[3] if len(layout) > 3 else None,
+            slot_index=layout[4] if len(layout) > 4 else None,
+        )
+        if key not in self._layouts:  # the request and slot indices, made once by the metadata
+            assert metadata.request_index is not None and metadata.slot_index is not None
+            self._layouts[key] = [*layout, metadata.request_index, metadata.slot_index]
+            if len(self._layouts) > self.LAYOUTS_KEPT:
+                self._layouts.popitem(last=False)
+        return metadata
+
+    def _sampling(self, sampling_metadata: Any, nums: list[int], device: torch.device) -> Any:
+        """Our sampling metadata: vLLM applied temperature / top-k / top-p already, so temperature is 1
+        for sampled requests and 0 for greedy ones, top-k off and top-p 1; flags from vLLM's host bools."""
+        from spec_backend.sampling import SamplingMetadata
+        from spec_backend.sampling.sampling_metadata import SamplingFlags
+
+        batch = len(nums)
+        seeds, seeded = self._seeds(sampling_metadata.generators, nums, device)
+        all_greedy = bool(sampling_metadata.all_greedy)
+        flags = SamplingFlags(
+            all_greedy=all_greedy,
+            all_random=not all_greedy and bool(sampling_metadata.all_random),
+            apply_top_k=False,
+            apply_top_p=False,
+            has_seeds=seeded,
+            max_top_k=None,
+        )
+        return SamplingMetadata.prevalidated(
+            temperature=self._temperature(sampling_metadata, batch, device),
+            top_k=torch.zeros(batch, dtype=torch.int64, device=device),
+            top_p=torch.ones(batch, dtype=torch.float32, device=device),
+            seeds=seeds,
+            positions=torch.zeros(batch, dtype=torch.int64, device=device),
+            flags=flags,
+        )
 
     def trace(self, nums: list[int], out: torch.Tensor) -> None:
         """With ``$SPEC_BACKEND_VLLM_TRACE`` set, append ``{"mode", "drafts", "emitted"}`` for this call:
@@ -142,17 +195,21 @@ class Verifier:
         return (temp != 0).to(torch.float32)
 
     @staticmethod
-    def _seeds(generators: dict[int, torch.Generator], nums: list[int], device: torch.device) -> torch.Tensor:
+    def _seeds(
+        generators: dict[int, torch.Generator], nums: list[int], device: torch.device
+    ) -> tuple[torch.Tensor, bool]:
         """Seeded vLLM requests (those with a generator) draw this step's seed from their generator, so
         reruns reproduce; the others get -1 (fresh randomness). Like vLLM, requests without drafts
-        leave their generator untouched."""
+        leave their generator untouched. Also whether any request is seeded."""
         seeds = torch.full((len(nums),), -1, dtype=torch.int64, device=device)
+        seeded = False
         for req, gen in generators.items():
             if nums[req] > 0:
+                seeded = True
                 seeds[req : req + 1] = torch.randint(
                     0, _SEED_HIGH, (1,), generator=gen, device=gen.device
                 ).to(device)
-        return seeds
+        return seeds, seeded
 
 
 def build_verifier(spec_config: Any) -> Verifier | None:

@@ -165,6 +165,7 @@ def test_vllm_hook_passes_placeholders_through_losslessly(greedy: int) -> None:
     bonus = torch.tensor([[7], [9]])  # [B, 1]
     meta = SimpleNamespace(
         all_greedy=bool(greedy),
+        all_random=not greedy,
         temperature=None if greedy else torch.ones(2),
         generators={0: torch.Generator().manual_seed(1), 1: torch.Generator().manual_seed(2)},
     )
