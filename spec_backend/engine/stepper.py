@@ -125,9 +125,9 @@ class Stepper:
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
         captured = engine.captured if not last_only and start == 0 else None
-        if captured is not None and captured.q > 1 and not any(inputs.counts):
-            captured = None  # the verify graph (K+1 tokens), a step without drafts: eager
-        if captured is not None:  # every request q tokens: placeholders where drafts are missing
+        if captured is not None:  # every request q tokens: placeholders where drafts are missing (all of
+            # them in a step without drafts: the verify graph's replay costs a K+1-row forward, an eager
+            # step the host's launches of every layer, 10-20x more on a GPU)
             inputs = _widen(inputs, captured.q - 1)
             query_lens, drafts = [captured.q] * len(requests), [captured.q - 1] * len(requests)
         elif last_only:
