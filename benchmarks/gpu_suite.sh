@@ -2,11 +2,13 @@
 # The GPU runs of one session, from a bare checkout, in one command, in the order issue 43 asks: the
 # engine with and without graphs and speculation, the plugin's verification against vLLM's own, the cuda
 # test tier, a second engine run, the sampler against the bandwidth floor. Results go to $OUT (default
-# ./gpu-results): env.txt, engine.txt, sampler-vllm.txt, pytest.log, engine-2.txt, sampler.txt.
+# ./gpu-results): env.txt, engine.txt, engine-profile-*.txt, sampler-vllm.txt, pytest.log, engine-2.txt,
+# sampler.txt.
 #
 #   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
 #
-# Knobs (environment): PYTEST_TARGETS (test paths), ENGINE_SECONDS, VLLM_SAMPLER_SECONDS, PYTEST_SECONDS,
+# Knobs (environment): PYTEST_TARGETS (test paths), ENGINE_SECONDS, ENGINE_PROFILE_SECONDS (per mode of
+# ENGINE_PROFILE_MODES, default "plain ngram"; empty: none), VLLM_SAMPLER_SECONDS, PYTEST_SECONDS,
 # ENGINE2_SECONDS, SAMPLER_SECONDS (0 skips a stage) cap the stages; ENGINE_ARGS and ENGINE2_ARGS add flags
 # to the engine runs (e.g. "--modes plain,ngram --graphs on --no-peer"), ENGINE2_MODELS names the second
 # run's models (empty: no second run); VLLM_FILE is vLLM's rejection_sampler.py taken from its wheel
@@ -68,6 +70,10 @@ engine() {  # engine FILE CAP MODELS ARGS
     stage "$1" "$2" $PY benchmarks/bench_engine_gpu.py --models "$3" --max-tokens "${ENGINE_TOKENS:-64}" $4
 }
 engine engine.txt "${ENGINE_SECONDS:-$BUDGET}" "${ENGINE_MODELS:-smollm2-random,random-1b}" "${ENGINE_ARGS-}"
+# where a graph step's time goes (host Python against device kernels), plain and ngram at batch 1
+for mode in ${ENGINE_PROFILE_MODES-plain ngram}; do
+    stage "engine-profile-$mode.txt" "${ENGINE_PROFILE_SECONDS:-60}" $PY benchmarks/profile_engine_gpu.py --mode "$mode"
+done
 VLLM_FILE=${VLLM_FILE:-.peer/vllm_0.33.0_rejection_sampler.py}
 if [ -f "$VLLM_FILE" ]; then
     stage sampler-vllm.txt "${VLLM_SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_vllm.py \
@@ -88,6 +94,7 @@ done
 
 echo "== summary"
 for f in engine.txt engine-2.txt; do [ -f "$OUT/$f" ] && sed -n '/^model /,$p' "$OUT/$f"; done
+grep -h -E "ms/step" "$OUT"/engine-profile-*.txt 2>/dev/null
 [ -f "$OUT/sampler-vllm.txt" ] && grep -E "^ *[0-9]+ +[0-9]+ |^device|^ratio|DIFFER|DISAGREE" "$OUT/sampler-vllm.txt"
 [ -f "$OUT/pytest.log" ] && tail -n 15 "$OUT/pytest.log"
 [ -f "$OUT/sampler.txt" ] && grep -E "^target|device:" "$OUT/sampler.txt"
