@@ -9,6 +9,8 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
 * ``ngram K`` — n-gram prompt lookup, real acceptance;
 * ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
   mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance;
+* ``ngram K adaptive`` — the n-gram drafter with ``adaptive_draft_length`` (the draft length chosen per
+  step from measured step times and acceptance, 0 included);
 * ``draft_model synthetic K`` — a model-based drafter (a 2-layer random model of the target's shape and
   vocabulary, K draft forwards per step) at the same synthetic acceptance: what a model-based drafter
   costs per step (random weights would accept nothing, so the acceptance is set, not measured).
@@ -181,6 +183,8 @@ def speculative_config(
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     }
+    if mode == "adaptive":
+        spec["adaptive_draft_length"] = True
     if mode == "synthetic":
         spec["prompt_lookup_min"] = 1  # draft as often as possible: acceptance is set, not measured
         spec["rejection_sample_method"] = "synthetic"
@@ -227,7 +231,7 @@ def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backen
     rows: list[Row] = []
     graph_settings = [g == "on" for g in args.graphs]
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
-    labels["draft"] = "draft_model synthetic K={k}"
+    labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
     modes = [(m, labels[m].format(k=args.k)) for m in args.modes]
     for mode, label in modes:
         for graphs in graph_settings:
@@ -285,13 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic-length", type=float, default=2.5, help="mean accepted length (K+1 max)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--modes", default="plain,ngram,synthetic,draft", help="comma-separated, from these")
+    parser.add_argument(
+        "--modes", default="plain,ngram,adaptive,synthetic,draft", help="comma-separated, from these"
+    )
     parser.add_argument("--graphs", default="off,on", help="comma-separated: off (eager), on (captured)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
-    if bad := [m for m in args.modes if m not in ("plain", "ngram", "synthetic", "draft")]:
-        parser.error(f"unknown modes {bad}: use plain, ngram, synthetic, draft")
+    if bad := [m for m in args.modes if m not in ("plain", "ngram", "adaptive", "synthetic", "draft")]:
+        parser.error(f"unknown modes {bad}: use plain, ngram, adaptive, synthetic, draft")
     if bad := [g for g in args.graphs if g not in ("on", "off")]:
         parser.error(f"--graphs takes on and off, got {bad}")
     args.batches = [int(b) for b in args.batches.split(",") if b]

@@ -22,10 +22,10 @@ from typing import Any
 CHAT_PROMPTS = ("Give me three tips for writing clear emails.", "Explain what a rainbow is to a child.")
 
 
-def drafter_specs(k: int) -> dict[str, dict[str, Any] | None]:
-    """``speculative_config`` per method shown (``None``: plain decoding)."""
-    return {
-        "plain": None,
+def drafter_specs(k: int, adaptive: bool = False) -> dict[str, dict[str, Any] | None]:
+    """``speculative_config`` per method shown (``None``: plain decoding); ``adaptive`` adds each drafter
+    again with ``adaptive_draft_length`` (``<name>+adaptive``)."""
+    drafters: dict[str, dict[str, Any]] = {
         "ngram": {
             "method": "ngram",
             "num_speculative_tokens": k,
@@ -34,6 +34,9 @@ def drafter_specs(k: int) -> dict[str, dict[str, Any] | None]:
         },
         "suffix": {"method": "suffix", "num_speculative_tokens": k},
     }
+    if adaptive:
+        drafters |= {f"{n}+adaptive": {**s, "adaptive_draft_length": True} for n, s in list(drafters.items())}
+    return {"plain": None, **drafters}
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +44,11 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=4, help="code-edit prompts (plus the chat prompts)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, draft tokens per step")
+    p.add_argument(
+        "--adaptive-draft-length",
+        action="store_true",
+        help="also each drafter with adaptive_draft_length (the draft length chosen per step by measurement)",
+    )
 
 
 #: the kinds of prompt the demo reports apart (module docstring)
@@ -100,7 +108,7 @@ def run_demo(args: argparse.Namespace) -> int:
     messages = [*code_edit_prompts(args.num_prompts), *CHAT_PROMPTS]
     kinds = [KINDS[0]] * args.num_prompts + [KINDS[1]] * len(CHAT_PROMPTS)
     engines = {}
-    for name, spec in drafter_specs(args.num_speculative_tokens).items():
+    for name, spec in drafter_specs(args.num_speculative_tokens, args.adaptive_draft_length).items():
         print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
         try:
             engines[name] = LLM(args.model, speculative_config=spec, log_stats_interval=None)
@@ -123,14 +131,15 @@ def _print_table(results: dict[str, Any], texts: dict[str, list[str | None]]) ->
     base = results["plain"][1]
     print("batch 1, greedy; decode tokens/s (after each prompt's first token: prefills left out)")
     head = "".join(f" | {kind:>9} {'vs plain':>8} {'accept':>6}" for kind in KINDS)
-    print(f"{'method':<8}{head} | same text as plain")
+    width = max(8, *(len(name) for name in results))
+    print(f"{'method':<{width}}{head} | same text as plain")
     for name, (_, tallies) in results.items():
         cells = "".join(
             f" | {t.rate:>9.2f} {t.rate / base[k].rate if base[k].rate else 0.0:>7.2f}x "
             f"{f'{t.acceptance_length:.2f}' if name != 'plain' else '-':>6}"
             for k, t in tallies.items()
         )
-        print(f"{name:<8}{cells} | {'yes' if texts[name] == texts['plain'] else 'NO'}")
+        print(f"{name:<{width}}{cells} | {'yes' if texts[name] == texts['plain'] else 'NO'}")
     for name, (_, tallies) in results.items():
         if name == "plain":
             continue
