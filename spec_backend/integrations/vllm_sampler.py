@@ -83,6 +83,7 @@ class Verifier:
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler  # spec_backend.sampling.RejectionSampler
         self._layouts: OrderedDict[tuple[tuple[int, ...], torch.device], list[torch.Tensor]] = OrderedDict()
+        self._const: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
 
     @property
     def mode_name(self) -> str:
@@ -151,29 +152,53 @@ class Verifier:
 
     def _sampling(self, sampling_metadata: Any, nums: list[int], device: torch.device) -> Any:
         """Our sampling metadata: vLLM applied temperature / top-k / top-p already, so temperature is 1
-        for sampled requests and 0 for greedy ones, top-k off and top-p 1; flags from vLLM's host bools."""
+        for sampled requests and 0 for greedy ones, top-k off and top-p 1; flags from vLLM's host bools.
+        The constant vectors are made once per batch size (the sampler only reads them)."""
         from spec_backend.sampling import SamplingMetadata
         from spec_backend.sampling.sampling_metadata import SamplingFlags
 
         batch = len(nums)
+        const = self._constants(batch, device)
         seeds, seeded = self._seeds(sampling_metadata.generators, nums, device)
         all_greedy = bool(sampling_metadata.all_greedy)
+        all_random = not all_greedy and bool(sampling_metadata.all_random)
+        if all_greedy or sampling_metadata.temperature is None:
+            temperature = const["zeros_f32"]
+        elif all_random:
+            temperature = const["ones_f32"]
+        else:  # vLLM divided the logits by the temperature already: 1 for sampled requests, 0 for greedy
+            temperature = (sampling_metadata.temperature != 0).to(torch.float32)
         flags = SamplingFlags(
             all_greedy=all_greedy,
-            all_random=not all_greedy and bool(sampling_metadata.all_random),
+            all_random=all_random,
             apply_top_k=False,
             apply_top_p=False,
             has_seeds=seeded,
             max_top_k=None,
         )
         return SamplingMetadata.prevalidated(
-            temperature=self._temperature(sampling_metadata, batch, device),
-            top_k=torch.zeros(batch, dtype=torch.int64, device=device),
-            top_p=torch.ones(batch, dtype=torch.float32, device=device),
-            seeds=seeds,
-            positions=torch.zeros(batch, dtype=torch.int64, device=device),
+            temperature=temperature,
+            top_k=const["zeros_i64"],
+            top_p=const["ones_f32"],
+            seeds=const["unseeded"] if seeds is None else seeds,
+            positions=const["zeros_i64"],
             flags=flags,
         )
+
+    def _constants(self, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+        key = (batch, device)
+        const = self._const.get(key)
+        if const is None:
+            const = {
+                "zeros_f32": torch.zeros(batch, dtype=torch.float32, device=device),
+                "ones_f32": torch.ones(batch, dtype=torch.float32, device=device),
+                "zeros_i64": torch.zeros(batch, dtype=torch.int64, device=device),
+                "unseeded": torch.full((batch,), -1, dtype=torch.int64, device=device),
+            }
+            self._const[key] = const
+            if len(self._const) > self.LAYOUTS_KEPT:
+                self._const.pop(next(iter(self._const)))
+        return const
 
     def trace(self, nums: list[int], out: torch.Tensor) -> None:
         """With ``$SPEC_BACKEND_VLLM_TRACE`` set, append ``{"mode", "drafts", "emitted"}`` for this call:
@@ -187,29 +212,22 @@ class Verifier:
             fh.write(json.dumps({"mode": self.mode_name, "drafts": nums, "emitted": emitted}) + "\n")
 
     @staticmethod
-    def _temperature(sampling_metadata: Any, batch: int, device: torch.device) -> torch.Tensor:
-        temp: torch.Tensor | None = sampling_metadata.temperature
-        if sampling_metadata.all_greedy or temp is None:
-            return torch.zeros(batch, dtype=torch.float32, device=device)
-        # vLLM divided the logits by the temperature already: 1 for sampled requests, 0 for greedy.
-        return (temp != 0).to(torch.float32)
-
-    @staticmethod
     def _seeds(
         generators: dict[int, torch.Generator], nums: list[int], device: torch.device
-    ) -> tuple[torch.Tensor, bool]:
+    ) -> tuple[torch.Tensor | None, bool]:
         """Seeded vLLM requests (those with a generator) draw this step's seed from their generator, so
         reruns reproduce; the others get -1 (fresh randomness). Like vLLM, requests without drafts
-        leave their generator untouched. Also whether any request is seeded."""
+        leave their generator untouched. ``(None, False)`` when no request is seeded."""
+        seeded = [req for req in generators if nums[req] > 0]
+        if not seeded:
+            return None, False
         seeds = torch.full((len(nums),), -1, dtype=torch.int64, device=device)
-        seeded = False
-        for req, gen in generators.items():
-            if nums[req] > 0:
-                seeded = True
-                seeds[req : req + 1] = torch.randint(
-                    0, _SEED_HIGH, (1,), generator=gen, device=gen.device
-                ).to(device)
-        return seeds, seeded
+        for req in seeded:
+            gen = generators[req]
+            seeds[req : req + 1] = torch.randint(0, _SEED_HIGH, (1,), generator=gen, device=gen.device).to(
+                device
+            )
+        return seeds, True
 
 
 def build_verifier(spec_config: Any) -> Verifier | None:
