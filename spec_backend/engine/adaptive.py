@@ -10,7 +10,7 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
 * ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
   requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
   in turn, values between them are interpolated linearly, and every ``EXPLORE_EVERY`` steps the extreme
-  not chosen is measured again, so a change of load or acceptance is noticed.
+  not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed.
 
 Only **greedy** requests adapt: their output is the target's argmax whatever is drafted, so the choice
 cannot change it. Sampled requests keep ``K``: which drafts are verified changes which random numbers a
@@ -33,6 +33,10 @@ EXPLORE_EVERY = 32
 EMA_WEIGHT = 0.25
 #: measurements of an extreme before it is trusted
 MIN_SAMPLES = 2
+#: consecutive steps one re-measurement lasts: the step that switches verifies the drafts planned at the
+#: old length and is no sample (the engine attributes a step only when it verifies and drafts one length),
+#: so a one-step exploration was never measured and the extremes kept their first, warm-up times
+EXPLORE_HOLD = MIN_SAMPLES + 1
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -81,7 +85,7 @@ class AdaptiveDraftLength:
             range(self.k + 1),
             key=lambda k: sum(expected_tokens(a, k) for a in acceptances) / self._time(batch, k),
         )
-        if self.steps % EXPLORE_EVERY == 0:
+        if self.steps >= EXPLORE_EVERY and self.steps % EXPLORE_EVERY < EXPLORE_HOLD:
             best = 0 if best else self.k
         return self._chose(best)
 

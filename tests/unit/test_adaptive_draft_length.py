@@ -12,7 +12,13 @@ from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
 from spec_backend.config import SpeculativeConfig
 from spec_backend.engine import LLM, SamplingParams
-from spec_backend.engine.adaptive import EXPLORE_EVERY, MIN_SAMPLES, AdaptiveDraftLength, expected_tokens
+from spec_backend.engine.adaptive import (
+    EXPLORE_EVERY,
+    EXPLORE_HOLD,
+    MIN_SAMPLES,
+    AdaptiveDraftLength,
+    expected_tokens,
+)
 from spec_backend.proposers.contract import DraftOutput
 from spec_backend.tools.tiny import make_tiny_model
 
@@ -60,10 +66,13 @@ def test_the_length_with_the_most_tokens_per_second(
 
 
 def test_the_extreme_not_chosen_is_measured_again() -> None:
+    """Every ``EXPLORE_EVERY`` steps, for ``EXPLORE_HOLD`` consecutive steps (one is never a sample)."""
     policy = AdaptiveDraftLength(K)
     _measured(policy, 1, {0: 1.0, K: 9.0})
-    choices = [policy.choose(1, [0.1]) for _ in range(2 * EXPLORE_EVERY)]
-    assert choices.count(K) == 2 and set(choices) == {0, K}
+    choices = [policy.choose(1, [0.1]) for _ in range(2 * EXPLORE_EVERY + EXPLORE_HOLD)]
+    explored = [step + 1 for step, k in enumerate(choices) if k == K]
+    hold = list(range(EXPLORE_HOLD))
+    assert explored == [EXPLORE_EVERY + h for h in hold] + [2 * EXPLORE_EVERY + h for h in hold]
 
 
 def test_without_greedy_requests_nothing_adapts() -> None:
@@ -143,6 +152,23 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
     adaptive = llm.engine.adaptive
     assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES].count(K) == MIN_SAMPLES
     assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
+
+
+def test_re_measurements_are_measured(target: str) -> None:
+    """The extreme not chosen is timed again in an engine (a one-step re-measurement never was: the step
+    that switches verifies the old length and is not attributed, so the extremes kept their first times)."""
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": K,
+        "prompt_lookup_min": 1,
+        "adaptive_draft_length": True,
+    }
+    llm = LLM(target, dtype="float64", speculative_config=spec)
+    _charged(llm, 0.2, wrong=True)  # drafting is off after the first measurements; K is re-measured
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=3 * EXPLORE_EVERY, ignore_eos=True))
+    adaptive = llm.engine.adaptive
+    assert adaptive is not None and adaptive.chosen.count(K) > MIN_SAMPLES  # it was re-measured ...
+    assert adaptive.times[(1, K)].samples > MIN_SAMPLES  # ... and those steps were samples
 
 
 def test_without_the_option_drafting_goes_on(target: str) -> None:
