@@ -43,6 +43,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
 from engine_table import Row, format_table, vs_peer  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
-from spec_backend.testing.host_reads import reads_per_decode_step  # noqa: E402
+from spec_backend.testing.host_reads import reads_per_decode_step, wrapped_decode  # noqa: E402
 
 #: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
 LLAMA_1B = {
@@ -202,20 +203,16 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens
-    stepper: Any = llm.engine.stepper
-    decode, steps = stepper.decode, []
+    steps: list[float] = []
 
-    def timed(requests: Any) -> None:
+    def timed(step: Callable[[], None]) -> None:
         t0 = time.perf_counter()
-        decode(requests)
+        step()
         steps.append(time.perf_counter() - t0)
 
-    stepper.decode = timed
     start = time.perf_counter()
-    try:
+    with wrapped_decode(llm, timed):
         outs = llm.generate(prompts[:batch], params)
-    finally:
-        del stepper.decode
     seconds = time.perf_counter() - start
     drafts = llm.metrics.total.num_drafts - before[0]
     accepted = llm.metrics.total.num_accepted_tokens - before[1]

@@ -26,6 +26,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,27 +36,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_gpu import LLAMA_1B, SMOLLM2, make_random_llama, prompt_ids, speculative_config
 
 from spec_backend.engine import LLM, SamplingParams
+from spec_backend.testing.host_reads import wrapped_decode
 
 
 def timed_steps(llm: LLM, prompts: list[list[int]], max_tokens: int, profile: Any = None) -> list[float]:
     """Run one wave; return each decode step's wall seconds, with ``profile`` enabled around each step."""
-    stepper: Any = llm.engine.stepper
-    decode, seconds = stepper.decode, []
+    seconds: list[float] = []
 
-    def step(requests: Any) -> None:
+    def timed(step: Callable[[], None]) -> None:
         if profile is not None:
             profile.enable()
         t0 = time.perf_counter()
-        decode(requests)
+        step()
         seconds.append(time.perf_counter() - t0)
         if profile is not None:
             profile.disable()
 
-    stepper.decode = step
-    try:
+    with wrapped_decode(llm, timed):
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    finally:
-        del stepper.decode
     return seconds
 
 

@@ -2,13 +2,17 @@
 
 On a CPU every tensor is a host tensor, so nothing synchronises; on a GPU each of these calls waits for
 the device. ``HostReads`` counts the calls that turn a tensor into host values (``tolist``, ``item``,
-``cpu``, ``numpy``, ``bool``, ``int``, ``float``, ``index``) while it is active; ``reads_per_decode_step``
-applies it to every decode step of a ``generate`` call. Used by the step-sync tests and by
-``benchmarks/bench_engine_gpu.py`` (syncs per step on the GPU).
+``cpu``, ``numpy``, ``bool``, ``int``, ``float``, ``index``) while it is active (``CallCounter`` counts
+any other set of torch functions the same way); ``reads_per_decode_step`` applies it to every decode step
+of a ``generate`` call, through ``wrapped_decode``, which runs a callback around each decode step (the
+benchmarks time steps with it). Used by the step-sync and plugin tests and by ``benchmarks/`` (syncs and
+time per step on the GPU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,32 +30,52 @@ HOST_READS = {
 }
 
 
-class HostReads(TorchFunctionMode):
-    """Counts tensor-to-host conversions (see the module docstring)."""
+class CallCounter(TorchFunctionMode):
+    """Counts the calls of ``funcs`` while active."""
 
-    def __init__(self) -> None:
+    def __init__(self, funcs: Collection[Any]) -> None:
         super().__init__()
+        self.funcs = funcs
         self.count = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in HOST_READS:
+        if func in self.funcs:
             self.count += 1
         return func(*args, **(kwargs or {}))
 
 
-def reads_per_decode_step(llm: Any, prompts: Any, params: Any) -> list[int]:
-    """Run ``llm.generate(prompts, params)`` and return the host reads of each decode step."""
+class HostReads(CallCounter):
+    """Counts tensor-to-host conversions (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(HOST_READS)
+
+
+@contextmanager
+def wrapped_decode(llm: Any, around: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+    """While active, each decode step of ``llm`` runs as ``around(step)``; ``around`` must call ``step``."""
     stepper: Any = llm.engine.stepper
-    decode, counts = stepper.decode, []
+    decode = stepper.decode
 
-    def counted(requests: Any) -> None:
-        with HostReads() as reads:
-            decode(requests)
-        counts.append(reads.count)
+    def step(requests: Any) -> None:
+        around(lambda: decode(requests))
 
-    stepper.decode = counted
+    stepper.decode = step
     try:
-        llm.generate(prompts, params)
+        yield
     finally:
         del stepper.decode  # the class's method again
+
+
+def reads_per_decode_step(llm: Any, prompts: Any, params: Any) -> list[int]:
+    """Run ``llm.generate(prompts, params)`` and return the host reads of each decode step."""
+    counts: list[int] = []
+
+    def counted(step: Callable[[], None]) -> None:
+        with HostReads() as reads:
+            step()
+        counts.append(reads.count)
+
+    with wrapped_decode(llm, counted):
+        llm.generate(prompts, params)
     return counts

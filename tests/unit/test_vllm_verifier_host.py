@@ -13,27 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from spec_backend.integrations.vllm_sampler import Verifier
 from spec_backend.sampling import RejectionSampler
-from spec_backend.testing.host_reads import HostReads
+from spec_backend.testing.host_reads import CallCounter, HostReads
 
 V = 32
+#: tensors built from host values (each a host-to-device copy on an accelerator)
 HOST_BUILT = {torch.tensor, torch.as_tensor, torch.from_numpy}
-
-
-class HostBuilt(TorchFunctionMode):
-    """Counts tensors built from host values (each becomes a host-to-device copy on an accelerator)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in HOST_BUILT:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def vllm_args(nums: list[int], mode: str, seed: int = 0) -> tuple[Any, ...]:
@@ -62,7 +49,7 @@ def test_a_call_reads_nothing_back_and_copies_nothing_after_the_first(mode: str)
     verifier = Verifier(RejectionSampler())
     verifier(*vllm_args([2, 3, 1], mode))  # the first call of this composition builds its layout
     args = vllm_args([2, 3, 1], mode, seed=1)
-    with HostReads() as reads, HostBuilt() as built:
+    with HostReads() as reads, CallCounter(HOST_BUILT) as built:
         verifier(*args)
     assert (reads.count, built.count) == (0, 0)
 
@@ -70,7 +57,7 @@ def test_a_call_reads_nothing_back_and_copies_nothing_after_the_first(mode: str)
 def test_the_counters_see_a_fresh_layout() -> None:
     """Negative control: a composition not seen before builds its request and slot index on the host."""
     verifier, args = Verifier(RejectionSampler()), vllm_args([2, 3, 1], "greedy")
-    with HostBuilt() as built:
+    with CallCounter(HOST_BUILT) as built:
         verifier(*args)
     assert built.count > 0
 
