@@ -34,6 +34,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -60,12 +61,21 @@ def expand_to_tokens(
     replace_to: float = 0,
 ) -> torch.Tensor:  # [num_tokens]
     """``x[b]`` repeated over request ``b``'s rows, with ``replace_from`` mapped to ``replace_to``
-    (vLLM's ``expand_batch_to_tokens`` contract: greedy's temperature 0 becomes 1). Four device ops and
+    (vLLM's ``expand_batch_to_tokens`` contract: greedy's temperature 0 becomes 1). A few device ops and
     no host read: row ``t`` belongs to the first request whose cumulative count exceeds ``t``."""
     if replace_from != replace_to:
         x = x.masked_fill(x == replace_from, replace_to)  # [B]
     rows = torch.arange(num_tokens, dtype=cu_num_tokens.dtype, device=x.device)  # [num_tokens]
     return x[torch.searchsorted(cu_num_tokens, rows, right=True)]
+
+
+@dataclass
+class _Layout:
+    """What one batch composition (``num_draft_tokens``) needs on every call, made on its first: the row
+    layout, inside a metadata whose drafts each call replaces, and the constant sampling vectors."""
+
+    metadata: Any  # spec_backend.sampling.SpecDecodeMetadata
+    const: dict[str, torch.Tensor]  # [B] each
 
 
 class Verifier:
@@ -74,16 +84,15 @@ class Verifier:
     vLLM runs its sampler eagerly, outside the captured forward, so each call's host work is part of
     every step: nothing here reads the device (the sampling flags come from vLLM's host-side
     ``all_greedy`` / ``all_random`` and the values we build, valid by construction), and the row layout
-    of a batch composition (``num_draft_tokens``) is built once and reused from ``LAYOUTS_KEPT`` recent
-    ones instead of being copied to the device every step.
+    and constant vectors of a batch composition (``num_draft_tokens``) are built once and reused from
+    ``LAYOUTS_KEPT`` recent ones instead of being copied to the device every step.
     """
 
     LAYOUTS_KEPT = 64
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler  # spec_backend.sampling.RejectionSampler
-        self._layouts: OrderedDict[tuple[tuple[int, ...], torch.device], list[torch.Tensor]] = OrderedDict()
-        self._const: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
+        self._layouts: OrderedDict[tuple[tuple[int, ...], torch.device], _Layout] = OrderedDict()
 
     @property
     def mode_name(self) -> str:
@@ -109,9 +118,14 @@ class Verifier:
         bonus_rows = torch.full((batch, vocab), float("-inf"), dtype=target_logits.dtype, device=device)
         bonus_rows.scatter_(1, bonus_token_ids.reshape(batch, 1).to(torch.int64), 0.0)  # one-hot logits
         logits = torch.cat([target_logits, bonus_rows])  # [T + B, V]
-        metadata = self._metadata(draft_token_ids, nums, cu_num_draft_tokens, device)
+        layout = self._layout(draft_token_ids, nums, cu_num_draft_tokens, device)
+        metadata = replace(  # this call's drafts in the composition's layout
+            layout.metadata,
+            draft_token_ids=draft_token_ids.to(torch.int32),
+            cu_num_draft_tokens=cu_num_draft_tokens.to(torch.int32),
+        )
         out: torch.Tensor = self.sampler(
-            metadata, draft_probs, logits, self._sampling(sampling_metadata, nums, device)
+            metadata, draft_probs, logits, self._sampling(sampling_metadata, nums, layout.const, device)
         )  # [B, max K + 1]
         width = max_spec_len + 1
         if out.shape[1] < width:
@@ -119,47 +133,49 @@ class Verifier:
         self.trace(nums, out)
         return out.to(torch.int32)
 
-    def _metadata(
+    def _layout(
         self, draft_token_ids: torch.Tensor, nums: list[int], cu: torch.Tensor, device: torch.device
-    ) -> Any:
-        """Our metadata for vLLM's rows: the ``T`` target rows, then the ``B`` bonus rows."""
+    ) -> _Layout:
+        """The composition's layout, built on its first call: vLLM's rows are the ``T`` target rows, then
+        the ``B`` bonus rows; the metadata makes the request and slot indices once."""
         from spec_backend.sampling import SpecDecodeMetadata
 
         key = (tuple(nums), device)
         layout = self._layouts.get(key)
-        total, batch = sum(nums), len(nums)
-        if layout is None:
-            i32 = functools.partial(torch.arange, dtype=torch.int32, device=device)
-            layout = [i32(total), i32(total, total + batch), i32(total + batch)]  # target, bonus, all rows
-        else:
+        if layout is not None:
             self._layouts.move_to_end(key)
+            return layout
+        total, batch = sum(nums), len(nums)
+        i32 = functools.partial(torch.arange, dtype=torch.int32, device=device)
         metadata = SpecDecodeMetadata(
             draft_token_ids=draft_token_ids.to(torch.int32),
             num_draft_tokens=nums,
             cu_num_draft_tokens=cu.to(torch.int32),
-            target_logits_indices=layout[0],
-            bonus_logits_indices=layout[1],
-            logits_indices=layout[2],
-            request_index=layout[3] if len(layout) > 3 else None,
-            slot_index=layout[4] if len(layout) > 4 else None,
+            target_logits_indices=i32(total),
+            bonus_logits_indices=i32(total, total + batch),
+            logits_indices=i32(total + batch),
         )
-        if key not in self._layouts:  # the request and slot indices, made once by the metadata
-            assert metadata.request_index is not None and metadata.slot_index is not None
-            self._layouts[key] = [*layout, metadata.request_index, metadata.slot_index]
-            if len(self._layouts) > self.LAYOUTS_KEPT:
-                self._layouts.popitem(last=False)
-        return metadata
+        const = {
+            "zeros_f32": torch.zeros(batch, dtype=torch.float32, device=device),
+            "ones_f32": torch.ones(batch, dtype=torch.float32, device=device),
+            "zeros_i64": torch.zeros(batch, dtype=torch.int64, device=device),
+            "unseeded": torch.full((batch,), -1, dtype=torch.int64, device=device),
+        }
+        layout = self._layouts[key] = _Layout(metadata, const)
+        if len(self._layouts) > self.LAYOUTS_KEPT:
+            self._layouts.popitem(last=False)
+        return layout
 
-    def _sampling(self, sampling_metadata: Any, nums: list[int], device: torch.device) -> Any:
+    def _sampling(
+        self, sampling_metadata: Any, nums: list[int], const: dict[str, torch.Tensor], device: torch.device
+    ) -> Any:
         """Our sampling metadata: vLLM applied temperature / top-k / top-p already, so temperature is 1
         for sampled requests and 0 for greedy ones, top-k off and top-p 1; flags from vLLM's host bools.
-        The constant vectors are made once per batch size (the sampler only reads them)."""
+        The constant vectors ``const`` are the layout's (the sampler only reads them)."""
         from spec_backend.sampling import SamplingMetadata
         from spec_backend.sampling.sampling_metadata import SamplingFlags
 
-        batch = len(nums)
-        const = self._constants(batch, device)
-        seeds, seeded = self._seeds(sampling_metadata.generators, nums, device)
+        seeds = self._seeds(sampling_metadata.generators, nums, device)
         all_greedy = bool(sampling_metadata.all_greedy)
         all_random = not all_greedy and bool(sampling_metadata.all_random)
         if all_greedy or sampling_metadata.temperature is None:
@@ -173,7 +189,7 @@ class Verifier:
             all_random=all_random,
             apply_top_k=False,
             apply_top_p=False,
-            has_seeds=seeded,
+            has_seeds=seeds is not None,
             max_top_k=None,
         )
         return SamplingMetadata.prevalidated(
@@ -184,21 +200,6 @@ class Verifier:
             positions=const["zeros_i64"],
             flags=flags,
         )
-
-    def _constants(self, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
-        key = (batch, device)
-        const = self._const.get(key)
-        if const is None:
-            const = {
-                "zeros_f32": torch.zeros(batch, dtype=torch.float32, device=device),
-                "ones_f32": torch.ones(batch, dtype=torch.float32, device=device),
-                "zeros_i64": torch.zeros(batch, dtype=torch.int64, device=device),
-                "unseeded": torch.full((batch,), -1, dtype=torch.int64, device=device),
-            }
-            self._const[key] = const
-            if len(self._const) > self.LAYOUTS_KEPT:
-                self._const.pop(next(iter(self._const)))
-        return const
 
     def trace(self, nums: list[int], out: torch.Tensor) -> None:
         """With ``$SPEC_BACKEND_VLLM_TRACE`` set, append ``{"mode", "drafts", "emitted"}`` for this call:
@@ -214,20 +215,20 @@ class Verifier:
     @staticmethod
     def _seeds(
         generators: dict[int, torch.Generator], nums: list[int], device: torch.device
-    ) -> tuple[torch.Tensor | None, bool]:
+    ) -> torch.Tensor | None:
         """Seeded vLLM requests (those with a generator) draw this step's seed from their generator, so
         reruns reproduce; the others get -1 (fresh randomness). Like vLLM, requests without drafts
-        leave their generator untouched. ``(None, False)`` when no request is seeded."""
+        leave their generator untouched. ``None`` when no request is seeded."""
         seeded = [req for req in generators if nums[req] > 0]
         if not seeded:
-            return None, False
+            return None
         seeds = torch.full((len(nums),), -1, dtype=torch.int64, device=device)
         for req in seeded:
             gen = generators[req]
             seeds[req : req + 1] = torch.randint(0, _SEED_HIGH, (1,), generator=gen, device=gen.device).to(
                 device
             )
-        return seeds, True
+        return seeds
 
 
 def build_verifier(spec_config: Any) -> Verifier | None:
