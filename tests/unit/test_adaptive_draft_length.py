@@ -136,7 +136,8 @@ def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
     drafter.propose = charged
 
 
-def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(target: str) -> None:
+def _costly_adaptive_ngram(target: str) -> LLM:
+    """An adaptive ngram engine whose drafts cost 0.2 of a step each and are never accepted."""
     spec = {
         "method": "ngram",
         "num_speculative_tokens": K,
@@ -145,6 +146,11 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
     }
     llm = LLM(target, dtype="float64", speculative_config=spec)
     _charged(llm, 0.2, wrong=True)
+    return llm
+
+
+def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(target: str) -> None:
+    llm = _costly_adaptive_ngram(target)
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     got = llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
@@ -157,14 +163,7 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
 def test_re_measurements_are_measured(target: str) -> None:
     """The extreme not chosen is timed again in an engine (a one-step re-measurement never was: the step
     that switches verifies the old length and is not attributed, so the extremes kept their first times)."""
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": K,
-        "prompt_lookup_min": 1,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
-    _charged(llm, 0.2, wrong=True)  # drafting is off after the first measurements; K is re-measured
+    llm = _costly_adaptive_ngram(target)  # drafting is off after the first measurements; K is re-measured
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=3 * EXPLORE_EVERY, ignore_eos=True))
     adaptive = llm.engine.adaptive
     assert adaptive is not None and adaptive.chosen.count(K) > MIN_SAMPLES  # it was re-measured ...
