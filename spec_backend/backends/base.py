@@ -31,6 +31,7 @@ from spec_backend.graphs import CapturePolicy
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerTuning
 
 if TYPE_CHECKING:
+    from spec_backend.backends.recurrence import GatedDeltaOps
     from spec_backend.sampling.ops import SamplerOps
 
 DeviceType = Literal["cpu", "cuda", "npu"]
@@ -187,6 +188,13 @@ class Backend(ABC):
         """Device-specific kernel choices on a loaded model, target or draft (default: none), including the
         weight-only quantization ``options`` names (one of ``supported_quantizations``)."""
         del model, options
+
+    def gated_delta_ops(self) -> GatedDeltaOps:
+        """The gated delta rule behind Gated DeltaNet layers (Qwen3-Next, Qwen3.5) on this device
+        (default: the plain-torch reference, ``backends.recurrence.ReferenceGatedDelta``)."""
+        from spec_backend.backends.recurrence import REFERENCE_GATED_DELTA
+
+        return REFERENCE_GATED_DELTA
 
     def default_dtype(self, loaded: torch.dtype) -> torch.dtype:
         """The dtype a model whose weights load as ``loaded`` runs in when the user asked for

@@ -112,7 +112,7 @@ def assemble(
     request K+1 query tokens, placeholders past its drafts included, even at the end of the context)."""
     drafter = build_drafter(ctx) if ctx is not None else None
     layout = kv_layout(target.config, target.dtype, ctx.device if ctx is not None else target.device)
-    target_bytes = layout.bytes_per_position * (max_model_len + headroom)
+    target_bytes = layout.bytes_per_position * (max_model_len + headroom) + layout.state_bytes_per_slot
     draft_bytes = drafter.cache_bytes_per_slot() if drafter is not None else 0
     num_slots = plan_num_slots(target_bytes + draft_bytes, max_model_len, max_num_seqs, kv_cache_memory_bytes)
     cache = RaggedKVCache(layout, max_model_len, num_slots, headroom)

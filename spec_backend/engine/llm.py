@@ -137,7 +137,8 @@ class LLM:
         self.source = source if source is not None else resolve_model(model)
         attn_name = register_attention(self.backend)
         runs_in = resolve_dtype(dtype) or self.backend.default_dtype
-        self.model = load_model(self.source, attn_name, runs_in, self.backend.device())
+        device, recurrence = self.backend.device(), self.backend.gated_delta_ops()
+        self.model = load_model(self.source, attn_name, runs_in, device, recurrence)
         k = getattr(self.speculative_config, "num_speculative_tokens", None)  # the verify steps' K+1 rows
         self.backend.prepare_model(self.model, ModelOptions(quantization, k, self.source.gguf_path))
         self.tokenizer = load_tokenizer(self.source)
@@ -201,6 +202,10 @@ class LLM:
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom=k
         )
         adaptive = AdaptiveDraftLength(k) if spec is not None and spec.adaptive_draft_length else None
+        if runner.cache.layout.states and prefix.enabled:
+            reason = "its linear-attention layers keep recurrent state, which cached prefixes do not store"
+            prefix = prefix.unsupported(self.source.display, reason)
+            logger.info("prefix caching is off for %s: %s", self.source.display, reason)
         hits = PrefixHits.build(
             prefix,
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],

@@ -43,6 +43,8 @@ class PrefixSettings:
     enabled: bool = True
     block_size: int = DEFAULT_BLOCK_SIZE
     memory_bytes: int | None = None
+    #: the user asked for prefix caching or set one of its sizes (the default is on without asking)
+    explicit: bool = False
 
     @classmethod
     def parse(cls, enabled: Any, block_size: Any, memory_bytes: Any) -> PrefixSettings:
@@ -64,7 +66,18 @@ class PrefixSettings:
                 "enable_prefix_caching=False turns it off: leave one of them unset"
             )
         size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-        return cls(enabled is not False, size, memory_bytes)
+        explicit = enabled is True or block_size is not None or memory_bytes is not None
+        return cls(enabled is not False, size, memory_bytes, explicit)
+
+    def unsupported(self, shown: str, reason: str) -> PrefixSettings:
+        """Off for a model the prefix cache cannot serve (``reason``); an error naming it when the user
+        asked for prefix caching or sized it."""
+        if self.enabled and self.explicit:
+            raise ValueError(
+                f"prefix caching (enable_prefix_caching / block_size / prefix_cache_memory_bytes) cannot run "
+                f"with model {shown}: {reason}; leave those unset or pass enable_prefix_caching=False"
+            )
+        return PrefixSettings(enabled=False, block_size=self.block_size)
 
 
 def _rows(target: torch.Tensor | None, loc: Sequence[int], b: int) -> torch.Tensor | None:

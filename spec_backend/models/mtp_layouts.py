@@ -11,9 +11,9 @@ combines its two inputs. Every layout maps its tensor names onto the same head (
   final_layernorm}`` + the block's names; concatenation ``[hidden, embedding]``; embedding zeroed at
   position 0; ``final_layernorm`` is applied inside the layer, so its normalised output is both the next
   hidden and the LM head's input.
-* **qwen3_next** (Qwen3-Next): one ``mtp.{fc, pre_fc_norm_embedding, pre_fc_norm_hidden, norm}`` shared
-  by every ``mtp.layers.{i}.*`` block; concatenation ``[embedding, hidden]``; no masking at position 0;
-  normalised output as for mimo.
+* **qwen3_next** (Qwen3-Next, and Qwen3.5 which stores the same names): one
+  ``mtp.{fc, pre_fc_norm_embedding, pre_fc_norm_hidden, norm}`` shared by every ``mtp.layers.{i}.*``
+  block; concatenation ``[embedding, hidden]``; no masking at position 0; normalised output as for mimo.
 """
 
 from __future__ import annotations
@@ -109,7 +109,11 @@ QWEN3_NEXT = MtpLayout(
 )
 
 #: The checkpoint's ``model_type`` -> its layout (any other ``model_type``: the deepseek layout).
-LAYOUT_BY_MODEL_TYPE = {"mimo": MIMO, "qwen3_next": QWEN3_NEXT}
+LAYOUT_BY_MODEL_TYPE = {
+    "mimo": MIMO,
+    "qwen3_next": QWEN3_NEXT,
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), QWEN3_NEXT),
+}
 
 
 def layout_for(model_type: object) -> MtpLayout:

@@ -37,7 +37,7 @@ class HeadCacheDrafter(Drafter):
         self.num_speculative_tokens = k
         self.max_model_len = max_model_len
         self.probabilistic = probabilistic
-        self.layout = kv_layout(config, param.dtype, param.device)
+        self.layout = kv_layout(config, param.dtype, param.device, attention_only=True)
         self.cache: RaggedKVCache | None = None
         self._rows: dict[str, int] = {}  # per request: cache rows fed with target hidden states
 

@@ -9,8 +9,12 @@ Multi-head latent attention (DeepSeek-V2/V3 style, ``kv_lora_rank``) runs as wel
 compressed latent and its rotary key (``runtime.kv_cache.kv_layout`` sizes the cache for them) and expands
 them into per-head keys and values before calling the attention function.
 
+Gated DeltaNet linear-attention layers (Qwen3-Next, Qwen3.5) run in a target model: their conv window
+and recurrent state live per slot beside the KV cache and roll back with it (``runtime.gated_delta``,
+``runtime.recurrent_state``); a draft model with them is refused.
+
 Everything else is refused by ``check_architecture`` with the architecture and what the engine lacks:
-recurrent or convolution state (Mamba, Gated DeltaNet / linear attention, hybrids), chunked local
+other recurrent or convolution state (Mamba, Mamba-2 hybrids, other linear attention), chunked local
 attention, layers that reuse another layer's cache, sparse attention with an indexer, bidirectional
 attention. A refusal here is a ``ModelLoadError`` raised by ``LLM(...)``, before any forward.
 """
@@ -76,10 +80,7 @@ def is_latent_attention(config: Any) -> bool:
 
 def _attention_modules(model: Any) -> list[Any]:
     """The decoder's self-attention modules (``layers[i].self_attn``), where the model has that shape."""
-    base = getattr(model, "model", model)
-    base = getattr(base, "language_model", base)
-    layers = getattr(base, "layers", None) or []
-    return [layer.self_attn for layer in layers if hasattr(layer, "self_attn")]
+    return [layer.self_attn for layer in _decoder_layers(model) if hasattr(layer, "self_attn")]
 
 
 def _passes_window(module: Any) -> bool:
@@ -92,8 +93,31 @@ def _passes_window(module: Any) -> bool:
     return "sliding_window=" in source
 
 
-def refusal(model: Any) -> str | None:
-    """Why the engine cannot run ``model`` (``None``: it can); see the module docstring."""
+def _decoder_layers(model: Any) -> list[Any]:
+    base = getattr(model, "model", model)
+    base = getattr(base, "language_model", base)
+    return list(getattr(base, "layers", None) or [])
+
+
+def runs_gated_delta(model: Any) -> bool:
+    """Whether every ``linear_attention`` layer of ``model`` is a Gated DeltaNet layer the engine runs
+    with per-slot state (``runtime.gated_delta``), and there is at least one."""
+    from spec_backend.runtime.gated_delta import is_gated_delta_module
+
+    types = resolved_layer_types(text_config(model.config))
+    layers = _decoder_layers(model)
+    linear = [layers[i] for i, t in enumerate(types) if t == "linear_attention" and i < len(layers)]
+    return (
+        bool(linear)
+        and len(linear) == types.count("linear_attention")
+        and all(is_gated_delta_module(getattr(layer, "linear_attn", None)) for layer in linear)
+    )
+
+
+def refusal(model: Any, recurrent: bool = True) -> str | None:
+    """Why the engine cannot run ``model`` (``None``: it can); see the module docstring. ``recurrent``:
+    whether Gated DeltaNet layers may run (a target: yes; a draft model, whose cache rolls back several
+    draft steps at once: no)."""
     config = text_config(model.config)
     model_type = str(getattr(config, "model_type", type(model).__name__))
     if model_type in RECURRENT_MODEL_TYPES:
@@ -101,6 +125,13 @@ def refusal(model: Any) -> str | None:
             f"its decoder keeps {RECURRENT_MODEL_TYPES[model_type]}, which the engine's KV cache cannot hold"
         )
     types = resolved_layer_types(config)
+    if runs_gated_delta(model):
+        if not recurrent:
+            return (
+                "its Gated DeltaNet (linear_attention) layers keep recurrent state, which the engine rolls "
+                "back for a target model only: a draft model rolls back several draft steps at once"
+            )
+        types = [t for t in types if t != "linear_attention"]
     unknown = sorted({t for t in types if t not in ATTENTION_LAYER_TYPES})
     if unknown:
         missing = "; ".join(
@@ -126,9 +157,10 @@ def refusal(model: Any) -> str | None:
     return None
 
 
-def check_architecture(model: Any, shown: str) -> None:
-    """``ModelLoadError`` naming ``model``'s architecture and what the engine lacks, when it cannot run it."""
-    reason = refusal(model)
+def check_architecture(model: Any, shown: str, recurrent: bool = True) -> None:
+    """``ModelLoadError`` naming ``model``'s architecture and what the engine lacks, when it cannot run it
+    (``recurrent``: see ``refusal``)."""
+    reason = refusal(model, recurrent)
     if reason is not None:
         config = text_config(model.config)
         arch = getattr(config, "model_type", None) or type(model).__name__
@@ -143,5 +175,6 @@ __all__ = [
     "is_latent_attention",
     "refusal",
     "resolved_layer_types",
+    "runs_gated_delta",
     "text_config",
 ]

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from spec_backend.runtime.recurrent_state import GatedDeltaSpec, GatedDeltaState
 from spec_backend.step import StepBatch
 
 logger = logging.getLogger("spec_backend.engine")
@@ -51,6 +52,8 @@ class KVLayout:
     dtype: torch.dtype
     device: torch.device
     value_dim: int | None = None
+    #: (layer index, state shape) of each linear-attention layer: per-slot recurrent state, no KV
+    states: tuple[tuple[int, GatedDeltaSpec], ...] = ()
 
     @property
     def value_head_dim(self) -> int:
@@ -61,11 +64,22 @@ class KVLayout:
     def bytes_per_position(self) -> int:
         """Bytes one cached position costs over all layers (keys and values)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_layers * self.num_kv_heads * (self.head_dim + self.value_head_dim) * elem
+        kv_layers = self.num_layers - len(self.states)
+        return kv_layers * self.num_kv_heads * (self.head_dim + self.value_head_dim) * elem
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        """Bytes one slot's recurrent state costs over all linear-attention layers."""
+        return sum(spec.bytes_per_slot(self.dtype) for _, spec in self.states)
 
 
-def kv_layout(config: Any, dtype: torch.dtype, device: torch.device) -> KVLayout:
-    """The KV layout of a transformers config (its text config for multimodal wrappers).
+def kv_layout(
+    config: Any, dtype: torch.dtype, device: torch.device, attention_only: bool = False
+) -> KVLayout:
+    """The KV layout of a transformers config (its text config for multimodal wrappers). Its
+    ``linear_attention`` layers get per-slot recurrent state instead of keys and values, unless
+    ``attention_only`` (a drafter head's cache: its blocks are attention layers of the target's class,
+    whose config still lists the target's layer types).
 
     Multi-head latent attention (``kv_lora_rank``): transformers caches, per position, one latent of
     ``kv_lora_rank`` and one rotary key of ``qk_rope_head_dim`` shared by every head (``update`` receives
@@ -80,7 +94,11 @@ def kv_layout(config: Any, dtype: torch.dtype, device: torch.device) -> KVLayout
     heads = int(text.num_attention_heads)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
-    return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device)
+    types = [] if attention_only else list(getattr(text, "layer_types", None) or [])[:layers]
+    states = tuple(
+        (i, GatedDeltaSpec.from_config(text)) for i, kind in enumerate(types) if kind == "linear_attention"
+    )
+    return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device, states=states)
 
 
 def plan_num_slots(bytes_per_slot: int, max_len: int, max_num_seqs: int, memory_bytes: int | None) -> int:
@@ -195,7 +213,14 @@ class RaggedKVCache(Cache):
         self._zeroed = [0] * num_slots  # per slot, positions known to hold finite values
         self.plan: StepBatch | None = None
         shape = (num_slots, layout.num_kv_heads, self.capacity, layout.head_dim)
-        super().__init__(layers=[RaggedKVLayer(self, layout, shape) for _ in range(layout.num_layers)])
+        specs = dict(layout.states)
+        layers: list[Any] = [
+            GatedDeltaState(self, specs[i], num_slots, layout.dtype, layout.device)
+            if i in specs
+            else RaggedKVLayer(self, layout, shape)
+            for i in range(layout.num_layers)
+        ]
+        super().__init__(layers=layers)
 
     # -- slots ---------------------------------------------------------------------------------------
     @property
@@ -208,6 +233,8 @@ class RaggedKVCache(Cache):
         if len(self.lengths) >= self.slot_capacity:
             raise RuntimeError(f"all {self.slot_capacity} KV cache slots are in use")
         self.lengths.append(0)
+        for state in self._states():
+            state.add_slot(len(self.lengths) - 1)
         return len(self.lengths) - 1
 
     @torch.inference_mode()
@@ -217,6 +244,8 @@ class RaggedKVCache(Cache):
         for keys, values in self._kv():
             keys[dst, :, :n] = keys[src, :, :n]
             values[dst, :, :n] = values[src, :, :n]
+        for state in self._states():
+            state.move_slot(src, dst)
         self.lengths[dst] = n
         self._zeroed[dst] = max(self._zeroed[dst], n)
 
@@ -228,6 +257,8 @@ class RaggedKVCache(Cache):
         """Roll slot ``slot`` back to ``length`` cached positions (rejected drafts are forgotten)."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        for state in self._states():  # recurrent state: recomputed over the kept positions
+            state.rollback(slot, self.lengths[slot], length)
         self.lengths[slot] = length
 
     @torch.inference_mode()
@@ -246,6 +277,8 @@ class RaggedKVCache(Cache):
     def append_positions(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Append positions to slot ``slot`` (a prefix cache hit): ``keys`` ``[layers, H, n, D]``,
         ``values`` ``[layers, H, n, Dv]`` land at the slot's end, which grows by ``n``."""
+        if self.layout.states:
+            raise RuntimeError("a cache with recurrent (linear-attention) state cannot take stored positions")
         first, n = self.lengths[slot], int(keys.shape[2])
         if first + n > self.max_len or values.shape[2] != n or keys.shape[0] != self.layout.num_layers:
             raise ValueError(
@@ -264,10 +297,15 @@ class RaggedKVCache(Cache):
         for keys, values in self._kv():
             keys.zero_()
             values.zero_()
+        for state in self._states():
+            state.zero_all()
         self._zeroed = [self.capacity] * self.slot_capacity
 
     def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.kv() for layer in self.layers if isinstance(layer, RaggedKVLayer)]
+
+    def _states(self) -> list[GatedDeltaState]:
+        return [layer for layer in self.layers if isinstance(layer, GatedDeltaState)]
 
     # -- one forward ---------------------------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:
@@ -289,6 +327,8 @@ class RaggedKVCache(Cache):
                     keys[slot, :, self._zeroed[slot] : upto] = 0
                     values[slot, :, self._zeroed[slot] : upto] = 0
                 self._zeroed[slot] = upto
+        for state in self._states():
+            state.begin(batch, self.lengths)
         self.lengths[batch.start : end] = [
             length + q
             for length, q in zip(self.lengths[batch.start : end], batch.query_lens_host, strict=True)
@@ -317,12 +357,15 @@ class RaggedKVCache(Cache):
         """Remove ``-tokens_to_remove`` positions from every live slot (transformers' convention)."""
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count of positions to remove")
-        self.lengths = [max(0, n + tokens_to_remove) for n in self.lengths]
+        for slot, n in enumerate(self.lengths):
+            self.truncate(slot, max(0, n + tokens_to_remove))
 
     def reset(self) -> None:
         """Forget every slot (allocations are kept for reuse)."""
         self.lengths = []
         self.plan = None
+        for state in self._states():
+            state.reset()
 
 
 __all__ = ["KVLayout", "RaggedKVCache", "RaggedKVLayer", "kv_layout", "plan_num_slots"]
