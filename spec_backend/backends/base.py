@@ -31,7 +31,7 @@ from spec_backend.graphs import CapturePolicy
 from spec_backend.sampling.tuning import MAX_SPEC_TOKENS, SamplerTuning
 
 if TYPE_CHECKING:
-    from spec_backend.backends.recurrence import GatedDeltaOps
+    from spec_backend.backends.recurrence import RecurrenceOps
     from spec_backend.sampling.ops import SamplerOps
 
 DeviceType = Literal["cpu", "cuda", "npu"]
@@ -189,12 +189,12 @@ class Backend(ABC):
         weight-only quantization ``options`` names (one of ``supported_quantizations``)."""
         del model, options
 
-    def gated_delta_ops(self) -> GatedDeltaOps:
-        """The gated delta rule behind Gated DeltaNet layers (Qwen3-Next, Qwen3.5) on this device
-        (default: the plain-torch reference, ``backends.recurrence.ReferenceGatedDelta``)."""
-        from spec_backend.backends.recurrence import REFERENCE_GATED_DELTA
+    def recurrence_ops(self) -> RecurrenceOps:
+        """The recurrences behind linear-attention layers (Gated DeltaNet, Mamba-2) on this device
+        (default: the plain-torch reference, ``backends.recurrence.ReferenceRecurrence``)."""
+        from spec_backend.backends.recurrence import REFERENCE_RECURRENCE
 
-        return REFERENCE_GATED_DELTA
+        return REFERENCE_RECURRENCE
 
     def default_dtype(self, loaded: torch.dtype) -> torch.dtype:
         """The dtype a model whose weights load as ``loaded`` runs in when the user asked for

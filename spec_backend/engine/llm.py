@@ -137,7 +137,7 @@ class LLM:
         self.source = source if source is not None else resolve_model(model)
         attn_name = register_attention(self.backend)
         runs_in = resolve_dtype(dtype) or self.backend.default_dtype
-        device, recurrence = self.backend.device(), self.backend.gated_delta_ops()
+        device, recurrence = self.backend.device(), self.backend.recurrence_ops()
         self.model = load_model(self.source, attn_name, runs_in, device, recurrence)
         k = getattr(self.speculative_config, "num_speculative_tokens", None)  # the verify steps' K+1 rows
         self.backend.prepare_model(self.model, ModelOptions(quantization, k, self.source.gguf_path))

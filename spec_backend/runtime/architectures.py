@@ -9,12 +9,13 @@ Multi-head latent attention (DeepSeek-V2/V3 style, ``kv_lora_rank``) runs as wel
 compressed latent and its rotary key (``runtime.kv_cache.kv_layout`` sizes the cache for them) and expands
 them into per-head keys and values before calling the attention function.
 
-Gated DeltaNet linear-attention layers (Qwen3-Next, Qwen3.5) run in a target model: their conv window
-and recurrent state live per slot beside the KV cache and roll back with it (``runtime.gated_delta``,
-``runtime.recurrent_state``); a draft model with them is refused.
+Linear-attention layers whose mixer ``runtime.mixers`` knows (Gated DeltaNet: Qwen3-Next, Qwen3.5;
+Mamba-2: Bamba, Granite-4.0-H) run in a target model: their conv window and recurrent state live per
+slot beside the KV cache and roll back with it (``runtime.recurrent_state``); a draft model with them is
+refused.
 
 Everything else is refused by ``check_architecture`` with the architecture and what the engine lacks:
-other recurrent or convolution state (Mamba, Mamba-2 hybrids, other linear attention), chunked local
+other recurrent or convolution state (Mamba-1, Jamba, other linear attention), chunked local
 attention, layers that reuse another layer's cache, sparse attention with an indexer, bidirectional
 attention. A refusal here is a ``ModelLoadError`` raised by ``LLM(...)``, before any forward.
 """
@@ -99,24 +100,23 @@ def _decoder_layers(model: Any) -> list[Any]:
     return list(getattr(base, "layers", None) or [])
 
 
-def runs_gated_delta(model: Any) -> bool:
-    """Whether every ``linear_attention`` layer of ``model`` is a Gated DeltaNet layer the engine runs
-    with per-slot state (``runtime.gated_delta``), and there is at least one."""
-    from spec_backend.runtime.gated_delta import is_gated_delta_module
+def recurrent_mixers(model: Any) -> list[str]:
+    """The mixer kinds (``runtime.mixers.MIXERS``) of ``model``'s ``linear_attention`` layers, when the
+    engine runs every one of them with per-slot state; ``[]`` when it has none or one it does not run."""
+    from spec_backend.runtime.mixers import mixer_kind
 
     types = resolved_layer_types(text_config(model.config))
     layers = _decoder_layers(model)
     linear = [layers[i] for i, t in enumerate(types) if t == "linear_attention" and i < len(layers)]
-    return (
-        bool(linear)
-        and len(linear) == types.count("linear_attention")
-        and all(is_gated_delta_module(getattr(layer, "linear_attn", None)) for layer in linear)
-    )
+    if not linear or len(linear) != types.count("linear_attention"):
+        return []
+    kinds = [next((k for k in map(mixer_kind, layer.children()) if k), None) for layer in linear]
+    return sorted({k for k in kinds if k}) if all(kinds) else []
 
 
 def refusal(model: Any, recurrent: bool = True) -> str | None:
     """Why the engine cannot run ``model`` (``None``: it can); see the module docstring. ``recurrent``:
-    whether Gated DeltaNet layers may run (a target: yes; a draft model, whose cache rolls back several
+    whether linear-attention mixers may run (a target: yes; a draft model, whose cache rolls back several
     draft steps at once: no)."""
     config = text_config(model.config)
     model_type = str(getattr(config, "model_type", type(model).__name__))
@@ -125,11 +125,13 @@ def refusal(model: Any, recurrent: bool = True) -> str | None:
             f"its decoder keeps {RECURRENT_MODEL_TYPES[model_type]}, which the engine's KV cache cannot hold"
         )
     types = resolved_layer_types(config)
-    if runs_gated_delta(model):
+    mixers = recurrent_mixers(model)
+    if mixers:
         if not recurrent:
             return (
-                "its Gated DeltaNet (linear_attention) layers keep recurrent state, which the engine rolls "
-                "back for a target model only: a draft model rolls back several draft steps at once"
+                f"its {' and '.join(mixers)} (linear_attention) layers keep recurrent state, which the "
+                "engine rolls back for a target model only: a draft model rolls back several draft steps at "
+                "once"
             )
         types = [t for t in types if t != "linear_attention"]
     unknown = sorted({t for t in types if t not in ATTENTION_LAYER_TYPES})
@@ -173,8 +175,8 @@ __all__ = [
     "ATTENTION_LAYER_TYPES",
     "check_architecture",
     "is_latent_attention",
+    "recurrent_mixers",
     "refusal",
     "resolved_layer_types",
-    "runs_gated_delta",
     "text_config",
 ]

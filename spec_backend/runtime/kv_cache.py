@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from spec_backend.runtime.recurrent_state import GatedDeltaSpec, GatedDeltaState
+from spec_backend.runtime.recurrent_state import RecurrentSpec, RecurrentState
 from spec_backend.step import StepBatch
 
 logger = logging.getLogger("spec_backend.engine")
@@ -53,7 +53,7 @@ class KVLayout:
     device: torch.device
     value_dim: int | None = None
     #: (layer index, state shape) of each linear-attention layer: per-slot recurrent state, no KV
-    states: tuple[tuple[int, GatedDeltaSpec], ...] = ()
+    states: tuple[tuple[int, RecurrentSpec], ...] = ()
 
     @property
     def value_head_dim(self) -> int:
@@ -96,7 +96,7 @@ def kv_layout(
     head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
     types = [] if attention_only else list(getattr(text, "layer_types", None) or [])[:layers]
     states = tuple(
-        (i, GatedDeltaSpec.from_config(text)) for i, kind in enumerate(types) if kind == "linear_attention"
+        (i, RecurrentSpec.from_config(text)) for i, kind in enumerate(types) if kind == "linear_attention"
     )
     return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device, states=states)
 
@@ -215,7 +215,7 @@ class RaggedKVCache(Cache):
         shape = (num_slots, layout.num_kv_heads, self.capacity, layout.head_dim)
         specs = dict(layout.states)
         layers: list[Any] = [
-            GatedDeltaState(self, specs[i], num_slots, layout.dtype, layout.device)
+            RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device)
             if i in specs
             else RaggedKVLayer(self, layout, shape)
             for i in range(layout.num_layers)
@@ -304,8 +304,8 @@ class RaggedKVCache(Cache):
     def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.kv() for layer in self.layers if isinstance(layer, RaggedKVLayer)]
 
-    def _states(self) -> list[GatedDeltaState]:
-        return [layer for layer in self.layers if isinstance(layer, GatedDeltaState)]
+    def _states(self) -> list[RecurrentState]:
+        return [layer for layer in self.layers if isinstance(layer, RecurrentState)]
 
     # -- one forward ---------------------------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:

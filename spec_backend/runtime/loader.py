@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from spec_backend.backends.base import Backend
-from spec_backend.backends.recurrence import GatedDeltaOps
+from spec_backend.backends.recurrence import RecurrenceOps
 from spec_backend.runtime.architectures import check_architecture
 from spec_backend.runtime.checkpoint_files import (
     ModelLoadError as ModelLoadError,  # defined there, raised and re-exported here
@@ -35,7 +35,7 @@ from spec_backend.runtime.checkpoint_files import (
     read_safetensors_dtypes,
     refuse_integer_weights,
 )
-from spec_backend.runtime.gated_delta import install_gated_delta
+from spec_backend.runtime.mixers import install_mixers
 from spec_backend.runtime.sources import ModelSource
 
 logger = logging.getLogger("spec_backend.engine")
@@ -174,12 +174,12 @@ def load_model(
     attn_name: str,
     dtype: torch.dtype | DtypeRule | None,
     device: torch.device,
-    gated_delta: GatedDeltaOps | None = None,
+    recurrence: RecurrenceOps | None = None,
 ) -> Any:
     """Load the causal LM on ``device`` with the ragged attention, in ``dtype``: a dtype, a rule applied to
     the dtype the weights loaded in (``dtype="auto"`` on the engine: the backend's ``default_dtype``), or
-    ``None`` for the loaded dtype itself. ``gated_delta``: the backend's recurrence for Gated DeltaNet
-    layers (a target model); ``None`` refuses models that have them (a draft model)."""
+    ``None`` for the loaded dtype itself. ``recurrence``: the backend's recurrences for linear-attention
+    layers (a target model, ``runtime.mixers``); ``None`` refuses models that have them (a draft model)."""
     shown, source = source.display, loadable(source)
     refuse_pickles(source)
     from transformers import AutoModelForCausalLM
@@ -202,12 +202,12 @@ def load_model(
     if stored is not None:
         check_weights(shown, model, info, stored)
     # recurrent state, chunked attention, ...: refused with the reason
-    check_architecture(model, shown, recurrent=gated_delta is not None)
+    check_architecture(model, shown, recurrent=recurrence is not None)
     if not isinstance(dtype, torch.dtype):
         dtype = model.dtype if dtype is None else dtype(model.dtype)
     model = model.to(device=device, dtype=dtype)
-    if gated_delta is not None:
-        install_gated_delta(model, gated_delta)
+    if recurrence is not None:
+        install_mixers(model, recurrence)
     model.eval()
     return model
 

@@ -1,16 +1,18 @@
 """Per-slot recurrent state of linear-attention layers, rolled back by construction.
 
-A ``GatedDeltaState`` sits in the ragged cache's layer list at each Gated DeltaNet layer's index (the
+A ``RecurrentState`` sits in the ragged cache's layer list at each linear-attention layer's index (the
 attention layers keep ``RaggedKVLayer``). It holds, for every slot, the layer's conv window
-``[C, w-1]`` (model dtype) and its recurrent state ``[Hv, Dk, Dv]`` (float32), allocated once.
+``[C, w-1]`` (model dtype) and its recurrent state (float32; Gated DeltaNet ``[Hv, Dk, Dv]``, Mamba-2
+``[H, P, N]``), allocated once.
 
 One step: the cache's ``begin_step`` tells each state layer the step's slots and their lengths before
 the step (``begin``); the layer's forward reads the slots' windows and states, computes every query
 column with padding columns masked (``gated_delta`` glossary), stores the state after each row's last
-valid column, and hands the step's inputs to ``record``. A speculative step has thereby advanced every
+valid column, and hands ``record`` the conv inputs, the state before the step and a ``replay`` of its
+recurrence over a prefix of one row. A speculative step has thereby advanced every
 slot past all its drafts. When the engine then truncates a slot to the positions it keeps
 (``RaggedKVCache.truncate``), ``rollback`` recomputes that slot's state from the state before the step
-over the kept positions only, and its conv window from the inputs before the step: the slot holds
+over the kept positions only (``replay``), and its conv window from the inputs before the step: the slot holds
 exactly what plain decoding of the kept tokens would hold. Only the last step can be rolled back; a
 truncation further back is refused (the state before it no longer exists).
 
@@ -20,58 +22,66 @@ a slot and forgets the step record of both slots involved.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
-    from spec_backend.backends.recurrence import GatedDeltaOps
     from spec_backend.runtime.kv_cache import RaggedKVCache
     from spec_backend.step import StepBatch
 
 
 @dataclass(frozen=True)
-class GatedDeltaSpec:
-    """Shape of one Gated DeltaNet layer's state: conv channels ``C`` and width ``w``, value heads
-    ``Hv``, key and value head dims."""
+class RecurrentSpec:
+    """Shape of one linear-attention layer's state: conv channels ``C`` and width ``w``, and the
+    recurrent state's shape per slot."""
 
     conv_dim: int
     conv_width: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
+    state_shape: tuple[int, ...]
 
     @classmethod
-    def from_config(cls, config: Any) -> GatedDeltaSpec:
-        """From a Qwen3-Next / Qwen3.5 (text) config's ``linear_*`` fields."""
-        hk, hv = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
-        dk, dv = int(config.linear_key_head_dim), int(config.linear_value_head_dim)
-        return cls(2 * hk * dk + hv * dv, int(config.linear_conv_kernel_dim), hv, dk, dv)
+    def from_config(cls, config: Any) -> RecurrentSpec:
+        """From a (text) config: Qwen3-Next / Qwen3.5 ``linear_*`` fields, or Mamba-2 ``mamba_*`` ones."""
+        if getattr(config, "linear_num_value_heads", None):
+            hk, hv = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
+            dk, dv = int(config.linear_key_head_dim), int(config.linear_value_head_dim)
+            return cls(2 * hk * dk + hv * dv, int(config.linear_conv_kernel_dim), (hv, dk, dv))
+        if getattr(config, "mamba_n_heads", None):
+            heads, state = int(config.mamba_n_heads), int(config.mamba_d_state)
+            inner = int(config.mamba_expand) * int(config.hidden_size)
+            conv_dim = inner + 2 * int(config.mamba_n_groups) * state
+            return cls(conv_dim, int(config.mamba_d_conv), (heads, inner // heads, state))
+        raise ValueError(
+            f"{type(config).__name__} declares linear-attention layers but neither Gated DeltaNet "
+            "(linear_num_value_heads) nor Mamba-2 (mamba_n_heads) state sizes"
+        )
 
     def bytes_per_slot(self, dtype: torch.dtype) -> int:
         """One slot's conv window (``dtype``) and recurrent state (float32)."""
         elem = torch.empty((), dtype=dtype).element_size()
-        return self.conv_dim * (self.conv_width - 1) * elem + self.num_value_heads * self.key_head_dim * (
-            self.value_head_dim * 4
-        )
+        return self.conv_dim * (self.conv_width - 1) * elem + 4 * math.prod(self.state_shape)
 
 
-class StepInputs(NamedTuple):
-    """What one step's forward fed the recurrence, per batch row: ``conv_full`` ``[B, C, w-1+Q]`` (the
-    windows before the step, then the step's conv inputs), ``query``/``key`` ``[B, Q, Hk, Dk]``,
-    ``value`` ``[B, Q, Hv, Dv]``, ``g``/``beta`` ``[B, Q, Hv]``, ``initial`` float32 ``[B, Hv, Dk, Dv]``."""
+#: ``replay(row, keep)``: the state of batch row ``row`` after its first ``keep`` (>= 1) columns, float32
+#: ``[1, *state_shape]``, from the state before the step
+Replay = Callable[[int, int], torch.Tensor]
+
+
+class StepRecord(NamedTuple):
+    """What rolling one step back needs: ``conv_full`` ``[B, C, w-1+Q]`` (the windows before the step,
+    then the step's conv inputs), ``initial`` float32 ``[B, *state_shape]`` (the states before it) and
+    the layer's ``replay``."""
 
     conv_full: torch.Tensor
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
     initial: torch.Tensor
+    replay: Replay
 
 
-class GatedDeltaState:
+class RecurrentState:
     """One linear-attention layer's per-slot state (see the module docstring)."""
 
     is_sliding = False
@@ -81,18 +91,17 @@ class GatedDeltaState:
     is_croppable = True
 
     def __init__(
-        self, owner: RaggedKVCache, spec: GatedDeltaSpec, num_slots: int, dtype: torch.dtype, device: Any
+        self, owner: RaggedKVCache, spec: RecurrentSpec, num_slots: int, dtype: torch.dtype, device: Any
     ) -> None:
         self.owner = owner
         self.spec = spec
         width = spec.conv_width - 1
         self.conv = torch.zeros((num_slots, spec.conv_dim, width), dtype=dtype, device=device)  # [S, C, w-1]
-        shape = (num_slots, spec.num_value_heads, spec.key_head_dim, spec.value_head_dim)
-        self.recurrent = torch.zeros(shape, dtype=torch.float32, device=device)  # [S, Hv, Dk, Dv]
-        self.ops: GatedDeltaOps | None = None
+        shape = (num_slots, *spec.state_shape)
+        self.recurrent = torch.zeros(shape, dtype=torch.float32, device=device)  # [S, *state_shape]
         self._start = 0
         self._base: dict[int, tuple[int, int]] = {}  # slot -> (length before the step, query len)
-        self._inputs: StepInputs | None = None
+        self._record: StepRecord | None = None
 
     # -- one step ------------------------------------------------------------------------------------
     def begin(self, batch: StepBatch, lengths_before: list[int]) -> None:
@@ -101,7 +110,7 @@ class GatedDeltaState:
         self._base = {
             batch.start + b: (lengths_before[batch.start + b], q) for b, q in enumerate(batch.query_lens_host)
         }
-        self._inputs = None
+        self._record = None
 
     def _rows(self, bsz: int) -> slice:
         plan = self.owner.plan
@@ -114,8 +123,19 @@ class GatedDeltaState:
         return self.conv[self._rows(bsz)]
 
     def states(self, bsz: int) -> torch.Tensor:
-        """The step's slots' recurrent states, float32 ``[B, Hv, Dk, Dv]`` (views)."""
+        """The step's slots' recurrent states, float32 ``[B, *state_shape]`` (views)."""
         return self.recurrent[self._rows(bsz)]
+
+    def convolve(
+        self, mixed: torch.Tensor, conv: Any, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's causal depthwise convolution (``conv``, an ``nn.Conv1d``, then ``act``) over the
+        step's inputs ``mixed`` ``[B, Q, C]`` after each slot's window: returns the windows and inputs
+        ``[B, C, w-1+Q]`` (for ``StepRecord``) and the outputs ``[B, Q, C]`` (``mixed``'s dtype)."""
+        full = torch.cat([self.conv_windows(mixed.shape[0]), mixed.transpose(1, 2)], dim=-1)
+        weight = conv.weight  # [C, 1, w]
+        out = torch.nn.functional.conv1d(full.to(weight.dtype), weight, conv.bias, groups=weight.shape[0])
+        return full, act(out).to(mixed.dtype).transpose(1, 2)
 
     def valid_columns(self, q_len: int) -> torch.Tensor:
         """``[B, Q]`` bool: the query columns that hold a token of the step."""
@@ -124,21 +144,22 @@ class GatedDeltaState:
         cols = torch.arange(q_len, device=plan.query_lens.device)  # [Q]
         return cols[None, :] < plan.query_lens[:, None]
 
-    def record(self, inputs: StepInputs, final: torch.Tensor, ops: GatedDeltaOps) -> None:
-        """Store each row's state after its last valid column and its new conv window; keep ``inputs``
-        for ``rollback``."""
+    def record(self, record: StepRecord, final: torch.Tensor) -> None:
+        """Store each row's state after its last valid column (``final``) and its new conv window; keep
+        ``record`` for ``rollback``."""
         plan = self.owner.plan
         assert plan is not None
         bsz, width = final.shape[0], self.conv.shape[2]
         rows = self._rows(bsz)
         self.recurrent[rows] = final
         idx = plan.query_lens[:bsz, None] + torch.arange(width, device=final.device)  # [B, w-1]
-        full = inputs.conv_full  # [B, C, w-1+Q]
+        full = record.conv_full  # [B, C, w-1+Q]
         window = full.gather(2, idx[:, None, :].expand(bsz, full.shape[1], width))  # [B, C, w-1]
         self.conv[rows] = window.to(self.conv.dtype)
-        self._inputs, self.ops = inputs, ops
+        self._record = record
 
     # -- rollback and slots ----------------------------------------------------------------------------
+    @torch.inference_mode()
     def rollback(self, slot: int, current: int, length: int) -> None:
         """Put slot ``slot`` (holding ``current`` positions) back to ``length``: recompute its state over
         the positions of the last step it keeps."""
@@ -146,18 +167,13 @@ class GatedDeltaState:
             return
         base, q = self._base.get(slot, (current, 0))
         keep = length - base
-        if self._inputs is None or self.ops is None or not 0 <= keep < q:
+        if self._record is None or not 0 <= keep < q:
             raise RuntimeError(
                 f"the recurrent state of slot {slot} ({current} positions) cannot roll back to {length}: "
                 f"only the positions of the last step can be ({base}..{base + q})"
             )
-        x, r, width = self._inputs, slot - self._start, self.conv.shape[2]
-        one = slice(r, r + 1)
-        if keep == 0:
-            state = x.initial[one]
-        else:
-            qs, ks, vs, gs, bs = (t[one, :keep] for t in (x.query, x.key, x.value, x.g, x.beta))
-            _, state = self.ops.scan(qs, ks, vs, gs, bs, x.initial[one])
+        x, r, width = self._record, slot - self._start, self.conv.shape[2]
+        state = x.initial[r : r + 1] if keep == 0 else x.replay(r, keep)  # [1, *state_shape]
         self.recurrent[slot] = state[0]
         self.conv[slot] = x.conv_full[r, :, keep : keep + width].to(self.conv.dtype)
         self._base[slot] = (base, keep)
@@ -175,11 +191,11 @@ class GatedDeltaState:
         self._base.pop(dst, None)
 
     def reset(self) -> None:
-        self._base, self._inputs = {}, None
+        self._base, self._record = {}, None
 
     def zero_all(self) -> None:
         self.conv.zero_()
         self.recurrent.zero_()
 
 
-__all__ = ["GatedDeltaSpec", "GatedDeltaState", "StepInputs"]
+__all__ = ["RecurrentSpec", "RecurrentState", "Replay", "StepRecord"]
