@@ -27,38 +27,18 @@ from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.runtime.checkpoint_files import ModelLoadError
 from spec_backend.runtime.recurrent_state import RecurrentState
-from spec_backend.testing.fixtures.families import make_family_model
-from spec_backend.tools.tiny import TINY_SETTINGS
+from spec_backend.testing.fixtures.families import make_bigram_draft, make_family_model
 
 HYBRIDS = ["qwen3_next", "qwen3_5", "bamba", "granitemoehybrid"]
 #: the families whose checkpoints carry MTP layers (``mtp.*``)
 WITH_MTP = ["qwen3_next", "qwen3_5"]
-#: the families the embedding-to-logits draft (``_bigram_draft``) agrees with: Granite-4.0-H's tiny
+#: the families the embedding-to-logits draft (``make_bigram_draft``) agrees with: Granite-4.0-H's tiny
 #: embeddings are swamped by its first mixer, so its draft model case is Bamba's (the same Mamba-2 code)
 WITH_DRAFT = ["qwen3_next", "qwen3_5", "bamba"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
 #: a prompt longer than CHUNKED_MIN_TOKENS: its prefill takes the chunked form of the recurrence
 LONG = [(7 * i) % 97 + 3 for i in range(CHUNKED_MIN_TOKENS + 9)]
 ALL_PROMPTS = [*PROMPTS, LONG]
-
-
-def _bigram_draft(target_dir: str, directory: Path) -> str:
-    """A one-layer Llama draft with the target's embeddings, final norm and LM head and a layer that adds
-    nothing: it predicts what the target would from the token alone, so it is often right (random tiny
-    targets lean on that path) and often wrong."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    target: Any = AutoModelForCausalLM.from_pretrained(target_dir)
-    draft = LlamaForCausalLM(LlamaConfig(**{**TINY_SETTINGS, "num_hidden_layers": 1, "head_dim": 8}))
-    final_norm = getattr(target.model, "norm", None) or target.model.final_layernorm
-    with torch.no_grad():
-        draft.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
-        draft.model.norm.weight.copy_(final_norm(torch.ones(1, TINY_SETTINGS["hidden_size"]))[0])  # its scale
-        draft.lm_head.weight.copy_(target.lm_head.weight)
-        draft.model.layers[0].self_attn.o_proj.weight.zero_()
-        draft.model.layers[0].mlp.down_proj.weight.zero_()
-    draft.save_pretrained(directory)
-    return str(directory)
 
 
 def _with_mtp(directory: Path, family: str) -> str:
@@ -92,7 +72,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("hybrids")
     out = {name: make_family_model(root / name, name) for name in HYBRIDS}
     for name in WITH_DRAFT:
-        out[f"{name}-draft"] = _bigram_draft(out[name], root / f"{name}-draft")
+        out[f"{name}-draft"] = make_bigram_draft(out[name], root / f"{name}-draft")
     for name in WITH_MTP:
         out[f"{name}-mtp"] = _with_mtp(root / f"{name}-mtp", name)
     return out
