@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -39,10 +39,22 @@ class RaggedAttentionMetadata:
     kv_lens: torch.Tensor  # [B] int64, valid cached tokens per request after this step
     #: masks already built for this step, keyed by shape, the length tensors' versions and the window
     mask_cache: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    #: per window-bounded layer index, the lengths its keys are seen with (``runtime.window_cache``)
+    windowed: dict[int, RaggedAttentionMetadata] = field(default_factory=dict, compare=False, repr=False)
+    #: set on those lengths: the ring view shows ``margin`` positions before each request's step, so its
+    #: kv length is ``min(kv_len, query_len + margin)`` (what a captured graph re-issued with host
+    #: lengths needs)
+    ring_margin: int | None = None
 
     def invalidate(self) -> None:
         """Forget masks built for earlier values of the length tensors."""
         self.mask_cache.clear()
+        self.windowed.clear()
+
+    def for_layer(self, module: Any) -> RaggedAttentionMetadata:
+        """The lengths attention module ``module`` sees its keys with: a window-bounded layer's keys start
+        at a later position than 0 (``runtime.window_cache``); every other layer's, this object."""
+        return self.windowed.get(getattr(module, "layer_idx", -1), self)
 
 
 @dataclass(frozen=True)

@@ -126,16 +126,17 @@ def _build_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int, window: 
     return mask[:, None]
 
 
-def ragged_metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
+def ragged_metadata(kwargs: dict[str, Any], module: Any = None) -> RaggedAttentionMetadata:
     """The step's ``spec_attn_metadata`` from an attention call's keyword arguments (a clear error when a
-    forward was called without it)."""
+    forward was called without it), as attention module ``module`` sees its keys
+    (``RaggedAttentionMetadata.for_layer``)."""
     meta = kwargs.get("spec_attn_metadata")
     if not isinstance(meta, RaggedAttentionMetadata):
         raise ValueError(
             "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
             f"kwargs, got {type(meta).__name__}"
         )
-    return meta
+    return meta.for_layer(module)
 
 
 def grouped_kv(
@@ -189,7 +190,7 @@ def sdpa_ragged_attention(
 ) -> tuple[torch.Tensor, None]:
     """SDPA with an explicit ragged causal mask (windowed where the layer has a sliding window), or the
     explicit path for sinks and soft caps; returns ``[B, Q, Hq, Dv]`` as transformers expects."""
-    meta, layer = ragged_metadata(kwargs), layer_attention(kwargs)
+    meta, layer = ragged_metadata(kwargs, module), layer_attention(kwargs)
     del module, attention_mask, dropout  # the lengths define the mask; inference only
     mask = ragged_causal_mask(meta, query.shape[2], key.shape[2], layer.window)  # [B, 1, Q, L]
     if layer.explicit:

@@ -57,7 +57,7 @@ def cpu_ragged_attention(
     layer = layer_attention(kwargs)
     if not is_batch_invariant(module) or layer.explicit:
         return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    meta = ragged_metadata(kwargs)
+    meta = ragged_metadata(kwargs, module)
     rows = native_attention_rows(query, key, value, meta, scaling) if layer.window is None else None
     if rows is not None:
         return rows, None

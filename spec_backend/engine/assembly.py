@@ -105,14 +105,17 @@ def assemble(
     max_num_seqs: int,
     kv_cache_memory_bytes: int | None,
     headroom: int,
+    bound_windows: bool = False,
 ) -> tuple[ModelRunner, SlotTable, Drafter | None]:
     """Build the drafter, size and allocate every cache, and return the target runner and slot table.
 
     ``headroom``: target cache positions past ``max_model_len`` (K: a captured verify step feeds every
-    request K+1 query tokens, placeholders past its drafts included, even at the end of the context)."""
+    request K+1 query tokens, placeholders past its drafts included, even at the end of the context).
+    ``bound_windows``: the target's sliding-window layers keep window rings (``runtime.window_cache``)."""
     drafter = build_drafter(ctx) if ctx is not None else None
-    layout = kv_layout(target.config, target.dtype, ctx.device if ctx is not None else target.device)
-    target_bytes = layout.bytes_per_position * (max_model_len + headroom) + layout.state_bytes_per_slot
+    device = ctx.device if ctx is not None else target.device
+    layout = kv_layout(target.config, target.dtype, device, bound_windows=bound_windows)
+    target_bytes = layout.bytes_per_slot(max_model_len, headroom)
     draft_bytes = drafter.cache_bytes_per_slot() if drafter is not None else 0
     num_slots = plan_num_slots(target_bytes + draft_bytes, max_model_len, max_num_seqs, kv_cache_memory_bytes)
     cache = RaggedKVCache(layout, max_model_len, num_slots, headroom)

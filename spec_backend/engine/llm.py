@@ -199,7 +199,7 @@ class LLM:
             )
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
         runner, slots, drafter = assemble(
-            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom=k
+            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, k, not prefix.enabled
         )
         adaptive = AdaptiveDraftLength(k) if spec is not None and spec.adaptive_draft_length else None
         if runner.cache.layout.states and prefix.enabled:

@@ -16,114 +16,29 @@ slot's high-water mark, so masked-out positions attention reads are always finit
 *headroom*: positions past ``max_len`` a drafter may write while drafting beyond the last position it
 can emit (a draft cache); the target's cache has none.
 
-Sliding-window layers keep every position too (``max_len`` per slot, like full-attention layers): the
-window is applied by the attention's mask, not by the cache, so their memory is not bounded by the window
-yet. Bounding it (a ring of ``window + K + 1`` positions per slot for those layers) is future work; the
-memory planning here counts every layer at full length, which is correct, only not minimal.
+Sliding-window layers keep a ring bounded by their window (``runtime.window_cache``) when the layout says
+so (``KVLayout.windows``; the engine bounds them while prefix caching is off, since cached prefixes need
+every position); otherwise every position, like full-attention layers, and the attention's mask applies
+the window. Linear-attention layers keep per-slot recurrent state instead (``runtime.recurrent_state``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from spec_backend.runtime.recurrent_state import RecurrentSpec, RecurrentState
+from spec_backend.runtime.kv_layout import KVLayout, kv_layout, plan_num_slots
+from spec_backend.runtime.recurrent_state import RecurrentState
+from spec_backend.runtime.window_cache import WindowKVLayer
 from spec_backend.step import StepBatch
 
 logger = logging.getLogger("spec_backend.engine")
 
 #: positions zeroed ahead of the longest sequence (one zeroing pass per this many decode steps)
 _ZERO_GRANULE = 256
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """Shape of one model's KV cache: decoder layers, kv heads, head dim, dtype, device, and the values'
-    head dim where it differs from the keys' (``value_dim``; latent attention caches a compressed latent
-    as "keys" and its rotary part as "values")."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    value_dim: int | None = None
-    #: (layer index, state shape) of each linear-attention layer: per-slot recurrent state, no KV
-    states: tuple[tuple[int, RecurrentSpec], ...] = ()
-
-    @property
-    def value_head_dim(self) -> int:
-        """The values' head dim (the keys' unless ``value_dim`` says otherwise)."""
-        return self.value_dim if self.value_dim is not None else self.head_dim
-
-    @property
-    def bytes_per_position(self) -> int:
-        """Bytes one cached position costs over all layers (keys and values)."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        kv_layers = self.num_layers - len(self.states)
-        return kv_layers * self.num_kv_heads * (self.head_dim + self.value_head_dim) * elem
-
-    @property
-    def state_bytes_per_slot(self) -> int:
-        """Bytes one slot's recurrent state costs over all linear-attention layers."""
-        return sum(spec.bytes_per_slot(self.dtype) for _, spec in self.states)
-
-
-def kv_layout(
-    config: Any, dtype: torch.dtype, device: torch.device, attention_only: bool = False
-) -> KVLayout:
-    """The KV layout of a transformers config (its text config for multimodal wrappers). Its
-    ``linear_attention`` layers get per-slot recurrent state instead of keys and values, unless
-    ``attention_only`` (a drafter head's cache: its blocks are attention layers of the target's class,
-    whose config still lists the target's layer types).
-
-    Multi-head latent attention (``kv_lora_rank``): transformers caches, per position, one latent of
-    ``kv_lora_rank`` and one rotary key of ``qk_rope_head_dim`` shared by every head (``update`` receives
-    them as keys and values of one head) and expands them into per-head keys and values itself.
-    """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = int(text.num_hidden_layers)
-    if getattr(text, "kv_lora_rank", None):
-        return KVLayout(
-            layers, 1, int(text.kv_lora_rank), dtype, device, value_dim=int(text.qk_rope_head_dim)
-        )
-    heads = int(text.num_attention_heads)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
-    types = [] if attention_only else list(getattr(text, "layer_types", None) or [])[:layers]
-    states = tuple(
-        (i, RecurrentSpec.from_config(text)) for i, kind in enumerate(types) if kind == "linear_attention"
-    )
-    return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device, states=states)
-
-
-def plan_num_slots(bytes_per_slot: int, max_len: int, max_num_seqs: int, memory_bytes: int | None) -> int:
-    """Slots to preallocate: ``max_num_seqs``, or fewer when ``memory_bytes`` (every cache together, one
-    slot costing ``bytes_per_slot``) cannot hold that many full-length requests. A budget below one
-    full-length request is an error naming the numbers."""
-    per_slot = bytes_per_slot
-    if memory_bytes is None:
-        return max_num_seqs
-    fits = memory_bytes // per_slot
-    if fits < 1:
-        raise ValueError(
-            f"kv_cache_memory_bytes={memory_bytes} cannot hold one request of max_model_len={max_len}: "
-            f"one full-length request needs {per_slot} bytes of KV cache (target and draft caches); "
-            f"raise kv_cache_memory_bytes to >= {per_slot} or lower max_model_len"
-        )
-    if fits < max_num_seqs:
-        logger.warning(
-            "KV cache budget of %d bytes holds %d full-length requests: max_num_seqs lowered from %d to %d",
-            memory_bytes,
-            fits,
-            max_num_seqs,
-            fits,
-        )
-    return int(min(fits, max_num_seqs))
 
 
 class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
@@ -213,10 +128,13 @@ class RaggedKVCache(Cache):
         self._zeroed = [0] * num_slots  # per slot, positions known to hold finite values
         self.plan: StepBatch | None = None
         shape = (num_slots, layout.num_kv_heads, self.capacity, layout.head_dim)
-        specs = dict(layout.states)
+        specs, windows = dict(layout.states), dict(layout.windows)
+        reach = layout.ring_reach(headroom)
         layers: list[Any] = [
             RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device)
             if i in specs
+            else WindowKVLayer(self, layout, num_slots, i, windows[i], reach)
+            if i in windows
             else RaggedKVLayer(self, layout, shape)
             for i in range(layout.num_layers)
         ]
@@ -246,6 +164,8 @@ class RaggedKVCache(Cache):
             values[dst, :, :n] = values[src, :, :n]
         for state in self._states():
             state.move_slot(src, dst)
+        for ring in self._windows():
+            ring.move_slot(src, dst)
         self.lengths[dst] = n
         self._zeroed[dst] = max(self._zeroed[dst], n)
 
@@ -257,6 +177,8 @@ class RaggedKVCache(Cache):
         """Roll slot ``slot`` back to ``length`` cached positions (rejected drafts are forgotten)."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        for ring in self._windows():
+            ring.check_rollback(slot, self.lengths[slot], length)
         for state in self._states():  # recurrent state: recomputed over the kept positions
             state.rollback(slot, self.lengths[slot], length)
         self.lengths[slot] = length
@@ -267,6 +189,8 @@ class RaggedKVCache(Cache):
         keys ``[layers, H, end - start, D]`` and values ``[layers, H, end - start, Dv]``."""
         if not 0 <= start <= end <= self.lengths[slot]:
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions, asked for [{start}, {end})")
+        if self.layout.states or self.layout.windows:
+            raise RuntimeError("a cache with recurrent state or window rings does not keep every position")
         kv = self._kv()
         return (
             torch.stack([keys[slot, :, start:end] for keys, _ in kv]),
@@ -277,8 +201,8 @@ class RaggedKVCache(Cache):
     def append_positions(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Append positions to slot ``slot`` (a prefix cache hit): ``keys`` ``[layers, H, n, D]``,
         ``values`` ``[layers, H, n, Dv]`` land at the slot's end, which grows by ``n``."""
-        if self.layout.states:
-            raise RuntimeError("a cache with recurrent (linear-attention) state cannot take stored positions")
+        if self.layout.states or self.layout.windows:
+            raise RuntimeError("a cache with recurrent state or window rings cannot take stored positions")
         first, n = self.lengths[slot], int(keys.shape[2])
         if first + n > self.max_len or values.shape[2] != n or keys.shape[0] != self.layout.num_layers:
             raise ValueError(
@@ -306,6 +230,9 @@ class RaggedKVCache(Cache):
 
     def _states(self) -> list[RecurrentState]:
         return [layer for layer in self.layers if isinstance(layer, RecurrentState)]
+
+    def _windows(self) -> list[WindowKVLayer]:
+        return [layer for layer in self.layers if isinstance(layer, WindowKVLayer)]
 
     # -- one forward ---------------------------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.attention import layer_attention
+from spec_backend.backends.attention import layer_attention, ragged_metadata
 from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
 from spec_backend_ascend.limits import (
@@ -99,16 +99,6 @@ def paged_cache(cache: torch.Tensor, capacity: int, dtype: torch.dtype) -> tuple
     pages = pages.reshape(batch * blocks, heads, PAGE_BLOCK_SIZE, dim).contiguous()  # [B*n, H, bs, D]
     table = torch.arange(batch * blocks, dtype=torch.int32, device=cache.device).view(batch, blocks)
     return pages, table
-
-
-def _metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
-    meta = kwargs.get("spec_attn_metadata")
-    if not isinstance(meta, RaggedAttentionMetadata):
-        raise ValueError(
-            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
-            f"kwargs, got {type(meta).__name__}"
-        )
-    return meta
 
 
 def _decode_tnd(
@@ -186,7 +176,7 @@ def _issue(
     """
     record = active_capture()
     if record is not None:
-        return _captured_call(record, call, batch, q_len, capacity)
+        return _captured_call(record, call, batch, q_len, capacity, meta.ring_margin)
     q_list = [int(v) for v in meta.query_lens.tolist()]
     kv_list = [int(v) for v in meta.kv_lens.tolist()]
     kv_shifted = [kv - q + q_len for q, kv in zip(q_list, kv_list, strict=True)]
@@ -195,7 +185,12 @@ def _issue(
 
 
 def _captured_call(
-    record: CaptureRecord, call: dict[str, Any], batch: int, q_len: int, capacity: int
+    record: CaptureRecord,
+    call: dict[str, Any],
+    batch: int,
+    q_len: int,
+    capacity: int,
+    ring_margin: int | None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Issue FIA as a named task group inside the graph being captured, and register it for updates.
 
@@ -219,7 +214,7 @@ def _captured_call(
     )
     handle = npu.graph_task_group_end(stream)
     record.attentions.append(
-        CapturedAttention(handle, event, call, workspace, out, q_len, batch, max_kv_len=capacity)
+        CapturedAttention(handle, event, call, workspace, out, q_len, batch, capacity, ring_margin)
     )
     return out[0]
 
@@ -270,12 +265,13 @@ def ascend_ragged_attention(
     reference, and the layer's ``sliding_window`` its band); ``dropout`` must be 0 (inference op).
     Padding query rows hold unspecified values.
     """
+    meta = ragged_metadata(kwargs, module)
     del module, attention_mask
     if dropout:
         raise ValueError(
             f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
         )
-    meta, layer = _metadata(kwargs), layer_attention(kwargs)
+    layer = layer_attention(kwargs)
     head_dim = query.shape[-1]
     if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or {key.shape[-1], value.shape[-1]} != {head_dim}:
         raise ValueError(

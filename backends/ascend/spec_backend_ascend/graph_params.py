@@ -49,6 +49,9 @@ class CapturedAttention:
     query_len: int
     batch: int
     max_kv_len: int
+    #: a window ring's view (``RaggedAttentionMetadata.ring_margin``): its kv lengths are the step's
+    #: capped at ``query_len + ring_margin``
+    ring_margin: int | None = None
 
 
 @dataclass
@@ -126,7 +129,11 @@ def update_attention(
     update_stream = stream if stream is not None else npu.current_stream()
     with npu.stream(update_stream):
         for task in record.attentions:
-            lengths = replay_kv_lengths(q_list, kv_list, task.query_len, task.batch, task.max_kv_len)
+            margin = task.ring_margin
+            kv_task = kv_list
+            if margin is not None:  # a window ring's view
+                kv_task = [min(kv, q + margin) for q, kv in zip(q_list, kv_list, strict=True)]
+            lengths = replay_kv_lengths(q_list, kv_task, task.query_len, task.batch, task.max_kv_len)
             npu.graph_task_update_begin(update_stream, task.handle)
             fia.out(**task.call, actual_seq_lengths_kv=lengths, workspace=task.workspace, out=task.out)
             npu.graph_task_update_end(update_stream)

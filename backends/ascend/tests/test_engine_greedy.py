@@ -79,12 +79,14 @@ def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
     assert replays, "the verify steps replayed a captured graph"
 
 
+@pytest.mark.parametrize("rings", [False, True])
 def test_sliding_window_model_matches_reference_through_captured_steps(
-    fake_npu: ModuleType, tmp_path: Path
+    fake_npu: ModuleType, tmp_path: Path, rings: bool
 ) -> None:
     """Gemma 3 (sliding and global layers, window 6) under ngram K = 3: prefills, verify steps and
     decode steps replayed from captured graphs give the reference's tokens on prompts longer than the
-    window; its windowed layers run the band mode, its global layers right-down causal."""
+    window; its windowed layers run the band mode, its global layers right-down causal. ``rings``: the
+    windowed layers keep window rings (prefix caching off), whose views the band mode reads."""
     engine = pytest.importorskip("spec_backend.engine")
     from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
@@ -94,7 +96,11 @@ def test_sliding_window_model_matches_reference_through_captured_steps(
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     outputs = {}
     for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
-        llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
+        prefix = name == "reference" or not rings
+        llm = engine.LLM(
+            model, speculative_config=spec, backend=backend, log_stats_interval=None,
+            enable_prefix_caching=prefix,
+        )  # fmt: skip
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     assert outputs["ascend"] == outputs["reference"]
     calls = [c[1] for c in fake_npu.CALLS if c[0].startswith("npu_fused_infer_attention_score")]

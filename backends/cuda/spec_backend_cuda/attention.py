@@ -40,7 +40,12 @@ from typing import Any
 
 import torch
 
-from spec_backend.backends.attention import LayerAttention, layer_attention, sdpa_ragged_attention
+from spec_backend.backends.attention import (
+    LayerAttention,
+    layer_attention,
+    ragged_metadata,
+    sdpa_ragged_attention,
+)
 from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_cuda.limits import FLASH_MIN_CAPABILITY
 
@@ -128,16 +133,6 @@ def flash_layer_reason(
     return None
 
 
-def _metadata(kwargs: dict[str, Any]) -> RaggedAttentionMetadata:
-    meta = kwargs.get("spec_attn_metadata")
-    if not isinstance(meta, RaggedAttentionMetadata):
-        raise ValueError(
-            "spec_backend attention needs spec_attn_metadata=RaggedAttentionMetadata(...) in the forward "
-            f"kwargs, got {type(meta).__name__}"
-        )
-    return meta
-
-
 def rotation_index(query_lens: torch.Tensor, q_len: int, to_left: bool) -> torch.Tensor:
     """Per-request row permutation ``[B, Q]`` between right-padded and left-padded query layouts.
 
@@ -194,7 +189,7 @@ def flash_ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The flash path as an ``AttentionInterface`` function; returns ``[B, Q, Hq, D]``."""
-    meta, layer = _metadata(kwargs), layer_attention(kwargs)
+    meta, layer = ragged_metadata(kwargs, module), layer_attention(kwargs)
     reason = flash_unsupported_reason(query, key, dropout, value, layer)
     if reason is not None:
         raise ValueError(f"the flash attention path cannot run here: {reason}")
@@ -233,7 +228,7 @@ def cuda_sdpa_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The reference SDPA path with its mask cache kept on the right side of graph captures."""
-    meta = _metadata(kwargs)
+    meta = ragged_metadata(kwargs, module)
     inside = capturing()
     for cached, mask in list(meta.mask_cache.items()):
         if _in_graph(mask) != inside:  # built on the other side of a capture boundary

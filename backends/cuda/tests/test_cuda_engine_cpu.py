@@ -12,7 +12,7 @@ from cuda_testlib import emulated_flash_with_kvcache
 from spec_backend_cuda import CudaBackend
 from spec_backend_cuda.attention import cuda_sdpa_attention, flash_layer_reason, ragged_flash
 
-from spec_backend.backends.attention import layer_attention
+from spec_backend.backends.attention import layer_attention, ragged_metadata
 from spec_backend.backends.base import AttentionFn, Availability
 
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
@@ -45,7 +45,7 @@ def _emulated_flash(
     if flash_layer_reason(query.shape[-1], value, layer) is not None:
         return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    meta = kwargs["spec_attn_metadata"]
+    meta = ragged_metadata(kwargs, module)
     return ragged_flash(query, key, value, meta, scale, emulated_flash_with_kvcache, layer.window), None
 
 
@@ -90,10 +90,12 @@ def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> 
     "(test_gpu_engine.py runs the real backend there)",
 )
 @pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
-def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize("rings", [False, True])
+def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str, rings: bool) -> None:
     """Gemma 3 (sliding and global layers) and GPT-OSS (sliding layers with sinks): the CUDA backend's
     SDPA path and its flash glue (window_size over the emulated kernel; sinks routed to SDPA) give the
-    reference's tokens, speculative, on prompts longer than the window."""
+    reference's tokens, speculative, on prompts longer than the window. ``rings``: the windowed layers
+    keep window rings (prefix caching off); the reference keeps every position."""
     pytest.importorskip("triton")
     engine = pytest.importorskip("spec_backend.engine")
     from spec_backend.testing.fixtures.families import WINDOW, make_family_model
@@ -107,7 +109,11 @@ def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str) 
         ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
         ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
     ):
-        llm = engine.LLM(model, speculative_config=NGRAM, backend=backend, log_stats_interval=None)
+        prefix = name == "reference" or not rings
+        llm = engine.LLM(
+            model, speculative_config=NGRAM, backend=backend, log_stats_interval=None,
+            enable_prefix_caching=prefix,
+        )  # fmt: skip
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
