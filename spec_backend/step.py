@@ -244,11 +244,24 @@ class SlotCache(Protocol):
     def num_slots(self) -> int: ...
 
 
+class StepPlanned(Protocol):
+    """The cache a per-layer store belongs to, as that store sees it: the step being run (``None``
+    between steps) and the cache's length bookkeeping (``runtime.kv_cache.RaggedKVCache``)."""
+
+    plan: StepBatch | None
+    max_len: int
+
+    def get_seq_length(self, layer_idx: int = 0) -> int: ...
+
+    def crop(self, tokens_to_remove: int) -> None: ...
+
+
 __all__ = [
     "HiddenStateRequest",
     "RaggedAttentionMetadata",
     "SlotCache",
     "StepBatch",
+    "StepPlanned",
     "TargetOutput",
     "build_step_batch",
 ]

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from spec_backend.runtime.kv_cache import RaggedKVCache
-    from spec_backend.step import StepBatch
+    from spec_backend.step import StepBatch, StepPlanned
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class RecurrentState:
     is_croppable = True
 
     def __init__(
-        self, owner: RaggedKVCache, spec: RecurrentSpec, num_slots: int, dtype: torch.dtype, device: Any
+        self, owner: StepPlanned, spec: RecurrentSpec, num_slots: int, dtype: torch.dtype, device: Any
     ) -> None:
         self.owner = owner
         self.spec = spec

@@ -31,7 +31,8 @@ from transformers.cache_utils import CacheLayerMixin
 from spec_backend.step import RaggedAttentionMetadata
 
 if TYPE_CHECKING:
-    from spec_backend.runtime.kv_cache import KVLayout, RaggedKVCache
+    from spec_backend.runtime.kv_layout import KVLayout
+    from spec_backend.step import StepPlanned
 
 
 class WindowKVLayer(CacheLayerMixin):
@@ -41,7 +42,7 @@ class WindowKVLayer(CacheLayerMixin):
     is_sliding = True
 
     def __init__(
-        self, owner: RaggedKVCache, layout: KVLayout, num_slots: int, layer_idx: int, window: int, reach: int
+        self, owner: StepPlanned, layout: KVLayout, num_slots: int, layer_idx: int, window: int, reach: int
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         if window < 1 or reach < 1:
