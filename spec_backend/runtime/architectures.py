@@ -74,6 +74,17 @@ def resolved_layer_types(config: Any) -> list[str]:
         return ["sliding_attention" if window else "full_attention"] * int(config.num_hidden_layers)
 
 
+#: types of layers that mix no tokens (Nemotron-H's MLP and MoE layers): no cache, nothing to roll back
+ATTENTION_FREE_LAYER_TYPES = ("moe", "mlp")
+
+
+def attention_free_layers(config: Any) -> list[int]:
+    """Indices of the decoder layers that mix no tokens (``ATTENTION_FREE_LAYER_TYPES`` in the config's
+    own ``layer_types``; transformers' cache resolves them to ``dummy``, like layers that share a cache)."""
+    raw = list(getattr(text_config(config), "layer_types", None) or [])
+    return [i for i, kind in enumerate(raw) if kind in ATTENTION_FREE_LAYER_TYPES]
+
+
 def is_latent_attention(config: Any) -> bool:
     """Whether the decoder uses multi-head latent attention (a compressed KV latent, ``kv_lora_rank``)."""
     return bool(getattr(text_config(config), "kv_lora_rank", None))
@@ -124,7 +135,8 @@ def refusal(model: Any, recurrent: bool = True) -> str | None:
         return (
             f"its decoder keeps {RECURRENT_MODEL_TYPES[model_type]}, which the engine's KV cache cannot hold"
         )
-    types = resolved_layer_types(config)
+    free = set(attention_free_layers(config))
+    types = [t for i, t in enumerate(resolved_layer_types(config)) if i not in free]
     mixers = recurrent_mixers(model)
     if mixers:
         if not recurrent:
@@ -172,7 +184,9 @@ def check_architecture(model: Any, shown: str, recurrent: bool = True) -> None:
 
 
 __all__ = [
+    "ATTENTION_FREE_LAYER_TYPES",
     "ATTENTION_LAYER_TYPES",
+    "attention_free_layers",
     "check_architecture",
     "is_latent_attention",
     "recurrent_mixers",

@@ -110,6 +110,16 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         self.owner.crop(tokens_to_remove)
 
 
+class NoCacheLayer:
+    """The place of a layer that mixes no tokens (an MLP or MoE layer of Nemotron-H): nothing cached."""
+
+    is_sliding = False
+    is_compileable = True
+    is_initialized = True
+    supports_early_init = False
+    is_croppable = True
+
+
 class RaggedKVCache(Cache):
     """Per-request KV cache for batched speculative verification (see module docstring).
 
@@ -131,7 +141,9 @@ class RaggedKVCache(Cache):
         specs, windows = dict(layout.states), dict(layout.windows)
         reach = layout.ring_reach(headroom)
         layers: list[Any] = [
-            RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device)
+            NoCacheLayer()
+            if i in layout.attention_free
+            else RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device)
             if i in specs
             else WindowKVLayer(self, layout, num_slots, i, windows[i], reach)
             if i in windows

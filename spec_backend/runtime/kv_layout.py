@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from spec_backend.runtime.architectures import attention_free_layers
 from spec_backend.runtime.recurrent_state import RecurrentSpec
 
 logger = logging.getLogger("spec_backend.engine")
@@ -31,6 +32,8 @@ class KVLayout:
     #: (layer index, window) of each sliding-window layer whose keys live in a ring bounded by its window
     #: (``runtime.window_cache``); the other attention layers keep every position
     windows: tuple[tuple[int, int], ...] = ()
+    #: layers that mix no tokens (``architectures.attention_free_layers``): nothing cached
+    attention_free: tuple[int, ...] = ()
 
     @property
     def value_head_dim(self) -> int:
@@ -46,7 +49,7 @@ class KVLayout:
     @property
     def bytes_per_position(self) -> int:
         """Bytes one cached position costs over the layers that keep every position."""
-        full_layers = self.num_layers - len(self.states) - len(self.windows)
+        full_layers = self.num_layers - len(self.states) - len(self.windows) - len(self.attention_free)
         return full_layers * self.bytes_per_layer_position
 
     @staticmethod
@@ -97,7 +100,17 @@ def kv_layout(
     windows = (
         tuple((i, w) for i, w in enumerate(layer_windows(text)) if w is not None) if bound_windows else ()
     )
-    return KVLayout(layers, int(kv_heads), int(head_dim), dtype, device, states=states, windows=windows)
+    free = () if attention_only else tuple(attention_free_layers(text))
+    return KVLayout(
+        layers,
+        int(kv_heads),
+        int(head_dim),
+        dtype,
+        device,
+        states=states,
+        windows=windows,
+        attention_free=free,
+    )
 
 
 def layer_windows(config: Any) -> list[int | None]:

@@ -49,14 +49,19 @@ class RecurrentSpec:
             hk, hv = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
             dk, dv = int(config.linear_key_head_dim), int(config.linear_value_head_dim)
             return cls(2 * hk * dk + hv * dv, int(config.linear_conv_kernel_dim), (hv, dk, dv))
-        if getattr(config, "mamba_n_heads", None):
+        if getattr(config, "mamba_n_heads", None):  # Bamba, Granite-4.0-H
             heads, state = int(config.mamba_n_heads), int(config.mamba_d_state)
             inner = int(config.mamba_expand) * int(config.hidden_size)
             conv_dim = inner + 2 * int(config.mamba_n_groups) * state
             return cls(conv_dim, int(config.mamba_d_conv), (heads, inner // heads, state))
+        if getattr(config, "mamba_num_heads", None):  # Nemotron-H
+            heads, head_dim = int(config.mamba_num_heads), int(config.mamba_head_dim)
+            state = int(config.ssm_state_size)
+            conv_dim = heads * head_dim + 2 * int(config.n_groups) * state
+            return cls(conv_dim, int(config.conv_kernel), (heads, head_dim, state))
         raise ValueError(
             f"{type(config).__name__} declares linear-attention layers but neither Gated DeltaNet "
-            "(linear_num_value_heads) nor Mamba-2 (mamba_n_heads) state sizes"
+            "(linear_num_value_heads) nor Mamba-2 (mamba_n_heads / mamba_num_heads) state sizes"
         )
 
     def bytes_per_slot(self, dtype: torch.dtype) -> int:

@@ -1,5 +1,5 @@
 """Hybrid linear-attention targets (issue 39): Qwen3-Next and Qwen3.5 (Gated DeltaNet), Bamba and
-Granite-4.0-H (Mamba-2), whose mixers keep a conv window and a recurrent state per request
+Granite-4.0-H and Nemotron-H (Mamba-2), whose mixers keep a conv window and a recurrent state per request
 (``runtime.mixers``, ``runtime.recurrent_state``).
 
 Every model is tiny, random and saved in transformers' own format (``testing.fixtures.families``); the
@@ -29,7 +29,7 @@ from spec_backend.runtime.checkpoint_files import ModelLoadError
 from spec_backend.runtime.recurrent_state import RecurrentState
 from spec_backend.testing.fixtures.families import make_bigram_draft, make_family_model
 
-HYBRIDS = ["qwen3_next", "qwen3_5", "bamba", "granitemoehybrid"]
+HYBRIDS = ["qwen3_next", "qwen3_5", "bamba", "granitemoehybrid", "nemotron_h"]
 #: the families whose checkpoints carry MTP layers (``mtp.*``)
 WITH_MTP = ["qwen3_next", "qwen3_5"]
 #: the families the embedding-to-logits draft (``make_bigram_draft``) agrees with: Granite-4.0-H's tiny
