@@ -211,3 +211,20 @@ def test_captured_verify_steps_roll_back_like_eager_ones(family: str, dirs: dict
     )
     assert greedy(llm) == plain
     assert sum(r.replays for r in backend.runners) > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("method", ["suffix", "eagle3"])
+def test_suffix_and_eagle3_on_hybrids(family: str, method: str, dirs: dict[str, str], tmp_path: Path) -> None:
+    """Suffix decoding (model-free) and an EAGLE-3 head (fed the hybrid target's hidden states, in the
+    speculators format) draft on hybrid targets: greedy output equals plain output, drafts rejected."""
+    from spec_backend.testing.fixtures import draft_checkpoints as ckpt
+
+    spec: dict[str, Any] = {"method": "suffix", "num_speculative_tokens": 3}
+    if method == "eagle3":
+        head = ckpt.write_eagle3(tmp_path / "e3", dirs[family], "speculators", aux_ids=[0, 1, 2])
+        spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    plain = greedy(_llm(dirs[family]))
+    llm = _llm(dirs[family], spec)
+    assert greedy(llm) == plain
+    assert llm.metrics.total.num_accepted_tokens < llm.metrics.total.num_draft_tokens
