@@ -143,7 +143,7 @@ class RaggedKVCache(Cache):
         layers: list[Any] = [
             NoCacheLayer()
             if i in layout.attention_free
-            else RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device)
+            else RecurrentState(self, specs[i], num_slots, layout.dtype, layout.device, reach)
             if i in specs
             else WindowKVLayer(self, layout, num_slots, i, windows[i], reach)
             if i in windows

@@ -54,8 +54,9 @@ class KVLayout:
 
     @staticmethod
     def ring_reach(headroom: int) -> int:
-        """How far back a window ring must reach for a cache with ``headroom`` positions past its length
-        (K): a rollback takes back at most the K drafts and the bonus position."""
+        """How far back a window ring must reach, and how many positions of one step a recurrent state
+        records, for a cache with ``headroom`` positions past its length (K): a rollback takes back at
+        most the K drafts and the bonus position."""
         return headroom + 2
 
     def bytes_per_slot(self, max_len: int, headroom: int) -> int:
@@ -63,7 +64,7 @@ class KVLayout:
         ring (``window + reach`` positions with its discard column) and the recurrent states."""
         reach = self.ring_reach(headroom)
         rings = sum(window + reach for _, window in self.windows) * self.bytes_per_layer_position
-        states = sum(spec.bytes_per_slot(self.dtype) for _, spec in self.states)
+        states = sum(spec.bytes_per_slot(self.dtype, reach) for _, spec in self.states)
         return self.bytes_per_position * (max_len + headroom) + rings + states
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spec_backend.backends.recurrence import RecurrenceOps
-from spec_backend.runtime.recurrent_state import RecurrentState, StepRecord
+from spec_backend.runtime.recurrent_state import RecurrentState
 
 
 def _has(module: object, names: tuple[str, ...]) -> bool:
@@ -99,16 +99,16 @@ class RaggedGatedDeltaNet(_Mixer):
         valid = layer.valid_columns(q_len)[..., None]  # [B, Q, 1]
         beta = b.sigmoid() * valid.to(b.dtype)  # [B, Q, Hv]
         g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias) * valid.float()  # [B, Q, Hv]
-        initial = layer.states(bsz).clone()  # [B, Hv, Dk, Dv]
+        initial = layer.snapshot(bsz)  # [B, Hv, Dk, Dv]
         out, final = self.ops.gated_delta(query, key, value, g, beta, initial)
-
-        def replay(r: int, keep: int) -> torch.Tensor:
-            qr, kr, vr, gr, br = (t[r : r + 1, :keep] for t in (query, key, value, g, beta))
-            return self.ops.gated_delta(qr, kr, vr, gr, br, initial[r : r + 1])[1]
-
-        layer.record(StepRecord(full, initial, replay), final)
+        layer.record(full, (query, key, value, g, beta), final, self.replay)
         out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))  # [B*Q*Hv, Dv]
         return m.out_proj(out.reshape(bsz, q_len, -1))  # type: ignore[no-any-return]
+
+    def replay(self, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor) -> torch.Tensor:
+        """The state after ``inputs`` (query, key, value, g, beta), from ``initial``."""
+        query, key, value, g, beta = inputs
+        return self.ops.gated_delta(query, key, value, g, beta, initial)[1]
 
 
 class RaggedMamba2Mixer(_Mixer):
@@ -131,16 +131,18 @@ class RaggedMamba2Mixer(_Mixer):
         dt = torch.clamp(F.softplus(dt.float() + m.dt_bias.float()), min=low, max=high)  # [B, Q, H]
         dt = dt * layer.valid_columns(q_len)[..., None].float()
         a = -torch.exp(m.A_log.float())  # [H]
-        initial = layer.states(bsz).clone()  # [B, H, P, N]
+        initial = layer.snapshot(bsz)  # [B, H, P, N]
         y, final = self.ops.ssd(x, dt, a, b, c, m.D, initial)
-
-        def replay(r: int, keep: int) -> torch.Tensor:
-            xr, dtr, br, cr = (t[r : r + 1, :keep] for t in (x, dt, b, c))
-            return self.ops.ssd(xr, dtr, a, br, cr, m.D, initial[r : r + 1])[1]
-
-        layer.record(StepRecord(full, initial, replay), final)
+        layer.record(full, (x, dt, b, c), final, self.replay)
         y = m.norm(y.reshape(bsz, q_len, -1), gate)  # [B, Q, I]
         return m.out_proj(y.to(hidden_states.dtype))  # type: ignore[no-any-return]
+
+    def replay(self, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor) -> torch.Tensor:
+        """The state after ``inputs`` (x, dt, B, C), from ``initial``."""
+        m: Any = self.inner
+        x, dt, b, c = inputs
+        a = -torch.exp(m.A_log.float())  # [H]
+        return self.ops.ssd(x, dt, a, b, c, m.D, initial)[1]
 
 
 #: the mixer kinds the engine runs: (name, recognizer, wrapper)

@@ -71,7 +71,7 @@ def _cache(config: Any, slots: int) -> RaggedKVCache:
     layout = KVLayout(
         1, 1, 8, torch.float32, torch.device("cpu"), states=((0, RecurrentSpec.from_config(config)),)
     )
-    return RaggedKVCache(layout, max_len=256, num_slots=slots)
+    return RaggedKVCache(layout, max_len=256, num_slots=slots, headroom=4)  # K = 4: steps of up to 5
 
 
 def _wrap(inner: Any) -> Any:
@@ -118,8 +118,8 @@ def _run(family: str, seed: int) -> float:
             live = [live[2], live[1]]
         rows, accepted = [], []
         for r in live:
-            first = rng.randint(3, 9) if step == 0 else 1
-            drafts, a = rng.randint(0, 4), 0
+            first = rng.randint(3, 9) if step == 0 else 1  # a prefill (no drafts), then verify steps
+            drafts = 0 if step == 0 else rng.randint(0, 4)
             a = rng.randint(0, drafts)
             real = truth[r][fed[r] : fed[r] + first + a]
             rows.append(torch.cat([real, 3 * torch.randn(drafts - a, HIDDEN)]))
@@ -158,7 +158,9 @@ def test_a_truncation_past_the_last_step_is_refused() -> None:
     _step(layer, cache, [torch.randn(5, HIDDEN)])
     _step(layer, cache, [torch.randn(3, HIDDEN)])
     cache.truncate(0, 6)  # inside the last step: fine
-    with pytest.raises(RuntimeError, match="cannot roll back to 4: only the positions of the last step"):
+    with pytest.raises(
+        RuntimeError, match="cannot roll back to 4: only the first 6 positions of the last step"
+    ):
         cache.truncate(0, 4)
     assert cache.lengths == [6]
 
@@ -179,3 +181,29 @@ def test_the_layer_refuses_a_cache_without_state() -> None:
     inner, _ = _layer("qwen3_next")
     with pytest.raises(RuntimeError, match="runs on the engine's cache only"):
         _wrap(inner)(torch.randn(1, 2, HIDDEN), cache=None)
+
+
+def test_the_step_record_lives_in_buffers_allocated_at_start_up() -> None:
+    """A captured graph's replay runs no Python: whatever a rollback reads must be written by the step's
+    own tensor copies into buffers allocated once. After steps of different batch sizes, every tensor the
+    state layer holds is one it allocated at start-up, at the same address."""
+    inner, config = _layer("bamba")
+    layer, cache = _wrap(inner), _cache(config, 3)
+    state = next(x for x in cache.layers if isinstance(x, RecurrentState))
+
+    def tensors(value: object, name: str) -> dict[str, int]:
+        if isinstance(value, torch.Tensor):
+            return {name: value.data_ptr()}
+        if isinstance(value, (list, tuple)):  # named tuples included
+            return {k: v for i, x in enumerate(value) for k, v in tensors(x, f"{name}.{i}").items()}
+        return {}
+
+    def held() -> dict[str, int]:
+        return {k: v for name, value in vars(state).items() for k, v in tensors(value, name).items()}
+
+    at_start = held()
+    for _ in range(3):
+        cache.add_slot()
+    _step(layer, cache, [torch.randn(4, HIDDEN), torch.randn(2, HIDDEN)])
+    _step(layer, cache, [torch.randn(3, HIDDEN), torch.randn(1, HIDDEN), torch.randn(5, HIDDEN)])
+    assert held() == at_start
