@@ -10,9 +10,9 @@ compressed latent and its rotary key (``runtime.kv_cache.kv_layout`` sizes the c
 them into per-head keys and values before calling the attention function.
 
 Linear-attention layers whose mixer ``runtime.mixers`` knows (Gated DeltaNet: Qwen3-Next, Qwen3.5;
-Mamba-2: Bamba, Granite-4.0-H) run in a target model: their conv window and recurrent state live per
-slot beside the KV cache and roll back with it (``runtime.recurrent_state``); a draft model with them is
-refused.
+Mamba-2: Bamba, Granite-4.0-H, Nemotron-H) run in a target model: their conv window and recurrent state
+live per slot beside the KV cache and roll back with it (``runtime.recurrent_state``); a draft model with
+them is refused.
 
 Everything else is refused by ``check_architecture`` with the architecture and what the engine lacks:
 other recurrent or convolution state (Mamba-1, Jamba, other linear attention), chunked local

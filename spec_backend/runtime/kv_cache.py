@@ -28,11 +28,11 @@ import logging
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from spec_backend.runtime.kv_layout import KVLayout, kv_layout, plan_num_slots
 from spec_backend.runtime.recurrent_state import RecurrentState
-from spec_backend.runtime.window_cache import WindowKVLayer
+from spec_backend.runtime.window_cache import OwnedCacheLayer, WindowKVLayer
 from spec_backend.step import StepBatch
 
 logger = logging.getLogger("spec_backend.engine")
@@ -41,15 +41,13 @@ logger = logging.getLogger("spec_backend.engine")
 _ZERO_GRANULE = 256
 
 
-class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
+class RaggedKVLayer(OwnedCacheLayer):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values for every slot (allocated by the owner)."""
 
-    is_croppable = True
     is_sliding = False
 
     def __init__(self, owner: RaggedKVCache, layout: KVLayout, shape: tuple[int, int, int, int]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.owner = owner
+        super().__init__(owner)
         self.keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, D]
         value_shape = (*shape[:3], layout.value_head_dim)
         self.values = torch.empty(value_shape, dtype=layout.dtype, device=layout.device)  # [S, H, C, Dv]
@@ -100,15 +98,6 @@ class RaggedKVLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
         plan = self.owner.plan
         return (plan.max_seq_len if plan is not None else query_length), 0
 
-    def get_seq_length(self) -> int:
-        return self.owner.get_seq_length()
-
-    def get_max_length(self) -> int:
-        return self.owner.max_len
-
-    def crop(self, tokens_to_remove: int) -> None:
-        self.owner.crop(tokens_to_remove)
-
 
 class NoCacheLayer:
     """The place of a layer that mixes no tokens (an MLP or MoE layer of Nemotron-H): nothing cached."""
@@ -151,6 +140,8 @@ class RaggedKVCache(Cache):
             for i in range(layout.num_layers)
         ]
         super().__init__(layers=layers)
+        self.recurrent_layers = [layer for layer in layers if isinstance(layer, RecurrentState)]
+        self.window_layers = [layer for layer in layers if isinstance(layer, WindowKVLayer)]
 
     # -- slots ---------------------------------------------------------------------------------------
     @property
@@ -163,7 +154,7 @@ class RaggedKVCache(Cache):
         if len(self.lengths) >= self.slot_capacity:
             raise RuntimeError(f"all {self.slot_capacity} KV cache slots are in use")
         self.lengths.append(0)
-        for state in self._states():
+        for state in self.recurrent_layers:
             state.add_slot(len(self.lengths) - 1)
         return len(self.lengths) - 1
 
@@ -174,9 +165,9 @@ class RaggedKVCache(Cache):
         for keys, values in self._kv():
             keys[dst, :, :n] = keys[src, :, :n]
             values[dst, :, :n] = values[src, :, :n]
-        for state in self._states():
+        for state in self.recurrent_layers:
             state.move_slot(src, dst)
-        for ring in self._windows():
+        for ring in self.window_layers:
             ring.move_slot(src, dst)
         self.lengths[dst] = n
         self._zeroed[dst] = max(self._zeroed[dst], n)
@@ -189,9 +180,9 @@ class RaggedKVCache(Cache):
         """Roll slot ``slot`` back to ``length`` cached positions (rejected drafts are forgotten)."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
-        for ring in self._windows():
+        for ring in self.window_layers:
             ring.check_rollback(slot, self.lengths[slot], length)
-        for state in self._states():  # recurrent state: recomputed over the kept positions
+        for state in self.recurrent_layers:  # recurrent state: recomputed over the kept positions
             state.rollback(slot, self.lengths[slot], length)
         self.lengths[slot] = length
 
@@ -233,18 +224,12 @@ class RaggedKVCache(Cache):
         for keys, values in self._kv():
             keys.zero_()
             values.zero_()
-        for state in self._states():
+        for state in self.recurrent_layers:
             state.zero_all()
         self._zeroed = [self.capacity] * self.slot_capacity
 
     def _kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.kv() for layer in self.layers if isinstance(layer, RaggedKVLayer)]
-
-    def _states(self) -> list[RecurrentState]:
-        return [layer for layer in self.layers if isinstance(layer, RecurrentState)]
-
-    def _windows(self) -> list[WindowKVLayer]:
-        return [layer for layer in self.layers if isinstance(layer, WindowKVLayer)]
 
     # -- one forward ---------------------------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:
@@ -266,7 +251,7 @@ class RaggedKVCache(Cache):
                     keys[slot, :, self._zeroed[slot] : upto] = 0
                     values[slot, :, self._zeroed[slot] : upto] = 0
                 self._zeroed[slot] = upto
-        for state in self._states():
+        for state in self.recurrent_layers:
             state.begin(batch, self.lengths)
         self.lengths[batch.start : end] = [
             length + q
@@ -303,7 +288,7 @@ class RaggedKVCache(Cache):
         """Forget every slot (allocations are kept for reuse)."""
         self.lengths = []
         self.plan = None
-        for state in self._states():
+        for state in self.recurrent_layers:
             state.reset()
 
 

@@ -130,19 +130,24 @@ class RaggedMamba2Mixer(_Mixer):
         low, high = m.time_step_limit
         dt = torch.clamp(F.softplus(dt.float() + m.dt_bias.float()), min=low, max=high)  # [B, Q, H]
         dt = dt * layer.valid_columns(q_len)[..., None].float()
-        a = -torch.exp(m.A_log.float())  # [H]
         initial = layer.snapshot(bsz)  # [B, H, P, N]
-        y, final = self.ops.ssd(x, dt, a, b, c, m.D, initial)
+        y, final = self._scan((x, dt, b, c), initial)
         layer.record(full, (x, dt, b, c), final, self.replay)
         y = m.norm(y.reshape(bsz, q_len, -1), gate)  # [B, Q, I]
         return m.out_proj(y.to(hidden_states.dtype))  # type: ignore[no-any-return]
 
-    def replay(self, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor) -> torch.Tensor:
-        """The state after ``inputs`` (x, dt, B, C), from ``initial``."""
+    def _scan(
+        self, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrence over ``inputs`` (x, dt, B, C) from ``initial``: outputs and final state."""
         m: Any = self.inner
         x, dt, b, c = inputs
         a = -torch.exp(m.A_log.float())  # [H]
-        return self.ops.ssd(x, dt, a, b, c, m.D, initial)[1]
+        return self.ops.ssd(x, dt, a, b, c, m.D, initial)
+
+    def replay(self, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor) -> torch.Tensor:
+        """The state after ``inputs`` (x, dt, B, C), from ``initial``."""
+        return self._scan(inputs, initial)[1]
 
 
 #: the mixer kinds the engine runs: (name, recognizer, wrapper)
@@ -152,22 +157,23 @@ MIXERS: tuple[tuple[str, Callable[[object], bool], type[_Mixer]], ...] = (
 )
 
 
+def _entry(module: object) -> tuple[str, type[_Mixer]] | None:
+    """``module``'s ``MIXERS`` name and wrapper, or ``None`` when the engine does not run it."""
+    return next(((name, wrapper) for name, known, wrapper in MIXERS if known(module)), None)
+
+
 def mixer_kind(module: object) -> str | None:
     """The ``MIXERS`` name of ``module``, or ``None`` when the engine does not run it."""
-    return next((name for name, known, _ in MIXERS if known(module)), None)
+    entry = _entry(module)
+    return entry[0] if entry is not None else None
 
 
 def install_mixers(model: nn.Module, ops: RecurrenceOps) -> int:
     """Replace every mixer ``MIXERS`` knows under ``model`` by its wrapper (parameters shared); return
     how many."""
-    swaps = []
-    for name, module in model.named_modules():
-        wrapper = next((w for _, known, w in MIXERS if known(module)), None)
-        if wrapper is not None:
-            swaps.append((name, wrapper(module, ops)))
-    for name, replacement in swaps:
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+    swaps = [(name, entry[1]) for name, module in model.named_modules() if (entry := _entry(module))]
+    for name, wrapper in swaps:
+        model.set_submodule(name, wrapper(model.get_submodule(name), ops))
     return len(swaps)
 
 

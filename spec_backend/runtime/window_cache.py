@@ -35,19 +35,37 @@ if TYPE_CHECKING:
     from spec_backend.step import StepPlanned
 
 
-class WindowKVLayer(CacheLayerMixin):
-    """One sliding-window layer's ring of keys and values for every slot (see the module docstring)."""
+class OwnedCacheLayer(CacheLayerMixin):
+    """A cache layer whose lengths the cache that owns it keeps (``owner``): transformers' length queries
+    and ``crop`` go to the owner."""
 
     is_croppable = True
+
+    def __init__(self, owner: StepPlanned) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.owner = owner
+
+    def get_seq_length(self) -> int:
+        return self.owner.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.owner.crop(tokens_to_remove)
+
+
+class WindowKVLayer(OwnedCacheLayer):  # type: ignore[no-untyped-call]
+    """One sliding-window layer's ring of keys and values for every slot (see the module docstring)."""
+
     is_sliding = True
 
     def __init__(
         self, owner: StepPlanned, layout: KVLayout, num_slots: int, layer_idx: int, window: int, reach: int
     ) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(owner)
         if window < 1 or reach < 1:
             raise ValueError(f"a window ring needs window >= 1 and reach >= 1, got {window} and {reach}")
-        self.owner = owner
         self.layer_idx = layer_idx
         self.reach = reach
         self.window = window
@@ -110,14 +128,5 @@ class WindowKVLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.window - 1 + query_length, 0
 
-    def get_seq_length(self) -> int:
-        return self.owner.get_seq_length()
 
-    def get_max_length(self) -> int:
-        return self.owner.max_len
-
-    def crop(self, tokens_to_remove: int) -> None:
-        self.owner.crop(tokens_to_remove)
-
-
-__all__ = ["WindowKVLayer"]
+__all__ = ["OwnedCacheLayer", "WindowKVLayer"]
