@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 import torch
 
+from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
+from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
+from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
 
 # repetitive prompts of different lengths (12, 3, 19, 5), so the drafters find matches
@@ -114,3 +117,22 @@ def check_speculation_is_lossless(llm: LLM) -> list[list[int]]:
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == speculative
     assert [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS] == speculative  # alone
     return speculative
+
+
+class CapturingReference(ReferenceBackend):
+    """The reference backend with graph capture on over the simulated driver: captured verify steps feed
+    every request K+1 tokens (placeholders past its drafts), padded to the capture size, and read whole
+    cache slots. ``runners`` counts their replays."""
+
+    name = "simulated-graphs"
+
+    def __init__(self) -> None:
+        self.runners: list[PaddedGraphRunner] = []
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        return CapturePolicy(max_capture_size=16, graph_budget=None, enabled=True)
+
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
+        self.runners.append(runner)
+        return runner

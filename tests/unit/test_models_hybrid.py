@@ -11,19 +11,15 @@ state that kept rejected drafts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
 from safetensors.torch import load_file, save_file
 
-from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
-from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
 from spec_backend.backends.recurrence import CHUNKED_MIN_TOKENS
-from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.runtime.checkpoint_files import ModelLoadError
 from spec_backend.runtime.recurrent_state import RecurrentState
@@ -181,30 +177,12 @@ def test_prefix_caching_is_off_for_hybrids_and_refused_when_asked(dirs: dict[str
     assert _llm(dirs["qwen3_next"], enable_prefix_caching=False).engine.prefix is None
 
 
-class _CapturingReference(ReferenceBackend):
-    """The reference backend with graph capture on over the simulated driver: captured verify steps feed
-    every request K+1 tokens (placeholders past its drafts), padded to the capture size."""
-
-    name = "simulated-graphs-hybrid"
-
-    def __init__(self) -> None:
-        self.runners: list[PaddedGraphRunner] = []
-
-    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
-        return CapturePolicy(max_capture_size=16, graph_budget=None, enabled=True)
-
-    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
-        self.runners.append(runner)
-        return runner
-
-
 @pytest.mark.parametrize("family", WITH_DRAFT)
 def test_captured_verify_steps_roll_back_like_eager_ones(family: str, dirs: dict[str, str]) -> None:
     """Verify steps replayed from captured graphs (placeholders and padding requests included) give the
     plain engine's tokens."""
     plain = greedy(_llm(dirs[family]))
-    backend = _CapturingReference()
+    backend = CapturingReference()
     spec = _spec("draft_model", family, dirs)
     llm = LLM(
         dirs[family], dtype="float32", speculative_config=spec, backend=backend, log_stats_interval=None

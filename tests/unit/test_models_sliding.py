@@ -10,17 +10,13 @@ window (``WINDOW`` = 6 positions), so a windowed layer that attended to everythi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
 
-from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
-from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
-from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
@@ -265,24 +261,6 @@ def test_a_sliding_layer_that_keeps_its_window_to_itself_is_refused() -> None:
     assert refusal(model) == "its attention layers do not pass their sliding window to the attention function"
 
 
-class _CapturingReference(ReferenceBackend):
-    """The reference backend with graph capture on over the simulated driver: the captured verify step
-    reads whole cache slots and builds its (windowed) masks from device lengths."""
-
-    name = "simulated-graphs-sliding"
-
-    def __init__(self) -> None:
-        self.runners: list[PaddedGraphRunner] = []
-
-    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
-        return CapturePolicy(max_capture_size=16, graph_budget=None, enabled=True)
-
-    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
-        self.runners.append(runner)
-        return runner
-
-
 @pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_captured_steps_slide_like_eager_ones(family: str, method: str, family_dirs: dict[str, str]) -> None:
@@ -293,7 +271,7 @@ def test_captured_steps_slide_like_eager_ones(family: str, method: str, family_d
         NGRAM if method == "ngram" else {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
     )
     eager = greedy(LLM(path, dtype="float32", speculative_config=spec, log_stats_interval=None))
-    backend = _CapturingReference()
+    backend = CapturingReference()
     llm = LLM(path, dtype="float32", speculative_config=spec, backend=backend, log_stats_interval=None)
     assert greedy(llm) == eager
     assert sum(r.replays for r in backend.runners) > 0

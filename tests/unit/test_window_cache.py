@@ -6,15 +6,11 @@ must see the ring's own lengths."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
 
-from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
-from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
-from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM
 from spec_backend.runtime.kv_cache import RaggedKVLayer
 from spec_backend.runtime.window_cache import WindowKVLayer
@@ -102,29 +98,12 @@ def test_a_rollback_beyond_the_rings_reach_is_refused(dirs: dict[str, str]) -> N
         cache.truncate(slot, 9)
 
 
-class _CapturingReference(ReferenceBackend):
-    """The reference backend with graph capture on over the simulated driver."""
-
-    name = "simulated-graphs-rings"
-
-    def __init__(self) -> None:
-        self.runners: list[PaddedGraphRunner] = []
-
-    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
-        return CapturePolicy(max_capture_size=16, graph_budget=None, enabled=True)
-
-    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
-        self.runners.append(runner)
-        return runner
-
-
 @pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
 def test_captured_steps_on_rings(family: str, dirs: dict[str, str]) -> None:
     """Verify steps replayed from captured graphs (the ring views and their lengths built inside the
     graph) give the full cache's tokens."""
     want = greedy(_llm(dirs[family], bounded=False))
-    backend = _CapturingReference()
+    backend = CapturingReference()
     llm = _llm(dirs[family], _spec("draft_model", dirs[family]), backend=backend)
     assert greedy(llm) == want
     assert sum(r.replays for r in backend.runners) > 0

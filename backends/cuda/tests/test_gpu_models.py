@@ -14,16 +14,11 @@ from typing import Any
 
 import pytest
 from spec_backend_cuda import CudaBackend
+from test_gpu_engine import PROMPTS
 
 pytestmark = pytest.mark.cuda
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPTS = [
-    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
-    [40, 41, 42],
-    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-    [90, 3, 90, 3, 90],
-]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
 
 
