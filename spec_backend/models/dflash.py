@@ -145,14 +145,23 @@ class DFlashHead(torch.nn.Module):
         result: torch.Tensor = x + (conv_m.finish(out, kernel) if conv_m is not None else out)
         return result
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] float
-        """The target's (or the checkpoint's) LM head, z-lab's scale and softcap, the draft vocabulary."""
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Vd] float
+        """The target's (or the checkpoint's) LM head with z-lab's scale and softcap, over the draft
+        vocabulary."""
         draft: torch.Tensor = self.target[1](hidden).float()  # [..., Vd]
         if self.spec is not None and self.spec.output_multiplier != 1.0:
             draft = draft * self.spec.output_multiplier
         if self.spec is not None and self.spec.softcap:
             draft = torch.tanh(draft / self.spec.softcap) * self.spec.softcap
+        return draft
+
+    def to_target(self, draft: torch.Tensor) -> torch.Tensor:  # [..., Vd] -> [..., V]
+        """Draft-vocabulary logits placed at their target ids (``-inf`` outside the draft vocabulary)."""
         return to_target_logits(draft, self.vocab[1], self.vocab[0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] float
+        """``draft_logits`` over the target's vocabulary."""
+        return self.to_target(self.draft_logits(hidden))
 
 
 def _attention_rule(config: Any, index: int) -> tuple[bool, int | None]:
@@ -263,14 +272,15 @@ def parse_dflash_config(path: str, raw: dict[str, Any], num_target_layers: int) 
     return Qwen3Config(**{k: v for k, v in layer.items() if k not in skip}), spec
 
 
-def _own_vocab(
-    path: str, tensors: dict[str, torch.Tensor], spec: DFlashSpec, vocab: int, hidden: int
+def own_vocab(
+    kind: str, path: str, tensors: dict[str, torch.Tensor], draft_vocab: int | None, vocab: int, hidden: int
 ) -> tuple[Any, Any, torch.Tensor | None]:
-    """The checkpoint's own embedding and LM head (speculators format) and its draft-vocabulary map."""
+    """The checkpoint's own embedding and LM head (speculators format, DeepSpec's copies) and its
+    draft-vocabulary map, popped from ``tensors``; ``ValueError`` naming a wrong shape."""
     embed = tensors.pop("embed_tokens.weight", None)  # [V, H]
     head = tensors.pop("lm_head.weight", None)  # [Vd, H]
     d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
-    vd = spec.draft_vocab_size or vocab
+    vd = draft_vocab or vocab
     wrong = [
         f"{name}: {list(t.shape)} (expected {list(shape)})"
         for name, t, shape in (
@@ -281,13 +291,13 @@ def _own_vocab(
     ]
     if wrong or (vd != vocab and (d2t is None or head is None)):
         raise ValueError(
-            f"DFlash checkpoint {path!r}: {wrong or f'draft_vocab_size {vd} < {vocab} needs lm_head and d2t'}"
+            f"{kind} checkpoint {path!r}: {wrong or f'draft_vocab_size {vd} < {vocab} needs lm_head and d2t'}"
         )
     own_embed = torch.nn.Embedding(vocab, hidden, _weight=embed, _freeze=True) if embed is not None else None
     own_head = torch.nn.Linear(hidden, vd, bias=False) if head is not None else None
     if own_head is not None and head is not None:
         own_head.weight = torch.nn.Parameter(head, requires_grad=False)
-    ids = target_ids("DFlash", path, d2t, t2d, vocab) if d2t is not None else None
+    ids = target_ids(kind, path, d2t, t2d, vocab) if d2t is not None else None
     return own_embed, own_head, ids
 
 
@@ -307,7 +317,7 @@ def load_dflash_head(
             f"{spec.mask_token_id}) does not fit the target (hidden size {ht}, vocabulary {vocab})"
         )
     tensors = read_tensors("DFlash", path, lambda n: None if n.startswith("verifier_") else n)
-    embed, lm_head, ids = _own_vocab(path, tensors, spec, vocab, ht)
+    embed, lm_head, ids = own_vocab("DFlash", path, tensors, spec.draft_vocab_size, vocab, ht)
     head = DFlashHead(
         config,
         len(spec.aux_layer_ids),
@@ -319,13 +329,27 @@ def load_dflash_head(
         add_dflash2_modules(head, spec.v2, vocab)
     check_tensors("DFlash", path, module_shapes(head), tensors)
     head.load_state_dict(tensors)
+    return place_head(head, target, dtype, vocab, ids), spec
+
+
+def place_head(head: Any, target: Any, dtype: torch.dtype, vocab: int, ids: torch.Tensor | None) -> Any:
+    """``head`` (a loaded ``DFlashHead``) on the target's device in ``dtype``, evaluating, with its
+    embedding, LM head and the map ``ids`` of its draft vocabulary into the target's ``vocab`` there too."""
     device = next(target.parameters()).device
     head.target = (
         head.target[0].to(device=device, dtype=dtype),
         head.target[1].to(device=device, dtype=dtype),
     )
     head.vocab = (vocab, None if ids is None else ids.to(device))
-    return head.to(device=device, dtype=dtype).eval(), spec
+    return head.to(device=device, dtype=dtype).eval()
 
 
-__all__ = ["DFlashHead", "DFlashSpec", "default_target_layer_ids", "load_dflash_head", "parse_dflash_config"]
+__all__ = [
+    "DFlashHead",
+    "DFlashSpec",
+    "default_target_layer_ids",
+    "load_dflash_head",
+    "own_vocab",
+    "parse_dflash_config",
+    "place_head",
+]

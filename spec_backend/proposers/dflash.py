@@ -48,25 +48,32 @@ class DFlashDrafter(HeadCacheDrafter):
             rows[b, :n] = features[loc[b] : loc[b] + n]
         return rows, lens
 
-    def _block(self, inputs: DraftInputs, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block ids ``[B, K+1]`` = [last committed token, MASK × K] and their positions ``[B, K+1]``."""
-        k, requests = self.num_speculative_tokens, inputs.requests
+    def _block(
+        self, inputs: DraftInputs, rows: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ids ``[B, rows]`` = [last committed token, MASK × (rows - 1)] and their positions."""
+        requests = inputs.requests
         last = [r.output_token_ids[-1] if r.output_token_ids else r.prompt_token_ids[-1] for r in requests]
-        ids = torch.full((len(requests), k + 1), self.spec.mask_token_id, dtype=torch.int64)
+        ids = torch.full((len(requests), rows), self.spec.mask_token_id, dtype=torch.int64)
         ids[:, 0] = torch.tensor(last, dtype=torch.int64)
         first = torch.tensor([r.num_tokens - 1 for r in requests], dtype=torch.int64)
-        positions = first[:, None] + torch.arange(k + 1)[None]
+        positions = first[:, None] + torch.arange(rows)[None]
         return ids.to(device), positions.to(device)
 
-    @torch.inference_mode()
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
+    def block_rows(self) -> int:
+        """Rows of the block this drafter runs: the anchor and one mask per draft."""
+        return self.num_speculative_tokens + 1
+
+    def run_block(self, inputs: DraftInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's committed rows into the draft cache and run the block: its rows' normed
+        outputs ``[B, rows, H]`` and ids ``[B, rows]``."""
         features = self.features(inputs)  # [N, n·Ht]
         self.rollback(inputs)
         rows, lens = self._context(inputs, features)
         start, cache = inputs.batch.start, self._cache()
         tokens = torch.zeros(rows.shape[:2], dtype=torch.int64, device=rows.device)  # [B, C] (unused ids)
         batch = self.step_batch(start, tokens, lens)
-        block_ids, block_positions = self._block(inputs, rows.device)
+        block_ids, block_positions = self._block(inputs, self.block_rows(), rows.device)
         cache.begin_step(batch)
         try:
             hidden = self.head(
@@ -76,14 +83,20 @@ class DFlashDrafter(HeadCacheDrafter):
                 block_positions,
                 cache,
                 batch.seq_lens,
-            )[:, 1:]  # [B, K, H] the draft rows
+            )  # [B, rows, H]
         finally:
             cache.end_step()
         self.mark_committed(inputs, lens)
+        return hidden, block_ids
+
+    @torch.inference_mode()
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        out, block_ids = self.run_block(inputs)
+        hidden = out[:, 1:]  # [B, K, H] the draft rows
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
-            return empty_drafts(len(inputs.requests), self.num_speculative_tokens, rows.device)
-        chain = DraftChain(inputs.requests, self.probabilistic, rows.device)
+            return empty_drafts(len(inputs.requests), self.num_speculative_tokens, out.device)
+        chain = DraftChain(inputs.requests, self.probabilistic, out.device)
         logits = self.head.logits(hidden[:, :k_max])  # [B, k_max, V]
         selector = self.head.candidate_selector
         if selector is None:
