@@ -59,6 +59,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
         MethodSpec("eagle", "eagle", build=_P + "eagle:build_eagle_drafter"),
         MethodSpec("eagle3", "eagle", aux_hidden_states=True, build=_P + "eagle:build_eagle3_drafter"),
         MethodSpec("dflash", "eagle", aux_hidden_states=True, build=_P + "dflash:build_dflash_drafter"),
+        MethodSpec("dspark", "eagle", aux_hidden_states=True, build=_P + "dspark:build_dspark_drafter"),
         MethodSpec("mtp", "eagle", build=_P + "eagle:build_mtp_drafter"),
         MethodSpec(
             "extract_hidden_states",

@@ -52,6 +52,17 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    #: confidence-ordered verification (engine/confidence.py): request-steps by drafts verified (index =
+    #: length) and drafts proposed but not verified
+    verify_lengths: list[int] = field(default_factory=list)
+    num_confidence_skipped_tokens: int = 0
+
+    def observe_verify_lengths(self, lengths: Sequence[int], available: Sequence[int]) -> None:
+        """Each request of a step verifies ``lengths[r]`` of its ``available[r]`` drafts."""
+        for length in lengths:
+            self.verify_lengths.extend([0] * (length + 1 - len(self.verify_lengths)))
+            self.verify_lengths[length] += 1
+        self.num_confidence_skipped_tokens += sum(available) - sum(lengths)
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Record one request's verification: ``num_draft_tokens`` drafted, the first
@@ -79,6 +90,10 @@ class SpecDecodingStats:
         mine = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
         theirs = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
         self.accepted_per_position = [a + b for a, b in zip(mine, theirs, strict=True)]
+        for length, count in enumerate(other.verify_lengths):
+            self.verify_lengths.extend([0] * (length + 1 - len(self.verify_lengths)))
+            self.verify_lengths[length] += count
+        self.num_confidence_skipped_tokens += other.num_confidence_skipped_tokens
 
     @property
     def acceptance_rate(self) -> float:
@@ -104,6 +119,11 @@ class SpecDecodingStats:
             f"accepted tokens: {self.num_accepted_tokens}, "
             f"drafted tokens: {self.num_draft_tokens}, drafts: {self.num_drafts}, "
             f"per-position acceptance rate: [{per_pos}]"
+        ) + (
+            f", verified drafts per request (by confidence): {self.verify_lengths}, "
+            f"skipped: {self.num_confidence_skipped_tokens}"
+            if self.verify_lengths
+            else ""
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +135,8 @@ class SpecDecodingStats:
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
+            "verify_lengths": list(self.verify_lengths),
+            "num_confidence_skipped_tokens": self.num_confidence_skipped_tokens,
         }
 
 
@@ -176,6 +198,18 @@ class SpecDecodingMetrics:
             )
         )
 
+        self.verify_length = Counter(
+            f"{PREFIX}_confidence_verify_length",
+            "Request-steps by the drafts they verified, as the drafter's confidences chose",
+            ["length"],
+            registry=self.registry,
+        )
+        self.confidence_skipped = Counter(
+            f"{PREFIX}_confidence_skipped_tokens",
+            "Drafts proposed but not verified, as the drafter's confidences chose",
+            registry=self.registry,
+        )
+
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Record one request's verification step (see ``SpecDecodingStats.observe``)."""
         if num_draft_tokens == 0:
@@ -188,6 +222,14 @@ class SpecDecodingMetrics:
             self.num_accepted_tokens[ours_or_vllms].inc(num_accepted_tokens)
             for pos in range(num_accepted_tokens):
                 self.num_accepted_tokens_per_pos[ours_or_vllms].labels(position=str(pos)).inc()
+
+    def observe_verify_lengths(self, lengths: Sequence[int], available: Sequence[int]) -> None:
+        """Record a step's confidence-chosen verify lengths (``SpecDecodingStats.observe_verify_lengths``)."""
+        self.total.observe_verify_lengths(lengths, available)
+        self._window.observe_verify_lengths(lengths, available)
+        for length in lengths:
+            self.verify_length.labels(length=str(length)).inc()
+        self.confidence_skipped.inc(sum(available) - sum(lengths))
 
     def observe_many(self, draft_counts: Sequence[int], accepted_counts: Sequence[int]) -> None:
         """``observe`` each (drafted, accepted) pair of one step, then maybe log."""

@@ -147,7 +147,7 @@ def resolve_draft_model(spec: SpeculativeConfig, model: str) -> None:
         if spec.num_speculative_tokens is None:
             spec.num_speculative_tokens = declared_k
     spec.method = detect_draft_method(spec.method, model, model_type, spec.num_speculative_tokens)
-    if spec.method == "dflash":
+    if spec.method in ("dflash", "dspark"):
         spec.parallel_drafting = True
     if spec.num_speculative_tokens is not None and "num_lookahead_tokens" in hf:
         hf["num_lookahead_tokens"] = spec.num_speculative_tokens

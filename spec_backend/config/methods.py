@@ -4,7 +4,7 @@ The names follow vLLM's ``speculative_config.method`` so existing configurations
 
 * model-free drafters: ``ngram`` (alias ``[ngram]``), ``ngram_gpu``, ``suffix``;
 * draft-model based: ``draft_model`` (a small LM with the target's vocabulary), ``medusa``,
-  ``mlp_speculator``, the EAGLE family ``eagle``, ``eagle3``, ``dflash``, ``mtp`` and
+  ``mlp_speculator``, the EAGLE family ``eagle``, ``eagle3``, ``dflash``, ``dspark``, ``mtp`` and
   ``extract_hidden_states``;
 * per-architecture MTP names (``deepseek_mtp``, ``qwen3_next_mtp``, ...) are accepted but deprecated:
   they are mapped to ``mtp`` with a warning.
@@ -65,6 +65,7 @@ SpeculativeMethod = Literal[
     "eagle",
     "eagle3",
     "dflash",
+    "dspark",
     "extract_hidden_states",
     "deepseek_mtp",
     "mimo_mtp",
@@ -125,12 +126,14 @@ def detect_draft_method(
     was given) the explicit method is trusted.
     """
     name = model.lower()
-    if method in ("eagle", "eagle3", "dflash"):
+    if method in ("eagle", "eagle3", "dflash", "dspark"):
         return method
     if "eagle-" in name:
         return "eagle"
     if "eagle3" in name:
         return "eagle3"
+    if "dspark" in name:
+        return "dspark"
     if "dflash" in name:
         return "dflash"
     if model_type in ("medusa", "mlp_speculator"):
@@ -159,6 +162,7 @@ _SPECULATORS_TYPES: Final[dict[str, tuple[SpeculativeMethod, bool]]] = {
     "eagle3": ("eagle3", False),
     "peagle": ("eagle3", True),
     "dflash": ("dflash", True),
+    "dspark": ("dspark", True),
     "mtp": ("mtp", False),
 }
 
@@ -168,6 +172,7 @@ _DRAFT_ARCHITECTURES: Final[dict[str, SpeculativeMethod]] = {
     "Eagle3LlamaForCausalLM": "eagle3",
     "DFlashDraftModel": "dflash",
     "DFlash2DraftModel": "dflash",
+    "Qwen3DSparkModel": "dspark",
 }
 
 
@@ -176,7 +181,9 @@ def checkpoint_method(hf_config: dict[str, Any]) -> tuple[SpeculativeMethod | No
     (``speculators_model_type``, K from its first proposal method) or a known draft architecture."""
     kind = hf_config.get("speculators_model_type")
     if kind is None:
-        return _DRAFT_ARCHITECTURES.get(_first_architecture(hf_config)), False, None
+        method = _DRAFT_ARCHITECTURES.get(_first_architecture(hf_config))
+        block = _int_or_none(hf_config.get("block_size")) if method == "dspark" else None
+        return method, method == "dspark", block  # DeepSpec's DSpark drafts block_size tokens per block
     if kind not in _SPECULATORS_TYPES:
         raise ValueError(
             f"speculators_model_type={kind!r} is not supported; supported: {sorted(_SPECULATORS_TYPES)}"

@@ -13,11 +13,12 @@ import logging
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from spec_backend.config import draft as draft_rules
+from spec_backend.config.confidence import resolve_confidence_fields
 from spec_backend.config.fly import (
     DEFAULT_FLY_ENTROPY_THRESHOLD,
     DEFAULT_FLY_ENTROPY_TOP_K,
@@ -64,6 +65,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "suffix_decoding_max_cached_requests": (0, math.inf, ">= 0 (0 disables the global suffix tree)"),
     "suffix_decoding_max_spec_factor": (0.0, sys.float_info.max, "a finite number >= 0"),
     "suffix_decoding_min_token_prob": (0.0, 1.0, "in [0, 1]"),
+    "confidence_threshold": (0.0, 1.0, "in [0, 1]"),
 }
 
 
@@ -103,6 +105,10 @@ class SpeculativeConfig(BaseModel):
     disable_by_batch_size: int | None = None
     #: this engine's own: greedy requests' draft length chosen per step by measured cost (engine/adaptive.py)
     adaptive_draft_length: bool = False
+    #: this engine's own, for drafters with a confidence head (dspark): how many drafts each request
+    #: verifies (engine/confidence.py, config/confidence.py)
+    confidence_verification: Literal["throughput", "threshold", "off"] | None = None
+    confidence_threshold: float | None = None
     # n-gram
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)
@@ -264,6 +270,7 @@ class SpeculativeConfig(BaseModel):
         if self.speculative_token_tree is not None:
             self.speculative_token_tree = sort_token_tree(self.speculative_token_tree)
         resolve_verification_fields(self)
+        resolve_confidence_fields(self)
         if self.draft_model_config is not None and self.draft_parallel_config is not None:
             draft_rules.check_heads_divisible(
                 self.draft_model_config.hf_text_config, self.draft_parallel_config.tensor_parallel_size

@@ -16,7 +16,9 @@ import torch
 
 from spec_backend.backends.base import Backend, ModelOptions
 from spec_backend.config import SpeculativeConfig
+from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_quantization
+from spec_backend.engine.confidence import ConfidenceVerification, build_confidence_verification
 from spec_backend.methods import METHODS
 from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
@@ -127,4 +129,24 @@ def assemble(
     return runner, slots, drafter
 
 
-__all__ = ["QUANTIZABLE_FAMILIES", "assemble", "check_embedded_method", "draft_loader", "draft_preparation"]
+def step_policies(
+    spec: SpeculativeConfig | None, k: int, drafter: Drafter | None
+) -> tuple[AdaptiveDraftLength | None, ConfidenceVerification | None]:
+    """The engine's draft-length policy (``adaptive_draft_length``) and verify-length rule (a drafter
+    with a confidence head: ``confidence_verification``)."""
+    if spec is None:
+        return None, None
+    adaptive = AdaptiveDraftLength(k) if spec.adaptive_draft_length else None
+    reports = drafter is not None and drafter.reports_confidence
+    rule = build_confidence_verification(spec.confidence_verification, spec.confidence_threshold, reports)
+    return adaptive, rule
+
+
+__all__ = [
+    "QUANTIZABLE_FAMILIES",
+    "assemble",
+    "check_embedded_method",
+    "draft_loader",
+    "draft_preparation",
+    "step_policies",
+]

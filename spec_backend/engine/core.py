@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 from spec_backend.engine.adaptive import AdaptiveDraftLength
+from spec_backend.engine.confidence import ConfidenceVerification
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.prefix import PrefixHits
 from spec_backend.engine.request import Request
@@ -32,7 +33,7 @@ from spec_backend.engine.sampling_state import SamplingState
 from spec_backend.engine.stepper import Stepper
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
-from spec_backend.proposers.contract import Drafter
+from spec_backend.proposers.contract import Drafter, DraftOutput
 from spec_backend.runtime.captured import CapturedDecode
 from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.slots import SlotTable
@@ -60,6 +61,7 @@ class EngineCore:
         tokenizer: Any | None,
         adaptive: AdaptiveDraftLength | None = None,
         prefix: PrefixHits | None = None,
+        confidence: ConfidenceVerification | None = None,
     ) -> None:
         self.runner = runner
         self.slots = slots
@@ -80,6 +82,10 @@ class EngineCore:
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
         self.prefix = prefix  # automatic prefix caching (engine/prefix.py), None when off
         self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
+        self.confidence = confidence if self.k else None  # drafts verified per request (confidence.py)
+        if self.confidence is not None and self.adaptive is not None:
+            logger.info("adaptive_draft_length: the drafter's confidences choose each request's draft length")
+            self.adaptive = None  # one policy: the confidence scheduler measures the same step costs
         self._next_k = self.k  # the draft length greedy requests got at the last draft-next
         self.num_steps = 0
         self.stepper = Stepper(self)
@@ -137,6 +143,12 @@ class EngineCore:
     def _timed_decode(self) -> None:
         """One decode step; with adaptive drafting, its time is measured for the draft length it verified
         (steps that verify one length and draft another are not attributed)."""
+        if self.confidence is not None and self.confidence.timed:
+            tokens = len(self.running) + self.pending.total
+            start = self.confidence.clock()
+            self.stepper.decode(list(self.running))
+            self.confidence.observe(tokens, self.confidence.clock() - start)
+            return
         if self.adaptive is None:
             self.stepper.decode(list(self.running))
             return
@@ -171,6 +183,19 @@ class EngineCore:
                     self.drafter.add_request(request)
                 except Exception as exc:
                     request.fail(f"drafter failed: {type(exc).__name__}: {exc}")
+
+    def verify_lengths(
+        self, requests: list[Request], out: DraftOutput, budgets: tuple[int, ...]
+    ) -> tuple[int, ...]:
+        """How many of its drafts each request verifies: its budget, or fewer as the drafter's confidences
+        decide (``confidence.py``); the choice is recorded in the metrics."""
+        if self.confidence is None or out.confidence is None:
+            return budgets
+        available = [min(n, b) for n, b in zip(out.num_draft_tokens, budgets, strict=False)]
+        adapts = [r.params.temperature == 0 or r.params.seed is None for r in requests]
+        lengths = self.confidence.lengths(out.confidence.tolist(), available, adapts)
+        self.metrics.observe_verify_lengths(lengths, available)
+        return tuple(lengths)
 
     def draft_budget(self, request: Request) -> int:
         """Drafts worth proposing: a step verifying ``b`` drafts emits up to ``b + 1`` tokens (the accepted

@@ -15,7 +15,6 @@ import torch
 from spec_backend.backends import load_backend
 from spec_backend.backends.base import Backend, BackendError, ModelOptions
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
-from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import (
     check_args,
     check_parallel_args,
@@ -24,7 +23,13 @@ from spec_backend.engine.args import (
     refuse_unsupported,
     resolve_max_model_len,
 )
-from spec_backend.engine.assembly import assemble, check_embedded_method, draft_loader, draft_preparation
+from spec_backend.engine.assembly import (
+    assemble,
+    check_embedded_method,
+    draft_loader,
+    draft_preparation,
+    step_policies,
+)
 from spec_backend.engine.core import EngineCore, seed_for
 from spec_backend.engine.inputs import check_token_ids, params_per_prompt, parse_prompts
 from spec_backend.engine.params import RequestOutput, SamplingParams
@@ -49,6 +54,7 @@ from spec_backend.runtime.loader import (
     register_attention,
     resolve_dtype,
 )
+from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.sources import ModelSource, resolve_model
 
 logger = logging.getLogger("spec_backend.engine")
@@ -201,13 +207,9 @@ class LLM:
         runner, slots, drafter = assemble(
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, k, not prefix.enabled
         )
-        adaptive = AdaptiveDraftLength(k) if spec is not None and spec.adaptive_draft_length else None
-        if runner.cache.layout.states and prefix.enabled:
-            reason = "its linear-attention layers keep recurrent state, which cached prefixes do not store"
-            prefix = prefix.unsupported(self.source.display, reason)
-            logger.info("prefix caching is off for %s: %s", self.source.display, reason)
+        adaptive, confidence = step_policies(spec, k, drafter)
         hits = PrefixHits.build(
-            prefix,
+            self._prefix_for(runner, prefix),
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],
             bool(drafter is not None and drafter.hidden_states.any),
             self.metrics.registry,
@@ -225,11 +227,20 @@ class LLM:
             self.tokenizer,
             adaptive,
             hits,
+            confidence,
         )
         eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         # the verify step (K+1 tokens per request), or plain decoding's one token per request
         engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine
+
+    def _prefix_for(self, runner: ModelRunner, prefix: PrefixSettings) -> PrefixSettings:
+        """``prefix``, turned off (an error when asked for explicitly) for models with recurrent state."""
+        if runner.cache.layout.states and prefix.enabled:
+            reason = "its linear-attention layers keep recurrent state, which cached prefixes do not store"
+            prefix = prefix.unsupported(self.source.display, reason)
+            logger.info("prefix caching is off for %s: %s", self.source.display, reason)
+        return prefix
 
     # -- input handling ------------------------------------------------------------------------------
     def _tokenize(self, text: str | None, ids: list[int] | None, index: int) -> list[int]:

@@ -61,6 +61,11 @@ class PendingDrafts:
         self._counts.clear()
         self._with_probs.clear()
 
+    @property
+    def total(self) -> int:
+        """Drafts held for the next step, over every live slot."""
+        return sum(self._counts)
+
     # -- the engine ----------------------------------------------------------------------------------
     def store(self, start: int, out: DraftOutput, budgets: Sequence[int], vocab_size: int) -> None:
         """Keep ``out``'s drafts for slots ``start ..``; a count is cut at its budget. From the first id

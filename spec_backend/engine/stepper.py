@@ -15,7 +15,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
-from spec_backend.proposers.contract import AcceptedTokens, DraftInputs
+from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
@@ -55,6 +55,10 @@ class StepEngine(Protocol):
     def draft_budget(self, request: Request) -> int: ...
 
     def plan_draft_length(self, requests: list[Request]) -> None: ...
+
+    def verify_lengths(
+        self, requests: list[Request], out: DraftOutput, budgets: tuple[int, ...]
+    ) -> tuple[int, ...]: ...
 
 
 def _error_text(exc: BaseException) -> str:
@@ -214,7 +218,8 @@ class Stepper:
         for request, error in zip(requests, out.errors, strict=False):
             if error is not None and not request.finished:
                 request.fail(error)
-        engine.pending.store(result.batch.start, out, budgets, engine.runner.vocab_size)
+        lengths = engine.verify_lengths(requests, out, budgets)
+        engine.pending.store(result.batch.start, out, lengths, engine.runner.vocab_size)
 
 
 __all__ = ["Stepper"]

@@ -111,12 +111,15 @@ class DraftInputs:
 @dataclass(frozen=True)
 class DraftOutput:
     """Drafts for the next step: ids ``[B, K]`` (``PLACEHOLDER_TOKEN_ID`` past each count), counts,
-    optional probabilities ``[B, K, V]`` the drafts were sampled from, and per-request failures."""
+    optional probabilities ``[B, K, V]`` the drafts were sampled from, per-request failures, and, from
+    drafters with a confidence head, each draft's probability of acceptance given that the drafts before
+    it are accepted (``engine/confidence.py`` chooses how many drafts to verify from it)."""
 
     token_ids: torch.Tensor  # [B, K] int64
     num_draft_tokens: tuple[int, ...]  # host [B]
     draft_probs: torch.Tensor | None = None  # [B, K, V] float32
     errors: tuple[str | None, ...] = field(default=())  # host [B] or empty: a message fails that request
+    confidence: torch.Tensor | None = None  # [B, K] float32 in [0, 1]
 
 
 class Drafter(ABC):
@@ -126,6 +129,8 @@ class Drafter(ABC):
     hidden_states: HiddenStateRequest = HiddenStateRequest()
     #: whether it emits drafts at all (``extract_hidden_states`` only records)
     drafts: bool = True
+    #: whether its ``DraftOutput`` carries ``confidence`` (a confidence head: DSpark)
+    reports_confidence: bool = False
 
     def cache_bytes_per_slot(self) -> int:
         """Bytes of cache one slot costs (for the engine's memory budget; default: no cache)."""

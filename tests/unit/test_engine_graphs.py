@@ -150,7 +150,7 @@ def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
     assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "peagle", "dflash", "mtp"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "peagle", "dflash", "dspark", "mtp"])
 def test_hidden_state_drafters_read_through_the_captured_step(
     llama_dir: str, tmp_path: Path, method: str
 ) -> None:
@@ -158,6 +158,7 @@ def test_hidden_state_drafters_read_through_the_captured_step(
     from engine_fixtures import record_drafts
 
     from spec_backend.testing.fixtures import draft_checkpoints as w
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 
     if method == "mtp":
         from test_drafter_mtp import write_glm_with_mtp
@@ -172,6 +173,9 @@ def test_hidden_state_drafters_read_through_the_captured_step(
             ),
             "peagle": lambda: w.write_eagle3(tmp_path / "h", llama_dir, "peagle", aux_ids=[0, 1, 2]),
             "dflash": lambda: w.write_dflash(tmp_path / "h", llama_dir, target_layer_ids=[0, 1]),
+            "dspark": lambda: write_dspark(
+                tmp_path / "h", llama_dir, target_layer_ids=[0, 1], markov="gated"
+            ),
         }[method]()
         spec = {
             "method": "eagle3" if method == "peagle" else method,

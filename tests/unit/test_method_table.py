@@ -54,8 +54,8 @@ def test_the_literal_lists_exactly_the_accepted_names_in_order() -> None:
 
 
 def test_config_sets_are_the_table_columns() -> None:
-    assert EAGLE_METHODS == ("eagle", "eagle3", "dflash", "mtp")
-    assert AUX_HIDDEN_STATE_METHODS == ("eagle3", "dflash", "extract_hidden_states")
+    assert EAGLE_METHODS == ("eagle", "eagle3", "dflash", "dspark", "mtp")
+    assert AUX_HIDDEN_STATE_METHODS == ("eagle3", "dflash", "dspark", "extract_hidden_states")
     assert MODEL_FREE_METHODS == ("ngram", "ngram_gpu", "suffix", "extract_hidden_states")
 
 
