@@ -9,7 +9,8 @@ vocabulary 49152, tied embeddings), float32. MTP needs its layers inside the tar
 runs on a GLM-4.5-style target of the same sizes (dense MLPs, one MTP layer) and is compared with that
 target's own forward. Heads are random checkpoints in their published formats
 (``spec_backend.testing.fixtures.draft_checkpoints``); ``draft_model`` is a 2-layer model of the same
-shape. The EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only;
+shape; ``dspark`` is a DeepSpec-format head (vanilla Markov head of rank 256, every draft verified). The
+EAGLE-3 head also runs with ``speculative_config["quantization"]`` int8 and int4 (drafts only;
 int4 on the cpu backend runs its first layer as one native call, ``cpu/native_eagle3.py``).
 
 Method: one request (a 64-token random prompt), greedy, ``--tokens`` new tokens, K = ``--k``; the
@@ -106,6 +107,10 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
         "dflash (2 layers)": (target, {"method": "dflash", "model": w.write_dflash(root / "dflash", target)}),
+        "dspark (2 layers, r 256)": (
+            target,
+            {"method": "dspark", "model": dspark_head(root / "dspark", target)},
+        ),
         "medusa": (target, {"method": "medusa", "model": w.write_medusa(root / "medusa", h, v, 5, "vllm")}),
         "mlp_speculator": (
             target,
@@ -116,6 +121,20 @@ def checkpoints(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "mtp (GLM-style target)": (glm_target(root / "glm"), {"method": "mtp"}),
     }
+
+
+def dspark_head(path: Path, target: str) -> str:
+    """A DeepSpec-format DSpark head (2 layers, vanilla Markov head of DeepSpec's rank 256, confidence
+    head); its confidence bias is raised so every draft is verified: the full cost per step."""
+    from safetensors.torch import load_file, save_file
+
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+
+    head = write_dspark(path, target, target_layer_ids=[1, 14], block_size=4, rank=256)
+    tensors = load_file(f"{head}/model.safetensors")
+    tensors["confidence_head.proj.bias"].fill_(30.0)
+    save_file(tensors, f"{head}/model.safetensors")
+    return head
 
 
 def measure(target: str, spec: dict[str, Any], k: int, tokens: int) -> tuple[float, float, float]:

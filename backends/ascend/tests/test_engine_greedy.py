@@ -43,6 +43,30 @@ def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Pat
     assert layouts == {decode, "BNSD_BSND"}  # verification steps and the 19-token prefill
 
 
+def test_dspark_matches_reference_through_the_fake_npu(fake_npu: ModuleType, tmp_path: Path) -> None:
+    """DSpark (Markov head, confidence-chosen verify lengths, ragged and 0 included) with the Ascend
+    attention and sampler ops gives the reference backend's tokens, which are the plain output."""
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+    from spec_backend.tools.tiny import make_tiny_model
+
+    model = make_tiny_model(
+        tmp_path / "tiny", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64
+    )
+    spec = {"model": write_dspark(tmp_path / "dspark", model, block_size=4), "num_speculative_tokens": 4}
+    prompts = [[5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
+    params = engine.SamplingParams(temperature=0.0, max_tokens=12)
+    plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(prompts, params)
+    outputs = {}
+    for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
+        llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
+        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        assert llm.metrics.total.num_draft_tokens > 0 and llm.metrics.total.verify_lengths
+    assert outputs["reference"] == [list(o.outputs[0].token_ids) for o in plain]
+    assert outputs["ascend"] == outputs["reference"]
+    assert any(c[0] == "npu_fused_infer_attention_score" for c in fake_npu.CALLS)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
     fake_npu: ModuleType, tmp_path: Path, head_dim: int

@@ -117,3 +117,34 @@ def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str, 
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="a CUDA GPU is present: compiled triton kernels cannot read these CPU tensors "
+    "(test_gpu_drafters.py runs DSpark on the real backend there)",
+)
+def test_dspark_greedy_output_matches_the_reference(tmp_path: Path) -> None:
+    """DSpark (Markov head, confidence-chosen verify lengths, ragged and 0 included) over the CUDA
+    backend's attention and sampler ops gives the reference's tokens, and the plain output."""
+    pytest.importorskip("triton")
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+    from spec_backend.tools.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    spec = {"model": write_dspark(tmp_path / "dspark", model, block_size=4), "num_speculative_tokens": 4}
+    params = engine.SamplingParams(temperature=0.0, max_tokens=10)
+    plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(PROMPTS, params)
+    outputs = {}
+    for name, backend in (
+        ("reference", "reference"),
+        ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
+        ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
+    ):
+        llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
+        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+        assert llm.metrics.total.num_draft_tokens > 0 and llm.metrics.total.verify_lengths
+    assert outputs["reference"] == [list(o.outputs[0].token_ids) for o in plain]
+    assert outputs["cuda-sdpa"] == outputs["reference"]
+    assert outputs["cuda-flash-glue"] == outputs["reference"]

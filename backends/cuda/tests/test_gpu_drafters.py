@@ -71,6 +71,11 @@ def _spec(method: str, target_dir: str, tmp: Path) -> tuple[dict[str, Any], str]
         from test_drafter_mtp import write_glm_with_mtp
 
         return {"method": "mtp", "num_speculative_tokens": K}, write_glm_with_mtp(tmp / "glm", nextn=1)
+    if method == "dspark":
+        from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+
+        head = write_dspark(tmp / "dspark", target_dir, markov="rnn", block_size=4)
+        return {"method": "dspark", "model": head, "num_speculative_tokens": K}, target_dir
     if method == "dflash2":
         deep = make_tiny_model(tmp / "deep", "llama", num_hidden_layers=6, seed=5)
         head = w.write_dflash2(tmp / "dflash2", deep)
@@ -116,6 +121,7 @@ METHODS = [
     "peagle",
     "dflash",
     "dflash2",
+    "dspark",
     "mtp",
     "medusa",
     "mlp_speculator",
