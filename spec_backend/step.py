@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +45,11 @@ class RaggedAttentionMetadata:
     #: kv length is ``min(kv_len, query_len + margin)`` (what a captured graph re-issued with host
     #: lengths needs)
     ring_margin: int | None = None
+    #: a token-tree step (``build_tree_step_batch``): query ``i`` sees this step's key ``j`` only where
+    #: ``tree[b, i, j]`` (``j`` is ``i`` or one of its ancestors), and the depth of each query below the
+    #: request's first query token places it (``first + depth``) for RoPE and sliding windows
+    tree: torch.Tensor | None = field(default=None, compare=False, repr=False)  # [B, Q, Q] bool
+    tree_depths: torch.Tensor | None = field(default=None, compare=False, repr=False)  # [B, Q] int64
 
     def invalidate(self) -> None:
         """Forget masks built for earlier values of the length tensors."""
@@ -77,6 +82,9 @@ class StepBatch:
     attention: RaggedAttentionMetadata  # view: (query_lens, seq_lens)
     #: captured layout: cache views span the whole capacity, nothing derives shapes from host lengths
     static_shapes: bool = False
+    #: a token-tree step: each query token's position for RoPE (``first + depth``; ``positions`` stay the
+    #: cache positions ``first + column``)
+    rope_positions: torch.Tensor | None = None  # [N] int64
 
     @property
     def batch_size(self) -> int:
@@ -108,9 +116,14 @@ class StepBatch:
         return out
 
     def padded_positions(self) -> torch.Tensor:
-        """``[B, Q]`` position ids; padding columns repeat the request's last valid position."""
+        """``[B, Q]`` position ids; padding columns repeat the request's last valid position (a tree step:
+        its first position)."""
         q_idx = torch.arange(self.max_query_len, device=self.positions.device)  # [Q]
         first = self.seq_lens - self.query_lens  # [B]
+        if self.rope_positions is not None:
+            out = first[:, None].expand(-1, self.max_query_len).clone()  # [B, Q]
+            out[self.rows, self.cols] = self.rope_positions
+            return out
         return first[:, None] + torch.minimum(q_idx[None, :], (self.query_lens - 1)[:, None])
 
     def spec_decode_metadata(self, last_only: bool = False) -> SpecDecodeMetadata:
@@ -202,6 +215,39 @@ def build_step_batch(
         else tokens.new_zeros(0, dtype=torch.int32),
         attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=seq_lens),
     )
+
+
+def build_tree_step_batch(
+    start: int,
+    tokens: torch.Tensor,  # [B, Q] int64: each request's last committed token, then its tree's tokens
+    parents: Sequence[Sequence[int]],  # host [B][n_b]: node i's parent (-1: the first query token)
+    cache_lens: Sequence[int],  # host [B] cached positions before this step
+) -> StepBatch:
+    """A verify step over one token tree per request: column 0 is the last committed token, column
+    ``1 + i`` tree node ``i``. Keys land at the cache positions ``first + column``; each query is placed at
+    ``first + depth`` and sees the cached prefix, itself and its ancestors only."""
+    lens = [1 + len(p) for p in parents]
+    batch = build_step_batch(start, tokens, lens, cache_lens, [n - 1 for n in lens])
+    q, host_depths, host_tree = batch.max_query_len, [], []
+    for nodes in parents:
+        depth, above = [0], [[0]]  # per column: depth, and the columns it sees (ancestors and itself)
+        for i, parent in enumerate(nodes):
+            if not -1 <= parent < i:
+                raise ValueError(f"tree parents {list(nodes)}: node {i} needs a parent in -1..{i - 1}")
+            depth.append(depth[parent + 1] + 1)
+            above.append([*above[parent + 1], i + 1])
+        host_depths += depth
+        host_tree.append([[j in cols for j in range(q)] for cols in above] + [[False] * q] * (q - len(above)))
+    device = tokens.device
+    depths = torch.tensor(host_depths, dtype=torch.int64).to(device)  # [N]
+    first = (batch.seq_lens - batch.query_lens)[batch.rows]  # [N]
+    meta = RaggedAttentionMetadata(
+        query_lens=batch.query_lens,
+        kv_lens=batch.seq_lens,
+        tree=torch.tensor(host_tree, dtype=torch.bool).to(device),  # [B, Q, Q]
+        tree_depths=batch.padded(depths),  # [B, Q]
+    )
+    return replace(batch, attention=meta, rope_positions=first + depths)
 
 
 @dataclass(frozen=True)

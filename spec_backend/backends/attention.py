@@ -117,13 +117,33 @@ def _build_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int, window: 
     q_idx = torch.arange(q_len, device=device)  # [Q]
     k_idx = torch.arange(kv_len, device=device)  # [L]
     q_pos = (meta.kv_lens - meta.query_lens)[:, None] + q_idx[None, :]  # [B, Q] absolute positions
-    mask = k_idx[None, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+    if meta.tree is not None:
+        mask, q_pos, k_pos = _tree_visibility(meta, q_len, k_idx)  # [B, Q, L], [B, Q], [B, L]
+    else:
+        mask, k_pos = k_idx[None, None, :] <= q_pos[:, :, None], k_idx[None, :]  # [B, Q, L], [1, L]
     if window is not None:
-        mask &= k_idx[None, None, :] > q_pos[:, :, None] - window
+        mask &= k_pos[:, None, :] > q_pos[:, :, None] - window
     mask &= k_idx[None, None, :] < meta.kv_lens[:, None, None]
     padding = q_idx[None, :] >= meta.query_lens[:, None]  # [B, Q]
     mask |= padding[:, :, None] & (k_idx[None, None, :] == 0)
     return mask[:, None]
+
+
+def _tree_visibility(
+    meta: RaggedAttentionMetadata, q_len: int, k_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree step's visibility ``[B, Q, L]`` (the cached prefix, then this step's keys by ancestry) and
+    the queries' and keys' positions ``[B, Q]`` / ``[B, L]`` (this step's at ``first + depth``)."""
+    assert meta.tree is not None and meta.tree_depths is not None
+    first = meta.kv_lens - meta.query_lens  # [B]
+    col = k_idx[None, :] - first[:, None]  # [B, L] the step's column of each key (< 0: cached)
+    new = col >= 0
+    index = col.clamp(0, q_len - 1)  # [B, L]
+    seen = torch.gather(meta.tree[:, :q_len, :q_len], 2, index[:, None, :].expand(-1, q_len, -1))  # [B, Q, L]
+    mask = torch.where(new[:, None, :], seen, True)
+    depth_of_key = torch.gather(meta.tree_depths[:, :q_len], 1, index)  # [B, L]
+    k_pos = torch.where(new, first[:, None] + depth_of_key, k_idx[None, :])
+    return mask, first[:, None] + meta.tree_depths[:, :q_len], k_pos
 
 
 def ragged_metadata(kwargs: dict[str, Any], module: Any = None) -> RaggedAttentionMetadata:

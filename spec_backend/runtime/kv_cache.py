@@ -24,7 +24,9 @@ the window. Linear-attention layers keep per-slot recurrent state instead (``run
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -185,6 +187,28 @@ class RaggedKVCache(Cache):
         for state in self.recurrent_layers:  # recurrent state: recomputed over the kept positions
             state.rollback(slot, self.lengths[slot], length)
         self.lengths[slot] = length
+
+    @torch.inference_mode()
+    def keep_path(self, slot: int, first: int, columns: Sequence[int]) -> None:
+        """After a token-tree step written at ``first + column``: keep the accepted path only — the keys
+        and values of ``columns`` (increasing, column 0 the step's first token) move to ``first ..`` and
+        the slot ends after them."""
+        n = len(columns)
+        if n == 0 or columns[0] != 0 or any(b <= a for a, b in itertools.pairwise(columns)):
+            raise ValueError(f"a tree path starts at column 0 and increases, got {list(columns)}")
+        if first + columns[-1] >= self.lengths[slot]:
+            raise ValueError(
+                f"slot {slot} holds {self.lengths[slot]} positions, path {list(columns)} from {first}"
+            )
+        if self.layout.states or self.layout.windows:
+            raise RuntimeError(
+                "token trees need a cache that keeps every position (no recurrent state or rings)"
+            )
+        source = torch.tensor([first + c for c in columns], device=self.layout.device)  # [n]
+        for keys, values in self._kv():
+            keys[slot, :, first : first + n] = keys[slot, :, source]
+            values[slot, :, first : first + n] = values[slot, :, source]
+        self.lengths[slot] = first + n
 
     @torch.inference_mode()
     def read_positions(self, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
