@@ -271,6 +271,11 @@ def ascend_ragged_attention(
         raise ValueError(
             f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
         )
+    if meta.tree is not None:
+        raise ValueError(
+            "token-tree verification on Ascend needs npu_fused_infer_attention_score with an explicit "
+            "ancestor mask, which this backend does not issue yet; use the reference or CUDA backend"
+        )
     layer = layer_attention(kwargs)
     head_dim = query.shape[-1]
     if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or {key.shape[-1], value.shape[-1]} != {head_dim}:

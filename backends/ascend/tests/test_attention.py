@@ -214,3 +214,15 @@ def test_the_conformance_suites_attention_tier(fake_npu: ModuleType) -> None:
 
     for result in check_attention(CpuEmulatedAscend(), atol=FP16_OUT_TOL["atol"]):
         result.check()
+
+
+def test_token_tree_steps_are_refused_by_name(fake_npu: ModuleType) -> None:
+    """The fused op masks causally: a tree step's ancestor mask is refused, never computed as a chain."""
+    from dataclasses import replace
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, meta = ragged_batch(gen, 2, 3, 8, 2, 32)
+    tree = torch.eye(3, dtype=torch.bool)[None].expand(2, -1, -1)  # [B, Q, Q]
+    meta = replace(meta, tree=tree, tree_depths=torch.zeros((2, 3), dtype=torch.int64))
+    with pytest.raises(ValueError, match="token-tree verification on Ascend needs"):
+        ascend_ragged_attention(torch.nn.Module(), q, k, v, None, spec_attn_metadata=meta)

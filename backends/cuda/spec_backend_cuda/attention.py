@@ -191,6 +191,10 @@ def flash_ragged_attention(
     """The flash path as an ``AttentionInterface`` function; returns ``[B, Q, Hq, D]``."""
     meta, layer = ragged_metadata(kwargs, module), layer_attention(kwargs)
     reason = flash_unsupported_reason(query, key, dropout, value, layer)
+    if meta.tree is not None:
+        reason = (
+            "a token tree's ancestor mask (flash attention masks causally only; the SDPA path serves trees)"
+        )
     if reason is not None:
         raise ValueError(f"the flash attention path cannot run here: {reason}")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -249,8 +253,10 @@ def cuda_ragged_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The CUDA backend's attention: flash when it can run these tensors, else the reference SDPA."""
-    if flash_unsupported_reason(query, key, dropout, value, layer_attention(kwargs)) is None:
+    """The CUDA backend's attention: flash when it can run these tensors, else (and for token trees,
+    whose ancestor masks flash cannot apply) the reference SDPA."""
+    tree = ragged_metadata(kwargs, module).tree is not None
+    if not tree and flash_unsupported_reason(query, key, dropout, value, layer_attention(kwargs)) is None:
         return flash_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 

@@ -198,3 +198,32 @@ def test_sinks_soft_caps_and_latent_values_take_the_sdpa_path() -> None:
     assert torch.equal(out, ref)
     with pytest.raises(ValueError, match="flash attention path cannot run here"):
         flash_ragged_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
+
+
+def test_token_trees_take_the_sdpa_path_and_flash_refuses_them() -> None:
+    """A tree step's ancestor mask: the auto path routes it to SDPA (the reference's mask), the flash
+    path alone refuses it by name rather than masking causally."""
+    from dataclasses import replace
+
+    query, key, value, meta = ragged_batch(2, 4, 4, 2, 16, query_lens=[4, 3], seed=3)
+    tree = torch.zeros((2, 4, 4), dtype=torch.bool)
+    for b, parents in enumerate(([-1, -1, 0], [-1, 0])):  # columns 1.. are nodes; column 0 the root
+        tree[b, 0, 0] = True
+        for i, p in enumerate(parents):
+            tree[b, i + 1] = tree[b, p + 1]
+            tree[b, i + 1, i + 1] = True
+    depths = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 0]])
+    meta = replace(meta, tree=tree, tree_depths=depths, mask_cache={})
+    out, _ = cuda_ragged_attention(torch.nn.Identity(), query, key, value, None, spec_attn_metadata=meta)
+    ref, _ = sdpa_ragged_attention(torch.nn.Identity(), query, key, value, None, spec_attn_metadata=meta)
+    causal, _ = sdpa_ragged_attention(
+        torch.nn.Identity(),
+        query,
+        key,
+        value,
+        None,
+        spec_attn_metadata=replace(meta, tree=None, mask_cache={}),
+    )
+    assert torch.equal(out, ref) and not torch.equal(out, causal)
+    with pytest.raises(ValueError, match="token tree's ancestor mask"):
+        flash_ragged_attention(torch.nn.Identity(), query, key, value, None, spec_attn_metadata=meta)
