@@ -53,11 +53,11 @@ def cpu_ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``[B, Q, Hq, D]``: batch-invariant rows for a marked model, else the reference's SDPA (which also
-    takes a marked model's layers with sinks or a soft cap). A sliding window reaches both paths."""
-    layer = layer_attention(kwargs)
-    if not is_batch_invariant(module) or layer.explicit:
+    takes a marked model's layers with sinks or a soft cap, and token-tree steps, whose ancestor masks
+    the row kernels do not apply). A sliding window reaches both paths."""
+    layer, meta = layer_attention(kwargs), ragged_metadata(kwargs, module)
+    if not is_batch_invariant(module) or layer.explicit or meta.tree is not None:
         return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    meta = ragged_metadata(kwargs, module)
     rows = native_attention_rows(query, key, value, meta, scaling) if layer.window is None else None
     if rows is not None:
         return rows, None

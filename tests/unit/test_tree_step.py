@@ -114,3 +114,24 @@ def test_bad_paths_and_trees_are_refused(models: tuple) -> None:
         runner.cache.keep_path(0, 2, [0, 2, 1])
     with pytest.raises(ValueError, match=r"node 1 needs a parent in -1..0"):
         build_tree_step_batch(0, torch.zeros((1, 3), dtype=torch.int64), [[-1, 1]], [3])
+
+
+def test_the_cpu_backend_applies_the_tree_mask() -> None:
+    """The cpu backend's batch-invariant row kernels mask causally: tree steps take the reference SDPA."""
+    from spec_backend.backends.attention import sdpa_ragged_attention
+    from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
+
+    module = torch.nn.Linear(1, 1)
+    mark_batch_invariant(module)
+    tokens = torch.zeros((2, 4), dtype=torch.int64)
+    batch = build_tree_step_batch(0, tokens, [[-1, -1, 0], [-1, 0]], [5, 2])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 4, 16, generator=gen)  # [B, Hq, Q, D]
+    k, v = (
+        torch.randn(2, 2, batch.max_seq_len, 16, generator=gen),
+        torch.randn(2, 2, batch.max_seq_len, 16, generator=gen),
+    )
+    meta = batch.attention
+    got, _ = cpu_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)
+    want, _ = sdpa_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)
+    assert torch.equal(got, want)
