@@ -19,6 +19,7 @@ from spec_backend.config import SpeculativeConfig
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_quantization
 from spec_backend.engine.confidence import ConfidenceVerification, build_confidence_verification
+from spec_backend.engine.tree_step import TREE_METHODS, TreePlan
 from spec_backend.methods import METHODS
 from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
@@ -56,16 +57,22 @@ def check_embedded_method(config: SpeculativeConfig, kv_transfer_config: dict[st
 
 
 def _check_chain(config: SpeculativeConfig) -> None:
-    """The embedded engine drafts and verifies chains: a ``speculative_token_tree`` that branches (or a
-    chain of another length than ``num_speculative_tokens``) is refused, never run as a chain."""
+    """A ``speculative_token_tree`` is the chain of ``num_speculative_tokens`` tokens, or a tree that
+    branches, as deep as ``num_speculative_tokens``, for a method that drafts trees
+    (``engine.tree_step.TREE_METHODS``); anything else is refused, never run as something else."""
     tree = config.token_tree
     k = config.num_speculative_tokens
     if tree is None or k is None or tree == [(0,) * (i + 1) for i in range(k)]:
         return
+    depth = max(len(node) for node in tree)
+    branches = any(node[-1] > 0 for node in tree)
+    if branches and depth == k and config.method in TREE_METHODS:
+        return
     raise ValueError(
         f"speculative_token_tree={config.speculative_token_tree!r}: the embedded engine drafts a chain of "
-        f"num_speculative_tokens={k} tokens, [(0,), (0, 0), ...]; token trees are not implemented yet "
-        "(omit speculative_token_tree, or give that chain)"
+        f"num_speculative_tokens={k} tokens, [(0,), (0, 0), ...], or, with method in {list(TREE_METHODS)}, "
+        f"a tree that branches and is num_speculative_tokens deep (this one is {depth} deep; "
+        f"method={config.method!r})"
     )
 
 
@@ -130,14 +137,22 @@ def assemble(
 
 
 def step_policies(
-    spec: SpeculativeConfig | None, k: int, drafter: Drafter | None
+    spec: SpeculativeConfig | None, k: int, drafter: Drafter | None, tree: TreePlan | None, recurrent: bool
 ) -> tuple[AdaptiveDraftLength | None, ConfidenceVerification | None]:
     """The engine's draft-length policy (``adaptive_draft_length``) and verify-length rule (a drafter
-    with a confidence head: ``confidence_verification``)."""
+    with a confidence head: ``confidence_verification``; chains only: a token tree verifies its nodes)."""
     if spec is None:
         return None, None
+    if tree is not None and recurrent:
+        raise ValueError("token trees need a target of attention layers: this one keeps recurrent state")
     adaptive = AdaptiveDraftLength(k) if spec.adaptive_draft_length else None
-    reports = drafter is not None and drafter.reports_confidence
+    reports = drafter is not None and drafter.reports_confidence and tree is None
+    if tree is not None and spec.confidence_verification not in (None, "off"):
+        raise ValueError(
+            f"confidence_verification={spec.confidence_verification!r} chooses how much of a chain to "
+            "verify; with a branching speculative_token_tree every node is verified (use 'off' or leave it "
+            "unset)"
+        )
     rule = build_confidence_verification(spec.confidence_verification, spec.confidence_threshold, reports)
     return adaptive, rule
 

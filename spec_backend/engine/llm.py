@@ -37,6 +37,7 @@ from spec_backend.engine.prefix import PrefixHits, PrefixSettings
 from spec_backend.engine.request import Request, merge_samples
 from spec_backend.engine.spec_config import parse_speculative_config
 from spec_backend.engine.structured import make_grammars
+from spec_backend.engine.tree_step import tree_plan
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import (
     CounterMetric,
@@ -54,7 +55,6 @@ from spec_backend.runtime.loader import (
     register_attention,
     resolve_dtype,
 )
-from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.sources import ModelSource, resolve_model
 
 logger = logging.getLogger("spec_backend.engine")
@@ -185,62 +185,52 @@ class LLM:
         prefix: PrefixSettings,
     ) -> EngineCore:
         """The drafter, the preallocated caches and slot table, the engine, and its captured graphs."""
-        spec, device = self.speculative_config, self.backend.device()
-        ctx, k, disable = None, 0, None
+        spec = self.speculative_config
+        ctx, k, disable, tree = None, 0, None, None
         if spec is not None:
-            prepare = draft_preparation(self.backend, spec.quantization)
-            ctx = DrafterContext(
-                spec,
-                device,
-                self.model,
-                max_num_seqs,
-                self.max_model_len,
-                draft_loader(attn_name, self.model.dtype, device, prepare),
-                kv_transfer_config,
-                dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
-                self.backend,
-                self.enforce_eager or bool(spec.enforce_eager),
-                self.source.directory if self.source.gguf_file is None else None,
-                prepare,
-            )
+            ctx = self._drafter_context(spec, attn_name, max_num_seqs, kv_transfer_config)
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
+            tree = tree_plan(spec.token_tree)
+        headroom = max(k, len(tree.parents)) if tree is not None else k  # a tree step writes every node
         runner, slots, drafter = assemble(
-            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, k, not prefix.enabled
-        )
-        adaptive, confidence = step_policies(spec, k, drafter)
+            self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom,
+            not prefix.enabled and tree is None,
+        )  # fmt: skip
+        adaptive, confidence = step_policies(spec, k, drafter, tree, bool(runner.cache.layout.states))
         hits = PrefixHits.build(
-            self._prefix_for(runner, prefix),
+            prefix.for_model(self.source.display, bool(runner.cache.layout.states)),
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],
             bool(drafter is not None and drafter.hidden_states.any),
             self.metrics.registry,
             kv_cache_memory_bytes,
         )
         engine = EngineCore(
-            runner,
-            slots,
-            verifier,
-            drafter,
-            k,
-            max_num_seqs,
-            disable,
-            self.metrics,
-            self.tokenizer,
-            adaptive,
-            hits,
-            confidence,
-        )
-        eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
+            runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer,
+            adaptive, hits, confidence, tree,
+        )  # fmt: skip
+        eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager) or tree is not None
         # the verify step (K+1 tokens per request), or plain decoding's one token per request
         engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
         return engine
 
-    def _prefix_for(self, runner: ModelRunner, prefix: PrefixSettings) -> PrefixSettings:
-        """``prefix``, turned off (an error when asked for explicitly) for models with recurrent state."""
-        if runner.cache.layout.states and prefix.enabled:
-            reason = "its linear-attention layers keep recurrent state, which cached prefixes do not store"
-            prefix = prefix.unsupported(self.source.display, reason)
-            logger.info("prefix caching is off for %s: %s", self.source.display, reason)
-        return prefix
+    def _drafter_context(
+        self, spec: SpeculativeConfig, attn_name: str, max_num_seqs: int, kv_transfer: dict[str, Any] | None
+    ) -> DrafterContext:
+        device, prepare = self.backend.device(), draft_preparation(self.backend, spec.quantization)
+        return DrafterContext(
+            spec,
+            device,
+            self.model,
+            max_num_seqs,
+            self.max_model_len,
+            draft_loader(attn_name, self.model.dtype, device, prepare),
+            kv_transfer,
+            dict(self.tokenizer.get_vocab()) if self.tokenizer is not None else None,
+            self.backend,
+            self.enforce_eager or bool(spec.enforce_eager),
+            self.source.directory if self.source.gguf_file is None else None,
+            prepare,
+        )
 
     # -- input handling ------------------------------------------------------------------------------
     def _tokenize(self, text: str | None, ids: list[int] | None, index: int) -> list[int]:

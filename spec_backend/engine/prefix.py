@@ -17,6 +17,7 @@ of the rest, entries stored after it, and a drafter that sees the whole prompt.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from spec_backend.engine.request import Request
 from spec_backend.runtime.kv_cache import RaggedKVCache
 from spec_backend.runtime.prefix_cache import NO_HIT, Hit, PrefixCache
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
+
+logger = logging.getLogger("spec_backend.engine")
 
 #: default positions per block (vLLM's default ``block_size``)
 DEFAULT_BLOCK_SIZE = 16
@@ -78,6 +81,15 @@ class PrefixSettings:
                 f"with model {shown}: {reason}; leave those unset or pass enable_prefix_caching=False"
             )
         return PrefixSettings(enabled=False, block_size=self.block_size)
+
+    def for_model(self, shown: str, recurrent: bool) -> PrefixSettings:
+        """These settings, turned off (an error when asked for explicitly) for a model with recurrent
+        state, which cached prefixes do not store."""
+        if not (recurrent and self.enabled):
+            return self
+        reason = "its linear-attention layers keep recurrent state, which cached prefixes do not store"
+        logger.info("prefix caching is off for %s: %s", shown, reason)
+        return self.unsupported(shown, reason)
 
 
 def _rows(target: torch.Tensor | None, loc: Sequence[int], b: int) -> torch.Tensor | None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts
     from spec_backend.engine.prefix import PrefixHits
     from spec_backend.engine.sampling_state import SamplingState
+    from spec_backend.engine.tree_step import TreePlan
     from spec_backend.engine.verify import Verifier
     from spec_backend.metrics import SpecDecodingMetrics
     from spec_backend.proposers.contract import Drafter
@@ -45,6 +46,7 @@ class StepEngine(Protocol):
     prefix: PrefixHits | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
+    tree: TreePlan | None
 
     @property
     def max_model_len(self) -> int: ...
@@ -128,6 +130,8 @@ class Stepper:
 
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
+        if engine.tree is not None and not last_only:
+            return self._run_tree(start, requests, inputs, engine.tree)
         captured = engine.captured if not last_only and start == 0 else None
         if captured is not None:  # every request q tokens: placeholders where drafts are missing (all of
             # them in a step without drafts: the verify graph's replay costs a K+1-row forward, an eager
@@ -160,6 +164,23 @@ class Stepper:
             batch, requests, target.logits, sampling, flat_probs, last_only, valid
         )
         return _Result(batch, target, emitted, drafted)
+
+    def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs, tree: TreePlan) -> _Result:
+        """A token-tree step (``tree_step``), returned in its chain view."""
+        from spec_backend.engine.tree_step import refuse_processed, verify_trees
+
+        engine = self.engine
+        refuse_processed(requests)
+        counts = [
+            min(c, int(v)) for c, v in zip(inputs.counts, valid_drafts(inputs.tokens).tolist(), strict=True)
+        ]
+        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
+        cached = engine.runner.cache.lengths[start : start + len(requests)]
+        out = verify_trees(
+            tree, start, inputs.tokens, counts, list(cached), engine.runner.forward,
+            engine.sampling_state.metadata(start, positions), engine.runner.cache.keep_path,
+        )  # fmt: skip
+        return _Result(out.batch, out.target, out.emitted, out.drafted)
 
     def _accept(self, start: int, requests: list[Request], result: _Result, last_only: bool) -> None:
         engine = self.engine
@@ -209,7 +230,11 @@ class Stepper:
             budgets=budgets,
         )
         try:
-            out = drafter.propose(inputs)
+            if engine.tree is not None:  # the tree's nodes within each budget's depth
+                out = drafter.propose_tree(inputs, engine.tree.parents, engine.tree.ranks)
+                budgets = tuple(engine.tree.nodes_within(b) for b in budgets)
+            else:
+                out = drafter.propose(inputs)
         except Exception as exc:
             for request in requests:
                 if not request.finished:

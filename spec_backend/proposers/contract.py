@@ -166,6 +166,13 @@ class Drafter(ABC):
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         """Drafts for the next step of ``inputs.requests`` (see the module docstring)."""
 
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static token tree per request: ids ``[B, n]`` of the tree's nodes in its breadth-first order
+        (``proposers.tree_build``), ``n`` counted for every request (the engine keeps the nodes within
+        each budget's depth). Only the drafters of ``engine.tree_step.TREE_METHODS`` draft trees."""
+        del inputs, parents, ranks
+        raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
+
 
 def last_committed_rows(inputs: DraftInputs) -> torch.Tensor:
     """``[B]`` flat row of each request's last committed token this step (a prefill's last prompt row; a

@@ -11,6 +11,7 @@ sampler are exactly those the drafts were drawn from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.head_cache import HeadCacheDrafter
+from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest
 
 if TYPE_CHECKING:
@@ -109,6 +111,19 @@ class DFlashDrafter(HeadCacheDrafter):
             scores = selector.scores(unary[:, i], ids[:, i], projected[:, i], previous, logits.shape[-1])
             previous = chain.draw(scores)  # [B]
         return chain.output(inputs.budgets)
+
+    @torch.inference_mode()
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static tree from the block's rows: a node at depth ``d`` takes its rank among the tokens of
+        row ``d``'s distribution (rows do not depend on the drafts before them; DFlash2's selector is a
+        chain rule and is not used here)."""
+        out, block_ids = self.run_block(inputs)  # [B, K+1, H]
+        logits = self.head.logits(out[:, 1:])  # [B, K, V] row d-1 drafts depth d
+        depths = depths_of(parents)
+        tokens = fill_static_batch(
+            parents, ranks, lambda p, _: logits[:, depths[p] if p >= 0 else 0], block_ids[:, 0]
+        )  # [B, n]
+        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 
 def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:

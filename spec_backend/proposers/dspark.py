@@ -12,6 +12,7 @@ drafts each request sends to verification (``spec_backend.engine.confidence``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ import torch
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
 if TYPE_CHECKING:
     from spec_backend.models.dspark import DSparkHead, DSparkSpec
@@ -67,6 +69,30 @@ class DSparkDrafter(DFlashDrafter):
             previous = chain.draw(self.head.to_target(logits))  # [B]
         drafts = chain.output(inputs.budgets)
         return replace(drafts, confidence=torch.stack(confidence, dim=1) if confidence else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static tree: the children of a node at depth ``d`` are ranked by draft row ``d``'s logits plus
+        the Markov bias of that node's token (the anchor for the root), the rnn head's state carried down
+        each path — each node's distribution is the one its chain would have."""
+        out, block_ids = self.run_block(inputs)  # [B, rows, H]
+        first = self.dspark.first_row
+        hidden = out[:, first : first + self.num_speculative_tokens]  # [B, K, H]
+        base = self.head.draft_logits(hidden)  # [B, K, Vd]
+        markov, depths = self.head.markov_head, depths_of(parents)
+        states: dict[int, torch.Tensor] = {}  # node -> the Markov state after its children's step
+
+        def logits_at(parent: int, previous: torch.Tensor) -> torch.Tensor:  # [B] -> [B, V]
+            row = depths[parent] if parent >= 0 else 0
+            logits = base[:, row]
+            if markov is not None:
+                above = states[parents[parent]] if parent >= 0 else markov.initial_state(hidden[:, 0])
+                bias, _, states[parent] = markov.step(previous, hidden[:, row], above)
+                logits = logits + bias
+            return self.head.to_target(logits)
+
+        tokens = fill_static_batch(parents, ranks, logits_at, block_ids[:, 0])  # [B, n]
+        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 
 def build_dspark_drafter(ctx: DrafterContext) -> DSparkDrafter:

@@ -8,11 +8,14 @@ sampled drafts with those probabilities keep probabilistic verification lossless
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spec_backend.proposers.contract import DraftInputs, DraftOutput, last_committed_rows
 from spec_backend.proposers.heads import HeadDrafter
+from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
 if TYPE_CHECKING:
     from spec_backend.models.medusa import MedusaHeads
@@ -36,6 +39,20 @@ class MedusaDrafter(HeadDrafter):
         self, i: int, state: torch.Tensor, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return state, self.heads.head_logits(i, state)  # the heads do not read earlier drafts
+
+    @torch.inference_mode()
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static tree: a node at depth ``d`` takes its rank among head ``d - 1``'s tokens (Medusa's own
+        tree drafting: the heads do not see the drafts before them)."""
+        final = inputs.target.final  # [N, H]
+        if final is None:
+            raise RuntimeError("the target returned no final hidden states for MedusaDrafter")
+        state = self.start(final[last_committed_rows(inputs)])  # [B, H]
+        depths, heads = depths_of(parents), self.heads
+        logits = [heads.head_logits(i, state).float() for i in range(max(depths, default=0))]  # each [B, V]
+        anchors = torch.zeros(len(inputs.requests), dtype=torch.int64, device=final.device)  # unused ids
+        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[depths[p] if p >= 0 else 0], anchors)
+        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 
 def build_medusa_drafter(ctx: DrafterContext) -> MedusaDrafter:

@@ -47,10 +47,7 @@ class DraftTree:
 
     @property
     def depths(self) -> list[int]:
-        depths: list[int] = []
-        for p in self.parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
-        return depths
+        return depths_of(self.parents)
 
 
 def static_shape(tree: TokenTree) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -99,4 +96,39 @@ def dynamic_tree(dist_at: DistAt, depth: int, top_k: int, budget: int) -> DraftT
     )
 
 
-__all__ = ["DistAt", "DraftTree", "dynamic_tree", "fill_static", "static_shape"]
+def depths_of(parents: Sequence[int]) -> list[int]:
+    """Each node's depth (the root's children: 1)."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
+
+
+def fill_static_batch(
+    parents: Sequence[int],
+    ranks: Sequence[int],
+    logits_at: Callable[[int, torch.Tensor], torch.Tensor],  # (parent node, its tokens [B]) -> [B, V]
+    anchors: torch.Tensor,  # [B] the root's token (the last committed token) of every request
+) -> torch.Tensor:  # [B, n] int64
+    """``fill_static`` for a batch: node ``i`` of every request is the ``ranks[i]``-th most likely token
+    of ``logits_at(parents[i], tokens of that parent)``, computed once per parent."""
+    columns: list[torch.Tensor] = []
+    best: dict[int, torch.Tensor] = {}  # parent -> its top tokens [B, k]
+    for parent, rank in zip(parents, ranks, strict=True):
+        if parent not in best:
+            need = 1 + max(r for p, r in zip(parents, ranks, strict=True) if p == parent)
+            logits = logits_at(parent, anchors if parent < 0 else columns[parent])  # [B, V]
+            best[parent] = torch.topk(logits, need, dim=-1).indices  # [B, need]
+        columns.append(best[parent][:, rank])
+    return torch.stack(columns, dim=1)
+
+
+__all__ = [
+    "DistAt",
+    "DraftTree",
+    "depths_of",
+    "dynamic_tree",
+    "fill_static",
+    "fill_static_batch",
+    "static_shape",
+]

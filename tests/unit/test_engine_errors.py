@@ -152,12 +152,14 @@ def test_unimplemented_generate_and_chat_arguments_are_named(llm: LLM) -> None:
 
 def test_a_branching_token_tree_is_refused_not_run_as_a_chain(tmp_path: Path) -> None:
     """Issue 42: ``speculative_token_tree`` was validated and then ignored (a 6-node tree verified a
-    chain). Until trees land, a tree that branches, or a chain of another length than K, is refused at
-    ``LLM(...)``; the chain of K (what is run) is accepted."""
+    chain). A tree that branches is refused for methods that draft chains (``draft_model`` here), as is
+    a chain of another length than K; the chain of K (what is run) is accepted."""
     target = make_tiny_model(tmp_path / "t", "llama", vocab_size=64)
     spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 2}
     for tree in ("[(0,), (1,), (0, 0)]", "[(0,)]"):
-        with pytest.raises(ValueError, match=r"token trees are not implemented yet"):
+        with pytest.raises(
+            ValueError, match=r"drafts a chain of num_speculative_tokens=2 tokens.*draft_model"
+        ):
             LLM(target, speculative_config={**spec, "speculative_token_tree": tree})
     llm = LLM(target, speculative_config={**spec, "speculative_token_tree": "[(0,), (0, 0)]"})
     assert llm.generate([[3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=4))[0].outputs[0].token_ids

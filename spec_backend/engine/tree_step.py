@@ -1,0 +1,171 @@
+"""Token-tree decode steps (#42): a static tree (``speculative_token_tree``) drafted, verified and
+compacted, then shown to the rest of the step as the chain of its accepted path.
+
+Glossary: *plan* — the tree's shape in breadth-first order (``parents``, ``ranks``, ``depths``; see
+``proposers.tree_build``); a request with budget ``b`` drafts the nodes of depth ``<= b`` (a prefix of the
+order, so a subtree). *Chain view* — after verification, the step's batch and target rows restricted to
+the request's first token and its accepted nodes, as if a chain step had fed exactly those: the drafter,
+the metrics and logprobs read it unchanged, and the cache holds exactly those positions (``keep_path``).
+
+Verification (``sampling.tree_verify``): greedy requests follow the target's argmax path; sampled ones
+run recursive rejection sampling with every node a point mass (the drafted children of a node are its
+draft distribution's top tokens), lossless for any temperature, top-k and top-p. Uniforms are
+counter-based: stream ``STREAM_TREE``, the request's seed, the position of its first node and the node's
+index. Requests whose logits are processed (penalties, bad words, logit bias, grammars) are refused with
+a tree: their per-row histories are chain-shaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.config.token_tree import TokenTree
+from spec_backend.proposers.tree_build import static_shape
+from spec_backend.sampling import rng
+from spec_backend.sampling.probs import target_probs
+from spec_backend.sampling.tree_verify import TreeOutcome, verify_tree, verify_tree_greedy
+from spec_backend.step import StepBatch, TargetOutput, build_step_batch, build_tree_step_batch
+
+if TYPE_CHECKING:
+    from spec_backend.engine.request import Request
+    from spec_backend.sampling.sampling_metadata import SamplingMetadata
+
+#: the counter-based RNG stream of tree verification's uniforms
+STREAM_TREE = 5
+#: methods whose drafters draft static trees (``Drafter.propose_tree``)
+TREE_METHODS = ("dflash", "dspark", "medusa")
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """A static tree's shape in breadth-first order (module docstring)."""
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+    depths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tree: TokenTree) -> TreePlan:
+        parents, ranks = static_shape(tree)
+        depths: list[int] = []
+        for p in parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        return cls(parents, ranks, tuple(depths))
+
+    @property
+    def branches(self) -> bool:
+        return any(r > 0 for r in self.ranks)
+
+    def nodes_within(self, budget: int) -> int:
+        """Nodes of depth ``<= budget`` (a prefix of the order)."""
+        return sum(d <= budget for d in self.depths)
+
+
+def tree_plan(tree: TokenTree | None) -> TreePlan | None:
+    """The plan of a ``speculative_token_tree`` that branches; ``None`` for a chain (the chain step)."""
+    plan = TreePlan.of(tree) if tree else None
+    return plan if plan is not None and plan.branches else None
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    """A verified tree step in its chain view (module docstring)."""
+
+    batch: StepBatch
+    target: TargetOutput
+    emitted: list[list[int]]
+    drafted: list[int]
+
+
+def refuse_processed(requests: Sequence[Request]) -> None:
+    """``ValueError`` for a request whose logits are processed: not supported with a token tree yet."""
+    for r in requests:
+        if not r.finished and (r.params.processes_logits or r.grammar is not None):
+            raise ValueError(
+                f"request {r.request_id!r}: penalties, bad words, logit bias, min_tokens and structured "
+                "outputs are not supported with a branching speculative_token_tree yet"
+            )
+
+
+def _outcomes(
+    plan: TreePlan,
+    counts: list[int],
+    tokens: list[list[int]],  # per request its nodes' tokens
+    logits: torch.Tensor,  # [N, V] every row of the tree step
+    loc: list[int],
+    sampling: SamplingMetadata,
+) -> list[TreeOutcome]:
+    """Each request's verified path and final token."""
+    temps = sampling.temperature.tolist()
+    out: list[TreeOutcome] = []
+    for b, n in enumerate(counts):
+        rows = logits[loc[b] : loc[b] + 1 + n]  # [1 + n, V]
+        parents = plan.parents[:n]
+        if temps[b] <= 0:
+            out.append(verify_tree_greedy(parents, tokens[b], rows.argmax(dim=-1).tolist()))
+            continue
+        probs = target_probs(
+            rows, sampling.temperature[b : b + 1].expand(1 + n), sampling.top_k[b : b + 1].expand(1 + n),
+            sampling.top_p[b : b + 1].expand(1 + n),
+        )  # fmt: skip
+        assert sampling.seeds is not None and sampling.positions is not None
+        counters = torch.arange(n + 1, dtype=torch.int64, device=rows.device)
+        uniforms = rng.uniform_f64(
+            sampling.seeds[b : b + 1].expand(n + 1), sampling.positions[b : b + 1].expand(n + 1), counters,
+            STREAM_TREE,
+        ).tolist()  # fmt: skip
+        out.append(verify_tree(parents, tokens[b], probs, None, uniforms[:n], uniforms[n]))
+    return out
+
+
+def verify_trees(
+    plan: TreePlan,
+    start: int,
+    query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes (placeholders past)
+    counts: list[int],
+    cached: list[int],
+    forward: object,
+    sampling: SamplingMetadata,
+    keep_path: object,
+) -> TreeResult:
+    """Run the tree step: forward over every node, verify, keep each accepted path in the cache
+    (``keep_path(slot, first, columns)``), and return the chain view (module docstring)."""
+    batch = build_tree_step_batch(start, query, [plan.parents[:n] for n in counts], cached)
+    target: TargetOutput = forward(batch, False)  # type: ignore[operator]
+    host = query.tolist()
+    nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
+    loc = batch.query_start_loc_host
+    outcomes = _outcomes(plan, counts, nodes, target.logits, loc, sampling)
+    for b, outcome in enumerate(outcomes):
+        keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])  # type: ignore[operator]
+    paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
+    width = max(len(p) for p in paths)
+    chain = torch.zeros((len(paths), width), dtype=torch.int64)
+    for b, path in enumerate(paths):
+        chain[b, : len(path)] = torch.tensor(path)
+    lens = [len(p) for p in paths]
+    view = build_step_batch(start, chain.to(query.device), lens, cached, [n - 1 for n in lens])
+    rows = torch.tensor([loc[b] + c for b, o in enumerate(outcomes) for c in (0, *(1 + i for i in o.path))])
+    rows = rows.to(target.logits.device)
+    chained = TargetOutput(
+        logits=target.logits[rows],
+        final=target.final[rows] if target.final is not None else None,
+        aux=target.aux[rows] if target.aux is not None else None,
+    )
+    emitted = [[nodes[b][i] for i in o.path] + [o.final_token] for b, o in enumerate(outcomes)]
+    return TreeResult(view, chained, emitted, list(counts))
+
+
+__all__ = [
+    "STREAM_TREE",
+    "TREE_METHODS",
+    "TreePlan",
+    "TreeResult",
+    "refuse_processed",
+    "tree_plan",
+    "verify_trees",
+]

@@ -1,0 +1,100 @@
+"""Token trees in the engine (#42): a branching ``speculative_token_tree`` drafted by DSpark, DFlash and
+Medusa, verified node by node and compacted to its accepted path — greedy output equals plain decoding,
+a head that predicts the target accepts every level, and what trees cannot do yet is refused by name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - one_thread is autouse
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.testing.fixtures import draft_checkpoints as w
+from spec_backend.testing.fixtures.dspark_checkpoints import (
+    make_bigram_target,
+    write_dspark,
+    write_exact_dspark,
+)
+from spec_backend.tools.tiny import make_tiny_model
+
+TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # 6 nodes, 3 deep
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=6, seed=5)
+
+
+def _head(method: str, target: str, tmp: Path) -> str:
+    if method == "dspark":
+        return write_dspark(tmp / "h", target, markov="rnn", block_size=4)
+    if method == "dflash":
+        return w.write_dflash(tmp / "h", target)
+    return w.write_medusa(tmp / "h", 32, 128, 3, "vllm")
+
+
+@pytest.mark.parametrize("method", ["dspark", "dflash", "medusa"])
+def test_greedy_output_with_a_tree_equals_plain_decoding(target: str, tmp_path: Path, method: str) -> None:
+    plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
+    spec = {"method": method, "model": _head(method, target, tmp_path), "num_speculative_tokens": 3}
+    llm = LLM(target, dtype="float64", speculative_config={**spec, "speculative_token_tree": TREE})
+    assert llm.engine.tree is not None and llm.engine.captured is None
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    total = llm.metrics.total
+    assert total.num_draft_tokens > 3 * total.num_drafts  # more nodes verified per step than a chain's K
+    assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
+
+
+def _swap_top_two(head: str, every: int) -> None:
+    """Make the head's first choice wrong after every ``every``-th token: the Markov table's two best
+    next tokens swapped (its second choice is then the target's first)."""
+    path = os.path.join(head, "model.safetensors")
+    tensors = load_file(path)
+    w2 = tensors["markov_head.markov_w2.weight"]  # [V, V]: column j = the logits after token j
+    for prev in range(0, w2.shape[1], every):
+        top = torch.topk(w2[:, prev], 2).indices
+        w2[top[0], prev], w2[top[1], prev] = w2[top[1], prev].clone(), w2[top[0], prev].clone()
+    save_file(tensors, path)
+
+
+def test_a_tree_emits_more_than_a_chain_of_as_many_nodes(tmp_path: Path) -> None:
+    """Greedy, a constructed head right after most tokens and second-best after every other one: the
+    6-node tree (depth 3) catches the second choices, the 6-token chain stops at them."""
+    bigram = make_bigram_target(tmp_path / "bigram")
+    head = write_exact_dspark(tmp_path / "exact", bigram, block_size=6)
+    _swap_top_two(head, every=2)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    tree = LLM(
+        bigram,
+        dtype="float64",
+        speculative_config={"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE},
+    )
+    tree.generate(PROMPTS, params)
+    chain = LLM(bigram, dtype="float64", speculative_config={"model": head, "num_speculative_tokens": 6})
+    chain.generate(PROMPTS, params)
+    t, c = tree.metrics.total, chain.metrics.total
+    assert t.mean_acceptance_length > c.mean_acceptance_length + 0.3, (t.log_line(), c.log_line())
+
+
+def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> None:
+    head = write_dspark(tmp_path / "h", target, block_size=4)
+    spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    with pytest.raises(ValueError, match=r"this one is 3 deep; method='eagle3'"):
+        eagle3 = w.write_eagle3(tmp_path / "e", target, "speculators", aux_ids=[0, 1, 2])
+        LLM(target, speculative_config={**spec, "model": eagle3, "method": "eagle3"})
+    with pytest.raises(ValueError, match=r"this one is 3 deep; method='dspark'"):
+        LLM(target, speculative_config={**spec, "num_speculative_tokens": 4})
+    with pytest.raises(ValueError, match="with a branching speculative_token_tree every node is verified"):
+        LLM(target, speculative_config={**spec, "confidence_verification": "throughput"})
+    llm = LLM(target, speculative_config=spec)
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8, repetition_penalty=1.2))[0].outputs[0]
+    assert (
+        out.finish_reason == "error" and "not supported with a branching speculative_token_tree" in out.error
+    )
