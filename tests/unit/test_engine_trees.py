@@ -98,3 +98,21 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     assert (
         out.finish_reason == "error" and "not supported with a branching speculative_token_tree" in out.error
     )
+
+
+def test_logprobs_with_a_tree_are_the_plain_ones(target: str, tmp_path: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2)
+    plain = LLM(target, dtype="float64").generate(PROMPTS, params)
+    spec = {
+        "model": _head("dspark", target, tmp_path),
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": TREE,
+    }
+    tree = LLM(target, dtype="float64", speculative_config=spec).generate(PROMPTS, params)
+    for a, b in zip(plain, tree, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        want, got = a.outputs[0].logprobs, b.outputs[0].logprobs
+        assert want is not None and got is not None and len(want) == len(got) == 10
+        for w_step, g_step in zip(want, got, strict=True):
+            assert w_step.keys() == g_step.keys()
+            assert all(abs(w_step[t].logprob - g_step[t].logprob) < 1e-9 for t in w_step)
