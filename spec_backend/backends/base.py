@@ -151,6 +151,9 @@ class Backend(ABC):
     #: Weight-only quantization modes ``prepare_model`` applies when ``ModelOptions.quantization`` names
     #: one; none by default (a mode not listed here is refused before any weights load).
     supported_quantizations: ClassVar[tuple[str, ...]] = ()
+    #: whether its attention applies a token tree's ancestor mask (``RaggedAttentionMetadata.tree``); a
+    #: backend that cannot is refused a branching ``speculative_token_tree`` at start-up
+    token_trees: ClassVar[bool] = True
 
     @abstractmethod
     def probe(self) -> Availability:

@@ -142,3 +142,18 @@ def test_a_model_with_attention_sinks_is_refused_at_llm(fake_npu: ModuleType, tm
     model = make_family_model(tmp_path / "gpt_oss", "gpt_oss")
     with pytest.raises(BackendError, match="npu_fused_infer_attention_score has no attention sinks"):
         engine.LLM(model, backend=CpuEmulatedAscend(), log_stats_interval=None)
+
+
+def test_a_branching_token_tree_is_refused_at_start_up(fake_npu: ModuleType, tmp_path: Path) -> None:
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+    from spec_backend.tools.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    spec = {
+        "model": write_dspark(tmp_path / "dspark", model, block_size=4),
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": "[(0,), (1,), (0, 0)]",
+    }
+    with pytest.raises(ValueError, match="backend 'ascend' cannot verify a branching speculative_token_tree"):
+        engine.LLM(model, speculative_config=spec, backend=CpuEmulatedAscend())

@@ -148,3 +148,33 @@ def test_dspark_greedy_output_matches_the_reference(tmp_path: Path) -> None:
     assert outputs["reference"] == [list(o.outputs[0].token_ids) for o in plain]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="a CUDA GPU is present: compiled triton kernels cannot read these CPU tensors "
+    "(test_gpu_drafters.py runs trees on the real backend there)",
+)
+def test_token_trees_match_the_reference(tmp_path: Path) -> None:
+    """A branching tree drafted by DSpark, verified through the CUDA backend's attention (tree steps take
+    SDPA) and sampler ops: the reference's tokens, which are the plain output."""
+    pytest.importorskip("triton")
+    engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+    from spec_backend.tools.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    spec = {
+        "model": write_dspark(tmp_path / "dspark", model, block_size=4),
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1)]",
+    }
+    params = engine.SamplingParams(temperature=0.0, max_tokens=10)
+    plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(PROMPTS, params)
+    outputs = {}
+    for name, backend in (("reference", "reference"), ("cuda", CpuEmulatedCuda(enforce_eager=True))):
+        llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
+        outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+        assert llm.engine.tree is not None and llm.metrics.total.num_draft_tokens > 0
+    assert outputs["reference"] == [list(o.outputs[0].token_ids) for o in plain]
+    assert outputs["cuda"] == outputs["reference"]

@@ -140,3 +140,17 @@ def test_drafter_with_graphs_equals_plain_and_eager(target: str, tmp_path: Path,
     assert replays > 0, "captured graphs were never replayed"
     assert with_graphs == plain
     assert eager == plain
+
+
+def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path) -> None:
+    """A branching tree (DSpark) on the CUDA backend: tree steps run eagerly through SDPA; greedy output
+    equals plain decoding."""
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+
+    spec = {
+        "model": write_dspark(tmp_path / "dspark", target, block_size=4),
+        "num_speculative_tokens": K,
+        "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
+    }
+    plain = _generate(target, None, CudaBackend(graph_progress=False))
+    assert _generate(target, spec, CudaBackend(graph_progress=False)) == plain
