@@ -1,0 +1,124 @@
+"""Token trees against chains at the same verify budget (#42): acceptance length and tokens per second.
+
+Trained heads do not exist offline, so the head is constructed: the target is SmolLM2-135M-shaped
+(Llama, hidden 576, 30 layers, 9 heads / 3 KV heads) with a 4096-token vocabulary and every layer's
+output projections zeroed, so its next token depends on the current token alone and it still costs a
+full forward; the head is a DeepSpec-format DSpark head whose Markov table holds that target's bigram
+table with the two best tokens swapped after every other token (``--swap-every``), so its first choice is
+wrong there and its second right — where trees are meant to help. Reference backend (``--backend``: the
+cpu backend's packed-layer path picks up the zeroed layers and changes the target). Greedy, batch 1 and 4,
+one prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
+engine (no speculation) measured in the same run as the peer.
+
+Rows: plain decoding; the chain of K=3 and of K=6 (the tree's verify budget); the 6-node tree
+``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3). Run: ``python benchmarks/bench_trees.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+SHAPE = {
+    "vocab_size": 4096,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 2048,
+}
+
+
+def build(root: Path, swap_every: int) -> tuple[str, str]:
+    """The bigram target and the constructed DSpark head (module docstring)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from spec_backend.testing.fixtures.dspark_checkpoints import make_bigram_target, write_exact_dspark
+
+    target = make_bigram_target(root / "target", vocab=SHAPE["vocab_size"], seed=0, **_sizes())
+    head = write_exact_dspark(root / "head", target, block_size=6)
+    path = os.path.join(head, "model.safetensors")
+    tensors = load_file(path)
+    w2 = tensors["markov_head.markov_w2.weight"]  # [V, V]
+    for prev in range(0, w2.shape[1], swap_every):
+        top = torch.topk(w2[:, prev], 2).indices
+        w2[top[0], prev], w2[top[1], prev] = w2[top[1], prev].clone(), w2[top[0], prev].clone()
+    save_file(tensors, path)
+    return target, head
+
+
+def _sizes() -> dict[str, Any]:
+    return {k: v for k, v in SHAPE.items() if k != "vocab_size"}
+
+
+def measure(
+    target: str, spec: dict[str, Any] | None, batch: int, tokens: int, runs: int, backend: str
+) -> tuple[float, float, float]:
+    """(median tokens/s, mean acceptance length, verified draft tokens per step)."""
+    from spec_backend import LLM, SamplingParams
+
+    llm = LLM(target, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, backend=backend)
+    prompts = [[(7 * b + 3 * i) % SHAPE["vocab_size"] for i in range(32)] for b in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+    rates = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        rates.append(batch * tokens / (time.perf_counter() - start))
+    total = llm.metrics.total
+    per_step = total.num_draft_tokens / total.num_drafts if total.num_drafts else 0.0
+    return statistics.median(rates), total.mean_acceptance_length, per_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4])
+    parser.add_argument("--swap-every", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backend", default="reference", help="the cpu backend packs the zeroed layers")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        target, head = build(Path(tmp), args.swap_every)
+        rows: dict[str, dict[str, Any] | None] = {
+            "plain (peer)": None,
+            "chain K=3": {"model": head, "num_speculative_tokens": 3},
+            "chain K=6": {"model": head, "num_speculative_tokens": 6},
+            "tree 6 nodes, depth 3": {
+                "model": head,
+                "num_speculative_tokens": 3,
+                "speculative_token_tree": TREE,
+            },
+        }
+        print(
+            f"greedy, {args.tokens} new tokens, {args.runs} runs, float32, {args.threads} threads, "
+            f"torch {torch.__version__}"
+        )
+        print(
+            f"{'batch':>5} {'row':<24} {'tok/s':>8} {'x plain':>8} {'accept len':>11} {'verified/step':>14}"
+        )
+        for batch in args.batches:
+            plain = None
+            for name, spec in rows.items():
+                rate, length, per_step = measure(target, spec, batch, args.tokens, args.runs, args.backend)
+                plain = rate if plain is None else plain
+                ratio = rate / plain
+                print(f"{batch:>5} {name:<24} {rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()
