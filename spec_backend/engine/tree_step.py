@@ -10,14 +10,14 @@ the metrics and logprobs read it unchanged, and the cache holds exactly those po
 Verification (``sampling.tree_verify``): greedy requests follow the target's argmax path; sampled ones
 run recursive rejection sampling with every node a point mass (the drafted children of a node are its
 draft distribution's top tokens), lossless for any temperature, top-k and top-p. Uniforms are
-counter-based: stream ``STREAM_TREE``, the request's seed, the position of its first node and the node's
-index. Requests whose logits are processed (penalties, bad words, logit bias, grammars) are refused with
-a tree: their per-row histories are chain-shaped.
+counter-based: stream ``rng.STREAM_TREE``, the request's seed, the position of its first node and the
+node's index. Requests whose logits are processed (penalties, bad words, logit bias, grammars) are
+refused with a tree: their per-row histories are chain-shaped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from spec_backend.engine.request import Request
     from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
-#: the counter-based RNG stream of tree verification's uniforms
-STREAM_TREE = 5
 #: methods whose drafters draft static trees (``Drafter.propose_tree``)
 TREE_METHODS = ("dflash", "dspark", "medusa")
 
@@ -116,7 +114,7 @@ def _outcomes(
         counters = torch.arange(n + 1, dtype=torch.int64, device=rows.device)
         uniforms = rng.uniform_f64(
             sampling.seeds[b : b + 1].expand(n + 1), sampling.positions[b : b + 1].expand(n + 1), counters,
-            STREAM_TREE,
+            rng.STREAM_TREE,
         ).tolist()  # fmt: skip
         out.append(verify_tree(parents, tokens[b], probs, None, uniforms[:n], uniforms[n]))
     return out
@@ -128,20 +126,20 @@ def verify_trees(
     query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes (placeholders past)
     counts: list[int],
     cached: list[int],
-    forward: object,
+    forward: Callable[[StepBatch, bool], TargetOutput],
     sampling: SamplingMetadata,
-    keep_path: object,
+    keep_path: Callable[[int, int, Sequence[int]], None],
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
     (``keep_path(slot, first, columns)``), and return the chain view (module docstring)."""
     batch = build_tree_step_batch(start, query, [plan.parents[:n] for n in counts], cached)
-    target: TargetOutput = forward(batch, False)  # type: ignore[operator]
+    target = forward(batch, False)
     host = query.tolist()
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
     outcomes = _outcomes(plan, counts, nodes, target.logits, loc, sampling)
     for b, outcome in enumerate(outcomes):
-        keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])  # type: ignore[operator]
+        keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
     width = max(len(p) for p in paths)
     chain = torch.zeros((len(paths), width), dtype=torch.int64)
@@ -161,7 +159,6 @@ def verify_trees(
 
 
 __all__ = [
-    "STREAM_TREE",
     "TREE_METHODS",
     "TreePlan",
     "TreeResult",

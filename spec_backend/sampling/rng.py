@@ -49,6 +49,8 @@ STREAM_SAMPLE = 2
 STREAM_SYNTHETIC = 3
 #: per-vocabulary noise of a sampled draft token, keyed by that draft's absolute position
 STREAM_DRAFT = 4
+#: token-tree verification: one uniform per node, then the final token's, keyed by the first node's position
+STREAM_TREE = 5
 
 #: largest seed drawn for unseeded requests (63 bits, non-negative int64)
 MAX_SEED = 2**63 - 1
