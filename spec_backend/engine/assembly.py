@@ -137,7 +137,12 @@ def assemble(
 
 
 def step_policies(
-    spec: SpeculativeConfig | None, k: int, drafter: Drafter | None, tree: TreePlan | None, recurrent: bool
+    spec: SpeculativeConfig | None,
+    k: int,
+    drafter: Drafter | None,
+    tree: TreePlan | None,
+    recurrent: bool,
+    rule: str = "standard",
 ) -> tuple[AdaptiveDraftLength | None, ConfidenceVerification | None]:
     """The engine's draft-length policy (``adaptive_draft_length``) and verify-length rule (a drafter
     with a confidence head: ``confidence_verification``; chains only: a token tree verifies its nodes)."""
@@ -145,6 +150,12 @@ def step_policies(
         return None, None
     if tree is not None and recurrent:
         raise ValueError("token trees need a target of attention layers: this one keeps recurrent state")
+    if tree is not None and (rule != "standard" or spec.uses_draft_probs):
+        raise ValueError(
+            "a branching speculative_token_tree is verified by recursive rejection sampling over its "
+            f"point-mass nodes; rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) "
+            "cannot apply to it: use rejection_sample_method='strict' and no lossy rejection_sampler_config"
+        )
     adaptive = AdaptiveDraftLength(k) if spec.adaptive_draft_length else None
     reports = drafter is not None and drafter.reports_confidence and tree is None
     if tree is not None and spec.confidence_verification not in (None, "off"):
@@ -153,8 +164,10 @@ def step_policies(
             "verify; with a branching speculative_token_tree every node is verified (use 'off' or leave it "
             "unset)"
         )
-    rule = build_confidence_verification(spec.confidence_verification, spec.confidence_threshold, reports)
-    return adaptive, rule
+    confidence = build_confidence_verification(
+        spec.confidence_verification, spec.confidence_threshold, reports
+    )
+    return adaptive, confidence
 
 
 __all__ = [

@@ -200,9 +200,10 @@ class LLM:
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom,
             not prefix.enabled and tree is None,
         )  # fmt: skip
-        adaptive, confidence = step_policies(spec, k, drafter, tree, bool(runner.cache.layout.states))
+        recurrent, rule = bool(runner.cache.layout.states), verifier.plan.rule.name
+        adaptive, confidence = step_policies(spec, k, drafter, tree, recurrent, rule)
         hits = PrefixHits.build(
-            prefix.for_model(self.source.display, bool(runner.cache.layout.states)),
+            prefix.for_model(self.source.display, recurrent),
             [runner.cache, *(drafter.prefix_caches() if drafter else ())],
             bool(drafter is not None and drafter.hidden_states.any),
             self.metrics.registry,

@@ -93,6 +93,9 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
         LLM(target, speculative_config={**spec, "num_speculative_tokens": 4})
     with pytest.raises(ValueError, match="with a branching speculative_token_tree every node is verified"):
         LLM(target, speculative_config={**spec, "confidence_verification": "throughput"})
+    for method in ("probabilistic", "block"):
+        with pytest.raises(ValueError, match=rf"rejection_sample_method='{method}' .* cannot apply to it"):
+            LLM(target, speculative_config={**spec, "rejection_sample_method": method})
     llm = LLM(target, speculative_config=spec)
     out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8, repetition_penalty=1.2))[0].outputs[0]
     assert (
