@@ -23,18 +23,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-
-def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x [T, heads, d]
-    d = x.shape[-1]
-    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    ang = pos.double()[:, None] * inv[None]  # [T, d/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1)[:, None], torch.cat([ang.sin(), ang.sin()], -1)[:, None]
-    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+from test_drafter_dflash import _rms, _rope
 
 
 def _fields(cfg: dict[str, Any]) -> dict[str, Any]:

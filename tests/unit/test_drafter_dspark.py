@@ -173,35 +173,19 @@ def test_each_markov_head_changes_the_drafts(deep_target: str, tmp_path: Path, l
     assert before != after
 
 
+def _drafts(target: str, head: Path) -> list[list[int]]:
+    """Every step's drafts of a greedy run of ``PROMPTS[2]`` with the head at ``head`` (K=3)."""
+    llm = LLM(target, dtype="float64", speculative_config={"model": str(head), "num_speculative_tokens": 3})
+    return [d for _, d, _ in _history(llm, PROMPTS[2], 12)[1]]
+
+
 def test_the_anchor_layout_is_read_from_the_checkpoint(deep_target: str, tmp_path: Path) -> None:
     """The same weights read in the other layout draft something else (the misreading vLLM once had)."""
     head = Path(_head(tmp_path, deep_target, ("speculators", True, "vanilla", None), seed=3))
-    anchor = [
-        d
-        for _, d, _ in _history(
-            LLM(
-                deep_target,
-                dtype="float64",
-                speculative_config={"model": str(head), "num_speculative_tokens": 3},
-            ),
-            PROMPTS[2],
-            12,
-        )[1]
-    ]
+    anchor = _drafts(deep_target, head)
     config = json.loads((head / "config.json").read_text())
     (head / "config.json").write_text(json.dumps({**config, "sample_from_anchor": False}))
-    shifted = [
-        d
-        for _, d, _ in _history(
-            LLM(
-                deep_target,
-                dtype="float64",
-                speculative_config={"model": str(head), "num_speculative_tokens": 3},
-            ),
-            PROMPTS[2],
-            12,
-        )[1]
-    ]
+    shifted = _drafts(deep_target, head)
     assert anchor != shifted
 
 

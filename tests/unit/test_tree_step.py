@@ -68,12 +68,18 @@ def _tree_forward(runner: ModelRunner) -> torch.Tensor:
     return runner.forward(batch, last_only=False).logits  # [N, V]
 
 
-def test_every_tree_node_scores_like_its_path(models: tuple) -> None:
-    ours, ref = models
-    runner = make_runner(ours, 200, len(TREES))
+def _prefilled(model: torch.nn.Module) -> ModelRunner:
+    """A runner with one slot per tree, each holding its prompt."""
+    runner = make_runner(model, 200, len(TREES))
     for _ in TREES:
         runner.cache.add_slot()
     forward(runner, 0, [prompt for prompt, *_ in TREES], last_only=True)
+    return runner
+
+
+def test_every_tree_node_scores_like_its_path(models: tuple) -> None:
+    ours, ref = models
+    runner = _prefilled(ours)
     logits, row = _tree_forward(runner), 0
     for prompt, last, parents, tokens in TREES:
         torch.testing.assert_close(logits[row], ref_logits(ref, [*prompt, last], 1)[0], atol=1e-9, rtol=0)
@@ -85,10 +91,7 @@ def test_every_tree_node_scores_like_its_path(models: tuple) -> None:
 
 def test_keeping_the_accepted_path_lets_decoding_continue(models: tuple) -> None:
     ours, ref = models
-    runner = make_runner(ours, 200, len(TREES))
-    for _ in TREES:
-        runner.cache.add_slot()
-    forward(runner, 0, [prompt for prompt, *_ in TREES], last_only=True)
+    runner = _prefilled(ours)
     _tree_forward(runner)
     kept = [
         [1, 3, 6],
