@@ -224,18 +224,34 @@ def build_tree_step_batch(
     cache_lens: Sequence[int],  # host [B] cached positions before this step
 ) -> StepBatch:
     """A verify step over one token tree per request: column 0 is the last committed token, column
-    ``1 + i`` tree node ``i``. Keys land at the cache positions ``first + column``; each query is placed at
-    ``first + depth`` and sees the cached prefix, itself and its ancestors only."""
-    lens = [1 + len(p) for p in parents]
-    batch = build_step_batch(start, tokens, lens, cache_lens, [n - 1 for n in lens])
-    q, host_depths, host_tree = batch.max_query_len, [], []
+    ``1 + i`` tree node ``i`` (``build_tree_batch`` with the committed token as every tree's root)."""
     for nodes in parents:
-        depth, above = [0], [[0]]  # per column: depth, and the columns it sees (ancestors and itself)
         for i, parent in enumerate(nodes):
             if not -1 <= parent < i:
                 raise ValueError(f"tree parents {list(nodes)}: node {i} needs a parent in -1..{i - 1}")
-            depth.append(depth[parent + 1] + 1)
-            above.append([*above[parent + 1], i + 1])
+    return build_tree_batch(start, tokens, [[-1, *(p + 1 for p in nodes)] for nodes in parents], cache_lens)
+
+
+def build_tree_batch(
+    start: int,
+    tokens: torch.Tensor,  # [B, Q] int64: each request's query tokens, parents before children
+    parents: Sequence[Sequence[int]],  # host [B][q_b]: column i's parent column (-1: none, depth 0)
+    cache_lens: Sequence[int],  # host [B] cached positions before this step
+) -> StepBatch:
+    """A forward over a forest of query columns per request. Keys land at the cache positions
+    ``first + column``; each query is placed at ``first + depth`` and sees the cached prefix, itself and
+    its ancestor columns only. A draft head's tree level (``proposers.eagle``) has several roots."""
+    lens = [len(p) for p in parents]
+    batch = build_step_batch(start, tokens, lens, cache_lens, [n - 1 for n in lens])
+    q, host_depths, host_tree = batch.max_query_len, [], []
+    for columns in parents:
+        depth: list[int] = []  # per column: depth, and the columns it sees (ancestors and itself)
+        above: list[list[int]] = []
+        for i, parent in enumerate(columns):
+            if not -1 <= parent < i:
+                raise ValueError(f"tree parents {list(columns)}: column {i} needs a parent in -1..{i - 1}")
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+            above.append([*(above[parent] if parent >= 0 else ()), i])
         host_depths += depth
         host_tree.append([[j in cols for j in range(q)] for cols in above] + [[False] * q] * (q - len(above)))
     device = tokens.device
@@ -310,4 +326,6 @@ __all__ = [
     "StepPlanned",
     "TargetOutput",
     "build_step_batch",
+    "build_tree_batch",
+    "build_tree_step_batch",
 ]

@@ -21,6 +21,11 @@ def chain_tree(num_speculative_tokens: int) -> str:
     return str([(0,) * (i + 1) for i in range(num_speculative_tokens)])
 
 
+def branching_tree(tree: TokenTree | None) -> TokenTree | None:
+    """``tree`` when some node is not its parent's first child (a tree that branches), else ``None``."""
+    return tree if tree is not None and any(node[-1] > 0 for node in tree) else None
+
+
 def tree_to_string(value: Any) -> Any:
     """Accept a tree given as a JSON list of lists (``[[0], [0, 0]]``) and turn it into the string form.
 

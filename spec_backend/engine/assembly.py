@@ -16,6 +16,7 @@ import torch
 
 from spec_backend.backends.base import Backend, ModelOptions
 from spec_backend.config import SpeculativeConfig
+from spec_backend.config.token_tree import branching_tree
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_quantization
 from spec_backend.engine.confidence import ConfidenceVerification, build_confidence_verification
@@ -65,8 +66,7 @@ def _check_chain(config: SpeculativeConfig) -> None:
     if tree is None or k is None or tree == [(0,) * (i + 1) for i in range(k)]:
         return
     depth = max(len(node) for node in tree)
-    branches = any(node[-1] > 0 for node in tree)
-    if branches and depth == k and config.method in TREE_METHODS:
+    if branching_tree(tree) is not None and depth == k and config.method in TREE_METHODS:
         return
     raise ValueError(
         f"speculative_token_tree={config.speculative_token_tree!r}: the embedded engine drafts a chain of "

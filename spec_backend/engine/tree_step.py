@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.config.token_tree import TokenTree
+from spec_backend.config.token_tree import TokenTree, branching_tree
 from spec_backend.proposers.tree_build import static_shape
 from spec_backend.sampling import rng
 from spec_backend.sampling.probs import target_probs
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 #: methods whose drafters draft static trees (``Drafter.propose_tree``)
-TREE_METHODS = ("dflash", "dspark", "medusa")
+TREE_METHODS = ("dflash", "dspark", "eagle", "eagle3", "medusa", "mtp")
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class TreePlan:
 
 def tree_plan(tree: TokenTree | None) -> TreePlan | None:
     """The plan of a ``speculative_token_tree`` that branches; ``None`` for a chain (the chain step)."""
-    plan = TreePlan.of(tree) if tree else None
-    return plan if plan is not None and plan.branches else None
+    branching = branching_tree(tree)
+    return TreePlan.of(branching) if branching is not None else None
 
 
 @dataclass(frozen=True)

@@ -117,12 +117,10 @@ class DFlashDrafter(HeadCacheDrafter):
         """A static tree from the block's rows: a node at depth ``d`` takes its rank among the tokens of
         row ``d``'s distribution (rows do not depend on the drafts before them; DFlash2's selector is a
         chain rule and is not used here)."""
-        out, block_ids = self.run_block(inputs)  # [B, K+1, H]
+        out = self.run_block(inputs)[0]  # [B, K+1, H]
         logits = self.head.logits(out[:, 1:])  # [B, K, V] row d-1 drafts depth d
         depths = depths_of(parents)
-        tokens = fill_static_batch(
-            parents, ranks, lambda p, _: logits[:, depths[p] if p >= 0 else 0], block_ids[:, 0]
-        )  # [B, n]
+        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[:, depths[p] if p >= 0 else 0])
         return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 

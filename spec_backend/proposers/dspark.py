@@ -82,16 +82,17 @@ class DSparkDrafter(DFlashDrafter):
         markov, depths = self.head.markov_head, depths_of(parents)
         states: dict[int, torch.Tensor] = {}  # node -> the Markov state after its children's step
 
-        def logits_at(parent: int, previous: torch.Tensor) -> torch.Tensor:  # [B] -> [B, V]
+        def logits_at(parent: int, columns: Sequence[torch.Tensor]) -> torch.Tensor:  # -> [B, V]
             row = depths[parent] if parent >= 0 else 0
             logits = base[:, row]
             if markov is not None:
                 above = states[parents[parent]] if parent >= 0 else markov.initial_state(hidden[:, 0])
+                previous = columns[parent] if parent >= 0 else block_ids[:, 0]  # [B]
                 bias, _, states[parent] = markov.step(previous, hidden[:, row], above)
                 logits = logits + bias
             return self.head.to_target(logits)
 
-        tokens = fill_static_batch(parents, ranks, logits_at, block_ids[:, 0])  # [B, n]
+        tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
         return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 

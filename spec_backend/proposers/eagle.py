@@ -18,14 +18,17 @@ vocabulary mapped through ``d2t`` for EAGLE-3); drafts are argmax or sampled (``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spec_backend.config.token_tree import branching_tree
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.head_cache import HeadCacheDrafter
-from spec_backend.step import HiddenStateRequest
+from spec_backend.proposers.tree_build import depths_of, fill_static_batch
+from spec_backend.step import HiddenStateRequest, build_tree_batch
 
 if TYPE_CHECKING:
     from spec_backend.models.chain_head import ChainHead
@@ -54,23 +57,75 @@ class EagleDrafter(HeadCacheDrafter):
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
-        rows_h = self.head.combine(self.features(inputs))  # [N, H]
-        self.rollback(inputs)
-        tokens, hidden, lens = self._committed(inputs, rows_h)
         if self.mask_token_id is not None:
-            return self._propose_parallel(inputs, tokens, hidden, lens)
+            return self._propose_parallel(inputs, *self._prepare(inputs))
         start, batch = inputs.batch.start, len(inputs.requests)
-        out = self._run(start, tokens, hidden, lens)  # [B, H] each request's last row
-        self.mark_committed(inputs, lens)
+        out = self._feed_committed(inputs)  # [B, H] each request's last row
         k_max = max(inputs.budgets, default=0)
         if k_max == 0:
-            return empty_drafts(batch, self.num_speculative_tokens, rows_h.device)
-        chain = DraftChain(inputs.requests, self.probabilistic, rows_h.device)
+            return empty_drafts(batch, self.num_speculative_tokens, out.device)
+        chain = DraftChain(inputs.requests, self.probabilistic, out.device)
         for step in range(k_max):
             ids = self._draw(chain, out, step)
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)
+
+    @torch.inference_mode()
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static tree, level by level: the children of a node are ranked by the head's logits on that
+        node's output, and a level's forward feeds every node above it, each with its parent's output,
+        under tree attention (``step.build_tree_batch``: a node sees the committed rows and its own
+        ancestors, at position ``committed + depth - 1``) — each node's distribution is the one the chain
+        through its path would give."""
+        start, batch = inputs.batch.start, len(inputs.requests)
+        outs = {-1: self._feed_committed(inputs)}  # node -> its head output [B, H]; -1: the last row
+        base = list(self._cache().lengths[start : start + batch])  # the rows before the tree
+        depths = depths_of(parents)
+
+        def logits_at(parent: int, columns: Sequence[torch.Tensor]) -> torch.Tensor:  # -> [B, V]
+            depth = depths[parent] if parent >= 0 else 0
+            if parent not in outs:  # feed every node of depth <= depth (all filled, breadth first)
+                fed = sum(d <= depth for d in depths)
+                ids = torch.stack(list(columns[:fed]), dim=1)  # [B, fed]
+                hidden = torch.stack([outs[p] for p in parents[:fed]], dim=1)  # [B, fed, H]
+                out = self._tree_forward(start, ids, hidden, parents[:fed], base)  # [B, fed, H]
+                outs.update({i: out[:, i] for i in range(fed)})
+            return self.head.logits(outs[parent], depth).float()
+
+        tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
+        return DraftOutput(tokens, (len(parents),) * batch)
+
+    def _tree_forward(
+        self,
+        start: int,
+        tokens: torch.Tensor,  # [B, n] the nodes fed, breadth first
+        hidden: torch.Tensor,  # [B, n, H] each node's parent's output
+        parents: Sequence[int],
+        base: Sequence[int],  # [B] cache rows before the tree
+    ) -> torch.Tensor:  # [B, n, H]
+        cache = self._cache()
+        for b, rows in enumerate(base):  # drop the previous level's nodes
+            cache.truncate(start + b, rows)
+        batch = build_tree_batch(start, tokens, [parents] * len(base), base)
+        cache.begin_step(batch)
+        try:
+            out: torch.Tensor = self.head(tokens, hidden, batch.padded_positions(), cache, batch.attention)
+        finally:
+            cache.end_step()
+        return out
+
+    def _prepare(self, inputs: DraftInputs) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Roll back to the rows fed with target features; this step's committed rows (``_committed``)."""
+        rows_h = self.head.combine(self.features(inputs))  # [N, H]
+        self.rollback(inputs)
+        return self._committed(inputs, rows_h)
+
+    def _feed_committed(self, inputs: DraftInputs) -> torch.Tensor:  # [B, H] each request's last row
+        tokens, hidden, lens = self._prepare(inputs)
+        out = self._run(inputs.batch.start, tokens, hidden, lens)
+        self.mark_committed(inputs, lens)
+        return out
 
     def _draw(self, chain: DraftChain, out: torch.Tensor, step: int) -> torch.Tensor:  # [B, H] -> [B]
         """Draft ``step + 1``: sampled over the target vocabulary when probabilistic (``q`` goes to the
@@ -180,7 +235,7 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
                 f"and mask_token_id); {config.model!r} (method={config.method!r}) has "
                 f"{'no mask_hidden' if head.mask_features() is None else 'no mask_token_id'}"
             )
-    return EagleDrafter(
+    drafter = EagleDrafter(
         head,
         hidden_states,
         config.num_speculative_tokens,
@@ -188,6 +243,14 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
         config.uses_draft_probs,
         mask_token,
     )
+    tree = branching_tree(config.token_tree)
+    if tree is not None and mask_token is not None:
+        raise ValueError(
+            f"parallel_drafting=True drafts a chain in one forward; it cannot draft the branching "
+            f"speculative_token_tree={config.speculative_token_tree!r} (use one or the other)"
+        )
+    drafter.headroom = max(drafter.headroom, len(tree or ()))  # a tree level feeds up to every node
+    return drafter
 
 
 def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:
@@ -234,6 +297,12 @@ def build_mtp_drafter(ctx: DrafterContext) -> EagleDrafter:
     shipped = getattr(target.config.get_text_config(), "num_nextn_predict_layers", None)
     k = ctx.config.num_speculative_tokens or 1
     layers = min(k, shipped) if isinstance(shipped, int) and shipped > 0 else 1
+    if layers > 1 and branching_tree(ctx.config.token_tree) is not None:
+        raise ValueError(
+            f"a branching speculative_token_tree feeds nodes of several depths in one forward, so it needs "
+            f"one MTP layer; {path!r} would use {layers} (num_speculative_tokens={k}, "
+            f"num_nextn_predict_layers={shipped}): set num_speculative_tokens=1's chain or a single-layer MTP"
+        )
     head = load_mtp_head(path, target, layers, target.dtype)
     return _drafter(ctx, head, HiddenStateRequest(final=True))
 

@@ -35,6 +35,7 @@ class HeadCacheDrafter(Drafter):
 
         self.hidden_states = hidden_states
         self.num_speculative_tokens = k
+        self.headroom = k  # cache positions past max_model_len a step may write (a tree level: its nodes)
         self.max_model_len = max_model_len
         self.probabilistic = probabilistic
         self.layout = kv_layout(config, param.dtype, param.device, attention_only=True)
@@ -42,14 +43,12 @@ class HeadCacheDrafter(Drafter):
         self._rows: dict[str, int] = {}  # per request: cache rows fed with target hidden states
 
     def cache_bytes_per_slot(self) -> int:
-        return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
+        return self.layout.bytes_per_position * (self.max_model_len + self.headroom)
 
     def allocate_caches(self, num_slots: int) -> None:
         from spec_backend.runtime.kv_cache import RaggedKVCache
 
-        self.cache = RaggedKVCache(
-            self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
-        )
+        self.cache = RaggedKVCache(self.layout, self.max_model_len, num_slots, headroom=self.headroom)
 
     def caches(self) -> Sequence[SlotCache]:
         return (self._cache(),)

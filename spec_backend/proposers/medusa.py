@@ -50,8 +50,7 @@ class MedusaDrafter(HeadDrafter):
         state = self.start(final[last_committed_rows(inputs)])  # [B, H]
         depths, heads = depths_of(parents), self.heads
         logits = [heads.head_logits(i, state).float() for i in range(max(depths, default=0))]  # each [B, V]
-        anchors = torch.zeros(len(inputs.requests), dtype=torch.int64, device=final.device)  # unused ids
-        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[depths[p] if p >= 0 else 0], anchors)
+        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[depths[p] if p >= 0 else 0])
         return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
 

@@ -107,18 +107,17 @@ def depths_of(parents: Sequence[int]) -> list[int]:
 def fill_static_batch(
     parents: Sequence[int],
     ranks: Sequence[int],
-    logits_at: Callable[[int, torch.Tensor], torch.Tensor],  # (parent node, its tokens [B]) -> [B, V]
-    anchors: torch.Tensor,  # [B] the root's token (the last committed token) of every request
+    logits_at: Callable[[int, Sequence[torch.Tensor]], torch.Tensor],  # (parent, columns) -> [B, V]
 ) -> torch.Tensor:  # [B, n] int64
     """``fill_static`` for a batch: node ``i`` of every request is the ``ranks[i]``-th most likely token
-    of ``logits_at(parents[i], tokens of that parent)``, computed once per parent."""
+    of ``logits_at(parents[i], columns)``, asked once per parent; ``columns`` are the tokens ``[B]`` of
+    the nodes filled so far (every node of the parent's depth, by the breadth-first order)."""
     columns: list[torch.Tensor] = []
     best: dict[int, torch.Tensor] = {}  # parent -> its top tokens [B, k]
     for parent, rank in zip(parents, ranks, strict=True):
         if parent not in best:
             need = 1 + max(r for p, r in zip(parents, ranks, strict=True) if p == parent)
-            logits = logits_at(parent, anchors if parent < 0 else columns[parent])  # [B, V]
-            best[parent] = torch.topk(logits, need, dim=-1).indices  # [B, need]
+            best[parent] = torch.topk(logits_at(parent, columns), need, dim=-1).indices  # [B, need]
         columns.append(best[parent][:, rank])
     return torch.stack(columns, dim=1)
 

@@ -34,18 +34,20 @@ def one_thread() -> Iterator[None]:
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
-def record_drafts(llm: LLM) -> list[list[int]]:
-    """Wrap ``llm``'s drafter so each step's draft ids of the batch's first request are recorded."""
+def record_drafts(llm: LLM, tree: bool = False) -> list[list[int]]:
+    """Wrap ``llm``'s drafter so each step's draft ids of the batch's first request are recorded (its
+    tree's nodes with ``tree``)."""
     seen: list[list[int]] = []
     drafter: Any = llm.engine.drafter
-    propose = drafter.propose
+    name = "propose_tree" if tree else "propose"
+    propose = getattr(drafter, name)
 
-    def spy(inputs: Any) -> Any:
-        out = propose(inputs)
+    def spy(*args: Any) -> Any:
+        out = propose(*args)
         seen.append(out.token_ids[0].tolist())
         return out
 
-    drafter.propose = spy
+    setattr(drafter, name, spy)
     return seen
 
 

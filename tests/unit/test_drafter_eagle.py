@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,9 +21,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engine_fixtures import GREEDY, PROMPTS, check_greedy_identity, one_thread, record_drafts  # noqa: F401 - autouse
 from safetensors.torch import save_file
 
+from spec_backend.config.token_tree import parse_token_tree
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.eagle import EagleDrafter
+from spec_backend.proposers.tree_build import fill_static, static_shape
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
+
+TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # 6 nodes, 3 deep
 
 
 @pytest.mark.parametrize(("k", "bias"), [(1, True), (3, False), (3, True)])
@@ -33,8 +39,11 @@ def test_greedy_identity(
     check_greedy_identity(target_dir, expected, spec, EagleDrafter)
 
 
-def _reference_drafts(target_dir: str, head_dir: str, prompt: list[int], first: int, k: int) -> list[int]:
-    """EAGLE-1 straight from the pseudo-code, no cache: full recomputation of every row."""
+def _reference(
+    target_dir: str, head_dir: str, prompt: list[int], first: int
+) -> Callable[[Sequence[int]], Any]:
+    """EAGLE-1 straight from the pseudo-code, no cache: the head's logits after the committed tokens and
+    then ``path`` (each draft fed with the output of the row before it), every row recomputed."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
@@ -50,16 +59,28 @@ def _reference_drafts(target_dir: str, head_dir: str, prompt: list[int], first: 
     rope = LlamaRotaryEmbedding(config)
     with torch.no_grad():
         h = target(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0]  # [P, H] post-norm
-        toks, hid, drafts = [*prompt[1:], first], list(h), []
-        for _ in range(k):
+
+    @torch.no_grad()
+    def logits_after(path: Sequence[int]) -> torch.Tensor:  # [V]
+        toks, hid = [*prompt[1:], first], list(h)
+        for i in range(len(path) + 1):
             e = target.get_input_embeddings()(torch.tensor([toks]))  # [1, T, H]
             x = torch.cat([e, torch.stack(hid)[None]], -1) @ w["fc.weight"].T + w.get("fc.bias", 0)
             pos = torch.arange(len(toks))[None]
             mask = torch.ones(len(toks), len(toks), dtype=torch.bool).tril()[None, None]
             out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope(x, pos))[0]
-            d = int(target.get_output_embeddings()(out[-1]).argmax())
-            drafts.append(d)
-            toks, hid = [*toks, d], [*hid, out[-1]]
+            if i < len(path):
+                toks, hid = [*toks, path[i]], [*hid, out[-1]]
+        logits: torch.Tensor = target.get_output_embeddings()(out[-1])
+        return logits
+
+    return logits_after
+
+
+def _reference_drafts(target_dir: str, head_dir: str, prompt: list[int], first: int, k: int) -> list[int]:
+    logits_after, drafts = _reference(target_dir, head_dir, prompt, first), []
+    for _ in range(k):
+        drafts.append(int(logits_after(drafts).argmax()))
     return drafts
 
 
@@ -73,6 +94,28 @@ def test_first_drafts_match_the_pseudo_code(target_dir: str, tmp_path: Path) -> 
     seen = record_drafts(llm)
     out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0]
     assert seen[0] == _reference_drafts(target_dir, head, PROMPTS[0], out.token_ids[0], 3)
+
+
+def test_every_tree_node_is_ranked_on_its_own_path(target_dir: str, tmp_path: Path) -> None:
+    """A branching tree drafted level by level under tree attention: the head's logits after each parent
+    are the pseudo-code's after that parent's path (float64, 1e-9; siblings fed in one forward must not
+    see each other), and each node is the rank-th token of its parent's."""
+    head = write_eagle1(tmp_path / "eagle", target_dir, bias=True, seed=1)
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    llm = LLM(target_dir, dtype="float64", speculative_config=spec)
+    seen, scored = record_drafts(llm, tree=True), []
+    drafter: Any = llm.engine.drafter
+    logits = drafter.head.logits
+    drafter.head.logits = lambda out, step=0: scored.append(logits(out, step)) or scored[-1]
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0]
+    parents, ranks = static_shape(parse_token_tree(TREE))
+    logits_after = _reference(target_dir, head, PROMPTS[0], out.token_ids[0])
+    want = fill_static(parents, ranks, lambda _, path: logits_after(path))
+    assert seen[0] == list(want.tokens)
+    for parent, got in zip(dict.fromkeys(parents), scored, strict=False):  # parents in the order asked
+        torch.testing.assert_close(
+            got[0].double(), logits_after(want.path(parent)).double(), atol=1e-9, rtol=0
+        )
 
 
 def test_bad_checkpoint_is_refused(target_dir: str, tmp_path: Path) -> None:

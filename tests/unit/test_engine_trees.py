@@ -1,6 +1,7 @@
-"""Token trees in the engine (#42): a branching ``speculative_token_tree`` drafted by DSpark, DFlash and
-Medusa, verified node by node and compacted to its accepted path — greedy output equals plain decoding,
-a head that predicts the target accepts every level, and what trees cannot do yet is refused by name."""
+"""Token trees in the engine (#42): a branching ``speculative_token_tree`` drafted by DSpark, DFlash,
+EAGLE, EAGLE-3, MTP and Medusa, verified node by node and compacted to its accepted path — greedy output
+equals plain decoding, a head that predicts the target accepts every level, and what trees cannot do yet
+is refused by name."""
 
 from __future__ import annotations
 
@@ -37,10 +38,14 @@ def _head(method: str, target: str, tmp: Path) -> str:
         return write_dspark(tmp / "h", target, markov="rnn", block_size=4)
     if method == "dflash":
         return w.write_dflash(tmp / "h", target)
+    if method == "eagle":
+        return w.write_eagle1(tmp / "h", target, bias=True)
+    if method == "eagle3":
+        return w.write_eagle3(tmp / "h", target, "speculators", aux_ids=[0, 2, 4])
     return w.write_medusa(tmp / "h", 32, 128, 3, "vllm")
 
 
-@pytest.mark.parametrize("method", ["dspark", "dflash", "medusa"])
+@pytest.mark.parametrize("method", ["dspark", "dflash", "eagle", "eagle3", "medusa"])
 def test_greedy_output_with_a_tree_equals_plain_decoding(target: str, tmp_path: Path, method: str) -> None:
     plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
     spec = {"method": method, "model": _head(method, target, tmp_path), "num_speculative_tokens": 3}
@@ -86,9 +91,8 @@ def test_a_tree_emits_more_than_a_chain_of_as_many_nodes(tmp_path: Path) -> None
 def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> None:
     head = write_dspark(tmp_path / "h", target, block_size=4)
     spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
-    with pytest.raises(ValueError, match=r"this one is 3 deep; method='eagle3'"):
-        eagle3 = w.write_eagle3(tmp_path / "e", target, "speculators", aux_ids=[0, 1, 2])
-        LLM(target, speculative_config={**spec, "model": eagle3, "method": "eagle3"})
+    with pytest.raises(ValueError, match=r"this one is 3 deep; method='ngram'"):
+        LLM(target, speculative_config={**spec, "model": None, "method": "ngram", "prompt_lookup_max": 2})
     with pytest.raises(ValueError, match=r"this one is 3 deep; method='dspark'"):
         LLM(target, speculative_config={**spec, "num_speculative_tokens": 4})
     with pytest.raises(ValueError, match="with a branching speculative_token_tree every node is verified"):
@@ -101,6 +105,27 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     assert (
         out.finish_reason == "error" and "not supported with a branching speculative_token_tree" in out.error
     )
+
+
+def test_mtp_trees_need_one_layer_and_equal_plain_decoding(tmp_path: Path) -> None:
+    from test_drafter_mtp import write_glm_with_mtp
+
+    glm = write_glm_with_mtp(tmp_path / "glm", nextn=1, seed=2)
+    plain = [o.outputs[0].token_ids for o in LLM(glm, dtype="float64").generate(PROMPTS, GREEDY)]
+    spec = {"method": "mtp", "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    llm = LLM(glm, dtype="float64", speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    two = write_glm_with_mtp(tmp_path / "two", nextn=2)
+    shallow = {**spec, "num_speculative_tokens": 2, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+    with pytest.raises(ValueError, match=r"needs one MTP layer; .* would use 2 \(num_speculative_tokens=2"):
+        LLM(two, speculative_config=shallow)
+
+
+def test_parallel_drafting_cannot_draft_a_tree(target: str, tmp_path: Path) -> None:
+    head = w.write_eagle3(tmp_path / "p", target, "peagle", aux_ids=[0, 2, 4])
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True}
+    with pytest.raises(ValueError, match=r"parallel_drafting=True drafts a chain in one forward"):
+        LLM(target, speculative_config={**spec, "speculative_token_tree": TREE})
 
 
 def test_logprobs_with_a_tree_are_the_plain_ones(target: str, tmp_path: Path) -> None:

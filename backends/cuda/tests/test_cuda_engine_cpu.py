@@ -155,17 +155,26 @@ def test_dspark_greedy_output_matches_the_reference(tmp_path: Path) -> None:
     reason="a CUDA GPU is present: compiled triton kernels cannot read these CPU tensors "
     "(test_gpu_drafters.py runs trees on the real backend there)",
 )
-def test_token_trees_match_the_reference(tmp_path: Path) -> None:
-    """A branching tree drafted by DSpark, verified through the CUDA backend's attention (tree steps take
-    SDPA) and sampler ops: the reference's tokens, which are the plain output."""
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
+    """A branching tree drafted by DSpark (one block forward) or EAGLE-3 (level by level under the draft
+    head's own tree attention), verified through the CUDA backend's attention (tree steps take SDPA) and
+    sampler ops: the reference's tokens, which are the plain output."""
     pytest.importorskip("triton")
     engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
     from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
     from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    head = (
+        write_dspark(tmp_path / "dspark", model, block_size=4)
+        if method == "dspark"
+        else write_eagle3(tmp_path / "eagle3", model, "speculators", aux_ids=[0, 1, 1])
+    )
     spec = {
-        "model": write_dspark(tmp_path / "dspark", model, block_size=4),
+        "method": method,
+        "model": head,
         "num_speculative_tokens": 2,
         "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1)]",
     }

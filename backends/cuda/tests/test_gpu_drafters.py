@@ -142,13 +142,21 @@ def test_drafter_with_graphs_equals_plain_and_eager(target: str, tmp_path: Path,
     assert eager == plain
 
 
-def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path) -> None:
-    """A branching tree (DSpark) on the CUDA backend: tree steps run eagerly through SDPA; greedy output
-    equals plain decoding."""
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path, method: str) -> None:
+    """A branching tree (DSpark; EAGLE-3 with the head's own tree attention) on the CUDA backend: tree
+    steps run eagerly through SDPA; greedy output equals plain decoding."""
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
     from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 
+    head = (
+        write_dspark(tmp_path / "dspark", target, block_size=4)
+        if method == "dspark"
+        else write_eagle3(tmp_path / "eagle3", target, "speculators", aux_ids=[0, 1, 1])
+    )
     spec = {
-        "model": write_dspark(tmp_path / "dspark", target, block_size=4),
+        "method": method,
+        "model": head,
         "num_speculative_tokens": K,
         "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
     }
