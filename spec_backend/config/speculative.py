@@ -48,6 +48,7 @@ from spec_backend.config.sampler_methods import (
 from spec_backend.config.token_tree import (
     TokenTree,
     parse_token_tree,
+    resolve_dynamic_tree_fields,
     sort_token_tree,
     tree_to_string,
 )
@@ -114,6 +115,9 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     # Drafting strategies
     speculative_token_tree: str | None = None
+    #: this engine's own: EAGLE-2 dynamic trees (config/token_tree.py)
+    tree_top_k: int | None = Field(default=None, ge=1)
+    tree_nodes: int | None = Field(default=None, ge=1)
     parallel_drafting: bool = False
     # Target (given) and draft (resolved) configs
     target_model_config: ModelConfigLite | None = None
@@ -271,6 +275,7 @@ class SpeculativeConfig(BaseModel):
             self.speculative_token_tree = sort_token_tree(self.speculative_token_tree)
         resolve_verification_fields(self)
         resolve_confidence_fields(self)
+        resolve_dynamic_tree_fields(self)
         if self.draft_model_config is not None and self.draft_parallel_config is not None:
             draft_rules.check_heads_divisible(
                 self.draft_model_config.hf_text_config, self.draft_parallel_config.tensor_parallel_size
@@ -293,13 +298,10 @@ class SpeculativeConfig(BaseModel):
         self._check_vocab_sizes()
 
     def _check_vocab_sizes(self) -> None:
-        if (
-            self.method != "draft_model"
-            or self.target_model_config is None
-            or self.draft_model_config is None
-        ):
+        target_config, draft_config = self.target_model_config, self.draft_model_config
+        if self.method != "draft_model" or target_config is None or draft_config is None:
             return
-        target, draft = self.target_model_config.get_vocab_size(), self.draft_model_config.get_vocab_size()
+        target, draft = target_config.get_vocab_size(), draft_config.get_vocab_size()
         if target is not None and draft is not None and target != draft:
             raise ValueError(
                 f"the target and draft models must have the same vocabulary size for method='draft_model': "

@@ -3,6 +3,13 @@
 Each node is a tuple of child indices from the root: ``(0,)`` is the root's first child, ``(0, 1)`` the
 second child of ``(0,)``. A chain of K tokens is ``[(0,), (0, 0), ..., (0,) * K]``. Trees are stored
 sorted breadth-first (by depth, then lexicographically), as vLLM does.
+
+``tree_top_k`` and ``tree_nodes`` (this engine's own; SGLang calls them ``speculative_eagle_topk`` and
+``speculative_num_draft_tokens`` minus one, as its count includes the root) ask instead for EAGLE-2's
+dynamic tree, grown afresh each step from the draft's probabilities: ``num_speculative_tokens`` levels,
+the ``tree_top_k`` most probable frontier nodes each expanded into their ``tree_top_k`` most likely
+children, and the ``tree_nodes`` nodes of highest cumulative draft probability kept
+(``proposers.tree_build.dynamic_tree``).
 """
 
 from __future__ import annotations
@@ -78,9 +85,47 @@ def parse_token_tree(text: str) -> TokenTree:
     return nodes
 
 
+def dynamic_tree_limit(k: int, top_k: int) -> int:
+    """The nodes an EAGLE-2 tree of ``k`` levels grows: ``top_k`` children of the root, then ``top_k``
+    children of each of ``top_k`` frontier nodes per level."""
+    return top_k + (k - 1) * top_k * top_k
+
+
+def resolve_dynamic_tree_fields(config: Any) -> None:
+    """Check ``tree_top_k`` / ``tree_nodes`` (module docstring) against each other, K and a static tree."""
+    top_k, nodes, k = config.tree_top_k, config.tree_nodes, config.num_speculative_tokens
+    if (top_k is None) != (nodes is None):
+        raise ValueError(
+            f"a dynamic token tree needs both tree_top_k and tree_nodes, got tree_top_k={top_k!r} and "
+            f"tree_nodes={nodes!r}"
+        )
+    if top_k is None:
+        return
+    if branching_tree(parse_token_tree(config.speculative_token_tree or "[(0,)]")) is not None:
+        raise ValueError(
+            f"tree_top_k/tree_nodes grow a dynamic tree; speculative_token_tree="
+            f"{config.speculative_token_tree!r} is a static one: give one or the other"
+        )
+    limit = dynamic_tree_limit(k, top_k)
+    if not k <= nodes <= limit:
+        raise ValueError(
+            f"tree_nodes must be in [num_speculative_tokens, {limit}] (at least the tree's depth, at most "
+            f"what {k} levels of tree_top_k={top_k} grow), got {nodes}"
+        )
+
+
 def sort_token_tree(text: str) -> str:
     """Validate ``text`` and return it sorted breadth-first."""
     return str(sorted(parse_token_tree(text), key=lambda t: (len(t), t)))
 
 
-__all__ = ["TokenTree", "chain_tree", "parse_token_tree", "sort_token_tree", "tree_to_string"]
+__all__ = [
+    "TokenTree",
+    "branching_tree",
+    "chain_tree",
+    "dynamic_tree_limit",
+    "parse_token_tree",
+    "resolve_dynamic_tree_fields",
+    "sort_token_tree",
+    "tree_to_string",
+]

@@ -20,7 +20,7 @@ from spec_backend.config.token_tree import branching_tree
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_quantization
 from spec_backend.engine.confidence import ConfidenceVerification, build_confidence_verification
-from spec_backend.engine.tree_step import TREE_METHODS, TreePlan
+from spec_backend.engine.tree_step import TREE_METHODS, DynamicTree, TreePlan
 from spec_backend.methods import METHODS
 from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
@@ -61,8 +61,13 @@ def _check_chain(config: SpeculativeConfig) -> None:
     """A ``speculative_token_tree`` is the chain of ``num_speculative_tokens`` tokens, or a tree that
     branches, as deep as ``num_speculative_tokens``, for a method that drafts trees
     (``engine.tree_step.TREE_METHODS``); anything else is refused, never run as something else."""
-    tree = config.token_tree
-    k = config.num_speculative_tokens
+    tree, k = config.token_tree, config.num_speculative_tokens
+    if config.tree_top_k is not None and "dynamic" not in TREE_METHODS.get(config.method or "", ()):
+        growers = [m for m, kinds in TREE_METHODS.items() if "dynamic" in kinds]
+        raise ValueError(
+            f"tree_top_k/tree_nodes grow a dynamic token tree from a head's own draft distributions after "
+            f"each node: method in {growers}, got method={config.method!r}"
+        )
     if tree is None or k is None or tree == [(0,) * (i + 1) for i in range(k)]:
         return
     depth = max(len(node) for node in tree)
@@ -140,7 +145,7 @@ def step_policies(
     spec: SpeculativeConfig | None,
     k: int,
     drafter: Drafter | None,
-    tree: TreePlan | None,
+    tree: TreePlan | DynamicTree | None,
     recurrent: bool,
     rule: str = "standard",
 ) -> tuple[AdaptiveDraftLength | None, ConfidenceVerification | None]:
@@ -152,8 +157,8 @@ def step_policies(
         raise ValueError("token trees need a target of attention layers: this one keeps recurrent state")
     if tree is not None and (rule != "standard" or spec.uses_draft_probs):
         raise ValueError(
-            "a branching speculative_token_tree is verified by recursive rejection sampling over its "
-            f"point-mass nodes; rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) "
+            f"{tree.describe} is verified by recursive rejection sampling over its point-mass nodes; "
+            f"rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) "
             "cannot apply to it: use rejection_sample_method='strict' and no lossy rejection_sampler_config"
         )
     adaptive = AdaptiveDraftLength(k) if spec.adaptive_draft_length else None
@@ -161,8 +166,7 @@ def step_policies(
     if tree is not None and spec.confidence_verification not in (None, "off"):
         raise ValueError(
             f"confidence_verification={spec.confidence_verification!r} chooses how much of a chain to "
-            "verify; with a branching speculative_token_tree every node is verified (use 'off' or leave it "
-            "unset)"
+            f"verify; with {tree.describe} every node is verified (use 'off' or leave it unset)"
         )
     confidence = build_confidence_verification(
         spec.confidence_verification, spec.confidence_threshold, reports

@@ -31,7 +31,7 @@ from spec_backend.engine.prefix import PrefixHits
 from spec_backend.engine.request import Request
 from spec_backend.engine.sampling_state import SamplingState
 from spec_backend.engine.stepper import Stepper
-from spec_backend.engine.tree_step import TreePlan
+from spec_backend.engine.tree_step import DynamicTree, TreePlan
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
 from spec_backend.proposers.contract import Drafter, DraftOutput
@@ -63,7 +63,7 @@ class EngineCore:
         adaptive: AdaptiveDraftLength | None = None,
         prefix: PrefixHits | None = None,
         confidence: ConfidenceVerification | None = None,
-        tree: TreePlan | None = None,
+        tree: TreePlan | DynamicTree | None = None,
     ) -> None:
         self.runner = runner
         self.slots = slots
@@ -85,7 +85,7 @@ class EngineCore:
         self.prefix = prefix  # automatic prefix caching (engine/prefix.py), None when off
         self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
         self.confidence = confidence if self.k else None  # drafts verified per request (confidence.py)
-        self.tree = tree if self.k else None  # a static token tree drafted and verified each step
+        self.tree = tree if self.k else None  # a token tree drafted and verified each step
         if self.confidence is not None and self.adaptive is not None:
             logger.info("adaptive_draft_length: the drafter's confidences choose each request's draft length")
             self.adaptive = None  # one policy: the confidence scheduler measures the same step costs

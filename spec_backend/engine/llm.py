@@ -190,12 +190,10 @@ class LLM:
         if spec is not None:
             ctx = self._drafter_context(spec, attn_name, max_num_seqs, kv_transfer_config)
             k, disable = int(spec.num_speculative_tokens or 0), spec.disable_by_batch_size
-            tree = tree_plan(spec.token_tree)
+            tree = tree_plan(spec)
             if tree is not None and not self.backend.token_trees:
-                raise ValueError(
-                    f"backend {self.backend.name!r} cannot verify a branching speculative_token_tree"
-                )
-        headroom = max(k, len(tree.parents)) if tree is not None else k  # a tree step writes every node
+                raise ValueError(f"backend {self.backend.name!r} cannot verify {tree.describe}")
+        headroom = max(k, tree.max_nodes) if tree is not None else k  # a tree step writes every node
         runner, slots, drafter = assemble(
             self.model, ctx, self.max_model_len, max_num_seqs, kv_cache_memory_bytes, headroom,
             not prefix.enabled and tree is None,

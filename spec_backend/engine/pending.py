@@ -25,6 +25,8 @@ class DecodeInputs:
     tokens: torch.Tensor  # [B, 1 + K_max] int64, placeholders past each count
     counts: list[int]  # host [B]
     probs: torch.Tensor | None  # [B, K_max, V] float32 (zeros where a request has none)
+    #: token trees: per request its nodes' parents (``DraftOutput.tree_parents``), cut at its count
+    parents: list[tuple[int, ...]] | None = None
 
 
 class PendingDrafts:
@@ -36,6 +38,7 @@ class PendingDrafts:
         self.probs: torch.Tensor | None = None  # [S, K, V] float32, from the first drafts with probabilities
         self._counts: list[int] = []  # host, per live slot
         self._with_probs: list[bool] = []
+        self._parents: list[tuple[int, ...]] = []  # host, per live slot: its tree's parents (or none)
 
     # -- SlotCache -----------------------------------------------------------------------------------
     @property
@@ -45,10 +48,12 @@ class PendingDrafts:
     def add_slot(self) -> int:
         self._counts.append(0)
         self._with_probs.append(False)
+        self._parents.append(())
         return len(self._counts) - 1
 
     def move_slot(self, src: int, dst: int) -> None:
         self._counts[dst], self._with_probs[dst] = self._counts[src], self._with_probs[src]
+        self._parents[dst] = self._parents[src]
         self.ids[dst] = self.ids[src]
         if self.probs is not None:
             self.probs[dst] = self.probs[src]
@@ -56,10 +61,12 @@ class PendingDrafts:
     def pop_slot(self) -> None:
         self._counts.pop()
         self._with_probs.pop()
+        self._parents.pop()
 
     def reset(self) -> None:
         self._counts.clear()
         self._with_probs.clear()
+        self._parents.clear()
 
     @property
     def total(self) -> int:
@@ -88,6 +95,7 @@ class PendingDrafts:
         for b in range(batch):
             self._counts[start + b] = max(0, min(out.num_draft_tokens[b], budgets[b]))
             self._with_probs[start + b] = out.draft_probs is not None
+            self._parents[start + b] = out.tree_parents[b] if out.tree_parents is not None else ()
 
     def take(self, start: int, requests: Sequence[Request], device: torch.device) -> DecodeInputs:
         """The decode inputs of the slots ``start ..`` holding ``requests`` (their drafts are consumed;
@@ -96,9 +104,10 @@ class PendingDrafts:
         counts = [0 if r.finished else self._counts[start + b] for b, r in enumerate(requests)]
         self._counts[start : start + batch] = [0] * batch
         k_max = max(counts, default=0)
+        parents = [self._parents[start + b][:c] for b, c in enumerate(counts)]
         last = torch.tensor([r.output_token_ids[-1] for r in requests], dtype=torch.int64).to(device)  # [B]
         if not k_max:
-            return DecodeInputs(last[:, None], counts, None)
+            return DecodeInputs(last[:, None], counts, None, parents)
         drafted = [start + b for b, c in enumerate(counts) if c]
         with_probs = [s for s in drafted if self._with_probs[s]]
         if with_probs and len(with_probs) != len(drafted):
@@ -115,7 +124,7 @@ class PendingDrafts:
             assert self.probs is not None
             rows = self.probs[start : start + batch, :k_max]  # [B, K, V]
             probs = torch.where(keep[..., None], rows, torch.zeros_like(rows))
-        return DecodeInputs(tokens, counts, probs)
+        return DecodeInputs(tokens, counts, probs, parents)
 
     def _ensure_width(self, width: int) -> None:
         if width > self.ids.shape[1]:

@@ -15,6 +15,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
+from spec_backend.engine.tree_step import nodes_within
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts
     from spec_backend.engine.prefix import PrefixHits
     from spec_backend.engine.sampling_state import SamplingState
-    from spec_backend.engine.tree_step import TreePlan
+    from spec_backend.engine.tree_step import DynamicTree, TreePlan
     from spec_backend.engine.verify import Verifier
     from spec_backend.metrics import SpecDecodingMetrics
     from spec_backend.proposers.contract import Drafter
@@ -46,7 +47,7 @@ class StepEngine(Protocol):
     prefix: PrefixHits | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
-    tree: TreePlan | None
+    tree: TreePlan | DynamicTree | None
 
     @property
     def max_model_len(self) -> int: ...
@@ -131,7 +132,7 @@ class Stepper:
     def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
         engine = self.engine
         if engine.tree is not None and not last_only:
-            return self._run_tree(start, requests, inputs, engine.tree)
+            return self._run_tree(start, requests, inputs)
         captured = engine.captured if not last_only and start == 0 else None
         if captured is not None:  # every request q tokens: placeholders where drafts are missing (all of
             # them in a step without drafts: the verify graph's replay costs a K+1-row forward, an eager
@@ -165,7 +166,7 @@ class Stepper:
         )
         return _Result(batch, target, emitted, drafted)
 
-    def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs, tree: TreePlan) -> _Result:
+    def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> _Result:
         """A token-tree step (``tree_step``), returned in its chain view."""
         from spec_backend.engine.tree_step import refuse_processed, verify_trees
 
@@ -176,8 +177,9 @@ class Stepper:
         ]
         positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
         cached = engine.runner.cache.lengths[start : start + len(requests)]
+        assert inputs.parents is not None
         out = verify_trees(
-            tree, start, inputs.tokens, counts, list(cached), engine.runner.forward,
+            inputs.parents, start, inputs.tokens, counts, list(cached), engine.runner.forward,
             engine.sampling_state.metadata(start, positions), engine.runner.cache.keep_path,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
@@ -231,8 +233,9 @@ class Stepper:
         )
         try:
             if engine.tree is not None:  # the tree's nodes within each budget's depth
-                out = drafter.propose_tree(inputs, engine.tree.parents, engine.tree.ranks)
-                budgets = tuple(engine.tree.nodes_within(b) for b in budgets)
+                out = engine.tree.draft(drafter, inputs)
+                assert out.tree_parents is not None
+                budgets = tuple(nodes_within(p, b) for p, b in zip(out.tree_parents, budgets, strict=True))
             else:
                 out = drafter.propose(inputs)
         except Exception as exc:

@@ -1,11 +1,14 @@
-"""Token-tree decode steps (#42): a static tree (``speculative_token_tree``) drafted, verified and
-compacted, then shown to the rest of the step as the chain of its accepted path.
+"""Token-tree decode steps (#42): a static tree (``speculative_token_tree``) or an EAGLE-2 dynamic one
+(``tree_top_k``/``tree_nodes``) drafted, verified and compacted, then shown to the rest of the step as the
+chain of its accepted path.
 
-Glossary: *plan* — the tree's shape in breadth-first order (``parents``, ``ranks``, ``depths``; see
-``proposers.tree_build``); a request with budget ``b`` drafts the nodes of depth ``<= b`` (a prefix of the
-order, so a subtree). *Chain view* — after verification, the step's batch and target rows restricted to
-the request's first token and its accepted nodes, as if a chain step had fed exactly those: the drafter,
-the metrics and logprobs read it unchanged, and the cache holds exactly those positions (``keep_path``).
+Glossary: *plan* — a static tree's shape in breadth-first order (``parents``, ``ranks``, ``depths``; see
+``proposers.tree_build``); a dynamic tree's shape is the drafter's, per request and step
+(``DraftOutput.tree_parents``), also level by level. A request with budget ``b`` verifies the nodes of
+depth ``<= b`` (a prefix of the order, so a subtree). *Chain view* — after verification, the step's
+batch and target rows restricted to the request's first token and its accepted nodes, as if a chain step
+had fed exactly those: the drafter, the metrics and logprobs read it unchanged, and the cache holds
+exactly those positions (``keep_path``).
 
 Verification (``sampling.tree_verify``): greedy requests follow the target's argmax path; sampled ones
 run recursive rejection sampling with every node a point mass (the drafted children of a node are its
@@ -18,24 +21,39 @@ refused with a tree: their per-row histories are chain-shaped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from spec_backend.config.token_tree import TokenTree, branching_tree
-from spec_backend.proposers.tree_build import static_shape
+from spec_backend.proposers.tree_build import depths_of, static_shape
 from spec_backend.sampling import rng
 from spec_backend.sampling.probs import target_probs
 from spec_backend.sampling.tree_verify import TreeOutcome, verify_tree, verify_tree_greedy
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch, build_tree_step_batch
 
 if TYPE_CHECKING:
+    from spec_backend.config import SpeculativeConfig
     from spec_backend.engine.request import Request
+    from spec_backend.proposers.contract import Drafter, DraftInputs, DraftOutput
     from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
-#: methods whose drafters draft static trees (``Drafter.propose_tree``)
-TREE_METHODS = ("dflash", "dspark", "eagle", "eagle3", "medusa", "mtp")
+#: methods whose drafters draft token trees, and which kinds: ``static`` (``Drafter.propose_tree``),
+#: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``)
+TREE_METHODS: dict[str, tuple[str, ...]] = {
+    "dflash": ("static",),
+    "dspark": ("static",),
+    "eagle": ("static", "dynamic"),
+    "eagle3": ("static", "dynamic"),
+    "medusa": ("static",),
+    "mtp": ("static", "dynamic"),
+}
+
+
+def nodes_within(parents: Sequence[int], budget: int) -> int:
+    """A tree's nodes of depth ``<= budget`` (a prefix: parents precede children, level by level)."""
+    return sum(d <= budget for d in depths_of(parents))
 
 
 @dataclass(frozen=True)
@@ -49,23 +67,50 @@ class TreePlan:
     @classmethod
     def of(cls, tree: TokenTree) -> TreePlan:
         parents, ranks = static_shape(tree)
-        depths: list[int] = []
-        for p in parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
-        return cls(parents, ranks, tuple(depths))
+        return cls(parents, ranks, tuple(depths_of(parents)))
+
+    describe = "a branching speculative_token_tree"
 
     @property
-    def branches(self) -> bool:
-        return any(r > 0 for r in self.ranks)
+    def max_nodes(self) -> int:
+        return len(self.parents)
 
-    def nodes_within(self, budget: int) -> int:
-        """Nodes of depth ``<= budget`` (a prefix of the order)."""
-        return sum(d <= budget for d in self.depths)
+    def draft(self, drafter: Drafter, inputs: DraftInputs) -> DraftOutput:
+        out = drafter.propose_tree(inputs, self.parents, self.ranks)
+        return replace(out, tree_parents=(self.parents,) * len(inputs.requests))
 
 
-def tree_plan(tree: TokenTree | None) -> TreePlan | None:
-    """The plan of a ``speculative_token_tree`` that branches; ``None`` for a chain (the chain step)."""
-    branching = branching_tree(tree)
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's tree, grown afresh each step (``config.token_tree``): ``depth`` levels, ``top_k``
+    expansions, ``nodes`` kept."""
+
+    depth: int
+    top_k: int
+    nodes: int
+
+    describe = "a dynamic token tree (tree_top_k/tree_nodes)"
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nodes
+
+    def draft(self, drafter: Drafter, inputs: DraftInputs) -> DraftOutput:
+        out = drafter.propose_dynamic_tree(inputs, self.depth, self.top_k, self.nodes)
+        if out.tree_parents is None or len(out.tree_parents) != len(inputs.requests):
+            raise RuntimeError(
+                f"{type(drafter).__name__}.propose_dynamic_tree returned no parents per request"
+            )
+        return out
+
+
+def tree_plan(config: SpeculativeConfig) -> TreePlan | DynamicTree | None:
+    """The tree ``config`` asks for: a ``speculative_token_tree`` that branches, or a dynamic one;
+    ``None`` for a chain (the chain step)."""
+    if config.tree_top_k is not None and config.tree_nodes is not None:
+        assert config.num_speculative_tokens is not None
+        return DynamicTree(config.num_speculative_tokens, config.tree_top_k, config.tree_nodes)
+    branching = branching_tree(config.token_tree)
     return TreePlan.of(branching) if branching is not None else None
 
 
@@ -90,7 +135,7 @@ def refuse_processed(requests: Sequence[Request]) -> None:
 
 
 def _outcomes(
-    plan: TreePlan,
+    parents: Sequence[Sequence[int]],  # per request its nodes' parents
     counts: list[int],
     tokens: list[list[int]],  # per request its nodes' tokens
     logits: torch.Tensor,  # [N, V] every row of the tree step
@@ -102,9 +147,8 @@ def _outcomes(
     out: list[TreeOutcome] = []
     for b, n in enumerate(counts):
         rows = logits[loc[b] : loc[b] + 1 + n]  # [1 + n, V]
-        parents = plan.parents[:n]
         if temps[b] <= 0:
-            out.append(verify_tree_greedy(parents, tokens[b], rows.argmax(dim=-1).tolist()))
+            out.append(verify_tree_greedy(parents[b][:n], tokens[b], rows.argmax(dim=-1).tolist()))
             continue
         probs = target_probs(
             rows, sampling.temperature[b : b + 1].expand(1 + n), sampling.top_k[b : b + 1].expand(1 + n),
@@ -116,12 +160,12 @@ def _outcomes(
             sampling.seeds[b : b + 1].expand(n + 1), sampling.positions[b : b + 1].expand(n + 1), counters,
             rng.STREAM_TREE,
         ).tolist()  # fmt: skip
-        out.append(verify_tree(parents, tokens[b], probs, None, uniforms[:n], uniforms[n]))
+        out.append(verify_tree(parents[b][:n], tokens[b], probs, None, uniforms[:n], uniforms[n]))
     return out
 
 
 def verify_trees(
-    plan: TreePlan,
+    parents: Sequence[Sequence[int]],  # per request its tree's node parents (at least ``counts[b]``)
     start: int,
     query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes (placeholders past)
     counts: list[int],
@@ -132,12 +176,12 @@ def verify_trees(
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
     (``keep_path(slot, first, columns)``), and return the chain view (module docstring)."""
-    batch = build_tree_step_batch(start, query, [plan.parents[:n] for n in counts], cached)
+    batch = build_tree_step_batch(start, query, [parents[b][:n] for b, n in enumerate(counts)], cached)
     target = forward(batch, False)
     host = query.tolist()
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
-    outcomes = _outcomes(plan, counts, nodes, target.logits, loc, sampling)
+    outcomes = _outcomes(parents, counts, nodes, target.logits, loc, sampling)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
@@ -160,8 +204,10 @@ def verify_trees(
 
 __all__ = [
     "TREE_METHODS",
+    "DynamicTree",
     "TreePlan",
     "TreeResult",
+    "nodes_within",
     "refuse_processed",
     "tree_plan",
     "verify_trees",

@@ -120,6 +120,8 @@ class DraftOutput:
     draft_probs: torch.Tensor | None = None  # [B, K, V] float32
     errors: tuple[str | None, ...] = field(default=())  # host [B] or empty: a message fails that request
     confidence: torch.Tensor | None = None  # [B, K] float32 in [0, 1]
+    #: a token tree's shape: per request its nodes' parents (-1: the root), parents first, level by level
+    tree_parents: tuple[tuple[int, ...], ...] | None = None  # host [B][n_b]
 
 
 class Drafter(ABC):
@@ -172,6 +174,12 @@ class Drafter(ABC):
         each budget's depth). Only the drafters of ``engine.tree_step.TREE_METHODS`` draft trees."""
         del inputs, parents, ranks
         raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
+
+    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
+        """EAGLE-2's tree per request (``proposers.tree_build.dynamic_tree``): ids ``[B, nodes]`` and
+        ``tree_parents``. Only the drafters of ``engine.tree_step.TREE_METHODS`` marked ``dynamic``."""
+        del inputs, depth, top_k, nodes
+        raise NotImplementedError(f"{type(self).__name__} does not grow dynamic token trees")
 
 
 def last_committed_rows(inputs: DraftInputs) -> torch.Tensor:

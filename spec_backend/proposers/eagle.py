@@ -26,6 +26,7 @@ import torch
 from spec_backend.config.token_tree import branching_tree
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest, build_tree_batch
@@ -89,25 +90,45 @@ class EagleDrafter(HeadCacheDrafter):
                 fed = sum(d <= depth for d in depths)
                 ids = torch.stack(list(columns[:fed]), dim=1)  # [B, fed]
                 hidden = torch.stack([outs[p] for p in parents[:fed]], dim=1)  # [B, fed, H]
-                out = self._tree_forward(start, ids, hidden, parents[:fed], base)  # [B, fed, H]
+                out = self._tree_forward(start, ids, hidden, [parents[:fed]] * batch, base)  # [B, fed, H]
                 outs.update({i: out[:, i] for i in range(fed)})
             return self.head.logits(outs[parent], depth).float()
 
         tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
         return DraftOutput(tokens, (len(parents),) * batch)
 
+    @torch.inference_mode()
+    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
+        """EAGLE-2's tree (``proposers.dynamic_tree``), each level's frontier fed as ``propose_tree``
+        feeds a static tree's levels."""
+        start, batch = inputs.batch.start, len(inputs.requests)
+        root = self._feed_committed(inputs)  # [B, H]
+        base = list(self._cache().lengths[start : start + batch])
+
+        def forward(
+            columns: Sequence[Sequence[int]], ids: torch.Tensor, hidden: torch.Tensor
+        ) -> torch.Tensor:
+            return self._tree_forward(start, ids, hidden, columns, base)
+
+        def log_probs(out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
+            logits = self.head.logits(out.reshape(-1, out.shape[-1])).float()  # [M, V]
+            return torch.log_softmax(logits, dim=-1).view(*out.shape[:-1], -1)
+
+        tokens, parents = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
+        return DraftOutput(tokens, (nodes,) * batch, tree_parents=parents)
+
     def _tree_forward(
         self,
         start: int,
-        tokens: torch.Tensor,  # [B, n] the nodes fed, breadth first
-        hidden: torch.Tensor,  # [B, n, H] each node's parent's output
-        parents: Sequence[int],
+        tokens: torch.Tensor,  # [B, Q] the nodes fed, parents first (padded past each request's)
+        hidden: torch.Tensor,  # [B, Q, H] each node's parent's output
+        parents: Sequence[Sequence[int]],  # per request each fed node's parent column (-1: none)
         base: Sequence[int],  # [B] cache rows before the tree
-    ) -> torch.Tensor:  # [B, n, H]
+    ) -> torch.Tensor:  # [B, Q, H]
         cache = self._cache()
         for b, rows in enumerate(base):  # drop the previous level's nodes
             cache.truncate(start + b, rows)
-        batch = build_tree_batch(start, tokens, [parents] * len(base), base)
+        batch = build_tree_batch(start, tokens, parents, base)
         cache.begin_step(batch)
         try:
             out: torch.Tensor = self.head(tokens, hidden, batch.padded_positions(), cache, batch.attention)
@@ -243,14 +264,20 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
         config.uses_draft_probs,
         mask_token,
     )
-    tree = branching_tree(config.token_tree)
-    if tree is not None and mask_token is not None:
+    if _drafts_tree(config) and mask_token is not None:
         raise ValueError(
-            f"parallel_drafting=True drafts a chain in one forward; it cannot draft the branching "
-            f"speculative_token_tree={config.speculative_token_tree!r} (use one or the other)"
+            "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "
+            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
+            "use one or the other"
         )
-    drafter.headroom = max(drafter.headroom, len(tree or ()))  # a tree level feeds up to every node
+    # a static tree's level feeds up to every node; a dynamic one's, its frontier and their ancestors
+    fed = max(len(branching_tree(config.token_tree) or ()), (config.tree_top_k or 0) * drafter.headroom)
+    drafter.headroom = max(drafter.headroom, fed)
     return drafter
+
+
+def _drafts_tree(config: Any) -> bool:
+    return branching_tree(config.token_tree) is not None or config.tree_top_k is not None
 
 
 def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:
@@ -297,10 +324,10 @@ def build_mtp_drafter(ctx: DrafterContext) -> EagleDrafter:
     shipped = getattr(target.config.get_text_config(), "num_nextn_predict_layers", None)
     k = ctx.config.num_speculative_tokens or 1
     layers = min(k, shipped) if isinstance(shipped, int) and shipped > 0 else 1
-    if layers > 1 and branching_tree(ctx.config.token_tree) is not None:
+    if layers > 1 and _drafts_tree(ctx.config):
         raise ValueError(
-            f"a branching speculative_token_tree feeds nodes of several depths in one forward, so it needs "
-            f"one MTP layer; {path!r} would use {layers} (num_speculative_tokens={k}, "
+            f"a token tree feeds nodes of several depths in one forward, so it needs one MTP layer; "
+            f" {path!r} would use {layers} (num_speculative_tokens={k}, "
             f"num_nextn_predict_layers={shipped}): set num_speculative_tokens=1's chain or a single-layer MTP"
         )
     head = load_mtp_head(path, target, layers, target.dtype)

@@ -1,4 +1,5 @@
-"""Sampled generation with a branching token tree keeps the target's law.
+"""Sampled generation with a branching token tree keeps the target's law (a static tree, and EAGLE-2's
+dynamic tree).
 
 A tiny target (vocabulary 4, 6 layers) and a random DSpark head drafting the 6-node tree
 ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (each node one of its parent's two best tokens, a
@@ -23,6 +24,7 @@ import engine_laws
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.testing.exact import SeqDist
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 from spec_backend.testing.montecarlo import chi_square
 from spec_backend.tools.tiny import make_tiny_model
@@ -55,18 +57,33 @@ def _law(model_dir: str, temperature: float, top_p: float) -> SeqDist:
     return law
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
+@pytest.mark.parametrize(
+    ("tree", "temperature", "top_p"),
+    [("static", 1.0, 1.0), ("static", 0.8, 0.9), ("dynamic", 1.0, 1.0)],
+)
 def test_target_law_is_kept_with_tree_verification(
-    tmp_path_factory: pytest.TempPathFactory, temperature: float, top_p: float
+    tmp_path_factory: pytest.TempPathFactory, tree: str, temperature: float, top_p: float
 ) -> None:
+    """``static``: DSpark drafting TREE; ``dynamic``: EAGLE-1 growing EAGLE-2's tree (2 expansions per
+    level, 3 levels, 6 nodes kept), a shape that changes with every step's draft probabilities."""
     root = tmp_path_factory.mktemp("tree_law")
     settings = {"vocab_size": VOCAB, "initializer_range": 0.05, "num_hidden_layers": 6}
     target, other = (
         make_tiny_model(root / "t", seed=0, **settings),
         make_tiny_model(root / "o", seed=7, **settings),
     )
-    head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
-    spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    if tree == "static":
+        head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
+        spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    else:
+        head = write_eagle1(root / "h", target, bias=True, seed=2)
+        spec = {
+            "method": "eagle",
+            "model": head,
+            "num_speculative_tokens": 3,
+            "tree_top_k": 2,
+            "tree_nodes": 6,
+        }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -84,6 +101,6 @@ def test_target_law_is_kept_with_tree_verification(
     assert total.num_accepted_tokens > 0.3 * total.num_drafts  # the tree's nodes are accepted
     counts = Counter(tuple(o.outputs[0].token_ids[:LENGTH]) for o in outs)
     fit = chi_square(counts, _law(target, temperature, top_p))
-    assert fit.passed, f"T={temperature}, top_p={top_p}: {fit}"
+    assert fit.passed, f"{tree} tree, T={temperature}, top_p={top_p}: {fit}"
     control = chi_square(counts, _law(other, temperature, top_p))
     assert not control.passed, f"the check has no power: another model's law also fits ({control})"

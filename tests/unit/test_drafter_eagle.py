@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from spec_backend.config.token_tree import parse_token_tree
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.proposers.eagle import EagleDrafter
-from spec_backend.proposers.tree_build import fill_static, static_shape
+from spec_backend.proposers.tree_build import depths_of, dynamic_tree, fill_static, static_shape
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 
 TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # 6 nodes, 3 deep
@@ -116,6 +116,29 @@ def test_every_tree_node_is_ranked_on_its_own_path(target_dir: str, tmp_path: Pa
         torch.testing.assert_close(
             got[0].double(), logits_after(want.path(parent)).double(), atol=1e-9, rtol=0
         )
+
+
+@pytest.mark.parametrize(("top_k", "nodes"), [(2, 10), (3, 9)])  # every grown node; a pruned tree
+def test_the_dynamic_tree_is_eagle2_on_the_pseudo_code(
+    target_dir: str, tmp_path: Path, top_k: int, nodes: int
+) -> None:
+    """EAGLE-2 grown by the batched drafter (tree attention per level, frontier and ancestors fed) equals
+    the host reference ``dynamic_tree`` over the pseudo-code's distributions after each path."""
+    head = write_eagle1(tmp_path / "eagle", target_dir, bias=True, seed=2)
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": 3, "tree_top_k": top_k}
+    llm = LLM(target_dir, dtype="float64", speculative_config={**spec, "tree_nodes": nodes})
+    drafter: Any = llm.engine.drafter
+    grow, seen = drafter.propose_dynamic_tree, []
+    drafter.propose_dynamic_tree = lambda *a: seen.append(grow(*a)) or seen[-1]
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6))
+    assert seen[0].token_ids.shape == (2, nodes)
+    for b, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        logits_after = _reference(target_dir, head, prompt, out.outputs[0].token_ids[0])
+        want = dynamic_tree(lambda _, path, f=logits_after: torch.softmax(f(path), -1), 3, top_k, nodes)
+        assert seen[0].tree_parents[b] == want.parents
+        assert seen[0].token_ids[b].tolist() == list(want.tokens)
+    assert max(depths_of(want.parents)) > 1 and sorted(set(want.parents)) != [-1]
 
 
 def test_bad_checkpoint_is_refused(target_dir: str, tmp_path: Path) -> None:

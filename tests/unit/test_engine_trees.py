@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - one_thread is autouse
 
 from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine.tree_step import DynamicTree
 from spec_backend.testing.fixtures import draft_checkpoints as w
 from spec_backend.testing.fixtures.dspark_checkpoints import (
     make_bigram_target,
@@ -107,16 +108,58 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     )
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
+    target: str, tmp_path: Path, method: str
+) -> None:
+    plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
+    spec = {"method": method, "model": _head(method, target, tmp_path), "num_speculative_tokens": 3}
+    llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 3, "tree_nodes": 8})
+    assert isinstance(llm.engine.tree, DynamicTree) and llm.engine.captured is None
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    total = llm.metrics.total
+    assert total.num_draft_tokens > 3 * total.num_drafts  # more nodes verified per step than a chain's K
+    assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
+
+
+def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
+    spec = {"method": "eagle", "model": _head("eagle", target, tmp_path), "num_speculative_tokens": 3}
+    with pytest.raises(
+        ValueError, match=r"needs both tree_top_k and tree_nodes, got tree_top_k=2 and tree_nodes=None"
+    ):
+        LLM(target, speculative_config={**spec, "tree_top_k": 2})
+    with pytest.raises(ValueError, match=r"tree_nodes must be in \[num_speculative_tokens, 10\] .* got 11"):
+        LLM(target, speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 11})
+    with pytest.raises(ValueError, match=r"speculative_token_tree=.* is a static one: give one or the other"):
+        LLM(
+            target,
+            speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4, "speculative_token_tree": TREE},
+        )
+    dflash = {
+        "method": "dflash",
+        "model": _head("dflash", target, tmp_path / "d"),
+        "num_speculative_tokens": 3,
+    }
+    with pytest.raises(ValueError, match=r"grow a dynamic token tree .* got method='dflash'"):
+        LLM(target, speculative_config={**dflash, "tree_top_k": 2, "tree_nodes": 4})
+    with pytest.raises(ValueError, match=r"a dynamic token tree \(tree_top_k/tree_nodes\) is verified by"):
+        LLM(
+            target,
+            speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4, "rejection_sample_method": "block"},
+        )
+
+
 def test_mtp_trees_need_one_layer_and_equal_plain_decoding(tmp_path: Path) -> None:
     from test_drafter_mtp import write_glm_with_mtp
 
     glm = write_glm_with_mtp(tmp_path / "glm", nextn=1, seed=2)
     plain = [o.outputs[0].token_ids for o in LLM(glm, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": "mtp", "num_speculative_tokens": 3, "speculative_token_tree": TREE}
-    llm = LLM(glm, dtype="float64", speculative_config=spec)
-    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    for tree in ({"speculative_token_tree": TREE}, {"tree_top_k": 2, "tree_nodes": 6}):
+        llm = LLM(glm, dtype="float64", speculative_config={**spec, **tree})
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
     two = write_glm_with_mtp(tmp_path / "two", nextn=2)
-    shallow = {**spec, "num_speculative_tokens": 2, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+    shallow = {**spec, "num_speculative_tokens": 2, "tree_top_k": 2, "tree_nodes": 4}
     with pytest.raises(ValueError, match=r"needs one MTP layer; .* would use 2 \(num_speculative_tokens=2"):
         LLM(two, speculative_config=shallow)
 
@@ -124,7 +167,10 @@ def test_mtp_trees_need_one_layer_and_equal_plain_decoding(tmp_path: Path) -> No
 def test_parallel_drafting_cannot_draft_a_tree(target: str, tmp_path: Path) -> None:
     head = w.write_eagle3(tmp_path / "p", target, "peagle", aux_ids=[0, 2, 4])
     spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True}
-    with pytest.raises(ValueError, match=r"parallel_drafting=True drafts a chain in one forward"):
+    with pytest.raises(
+        ValueError,
+        match=r"parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree",
+    ):
         LLM(target, speculative_config={**spec, "speculative_token_tree": TREE})
 
 

@@ -155,11 +155,11 @@ def test_dspark_greedy_output_matches_the_reference(tmp_path: Path) -> None:
     reason="a CUDA GPU is present: compiled triton kernels cannot read these CPU tensors "
     "(test_gpu_drafters.py runs trees on the real backend there)",
 )
-@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+@pytest.mark.parametrize("method", ["dspark", "eagle3", "eagle3-dynamic"])
 def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
     """A branching tree drafted by DSpark (one block forward) or EAGLE-3 (level by level under the draft
-    head's own tree attention), verified through the CUDA backend's attention (tree steps take SDPA) and
-    sampler ops: the reference's tokens, which are the plain output."""
+    head's own tree attention; static, and EAGLE-2's dynamic tree), verified through the CUDA backend's
+    attention (tree steps take SDPA) and sampler ops: the reference's tokens, which are the plain output."""
     pytest.importorskip("triton")
     engine = pytest.importorskip("spec_backend.engine")
     from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
@@ -172,12 +172,12 @@ def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
         if method == "dspark"
         else write_eagle3(tmp_path / "eagle3", model, "speculators", aux_ids=[0, 1, 1])
     )
-    spec = {
-        "method": method,
-        "model": head,
-        "num_speculative_tokens": 2,
-        "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1)]",
-    }
+    tree = (
+        {"tree_top_k": 2, "tree_nodes": 5}
+        if method.endswith("dynamic")
+        else {"speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1)]"}
+    )
+    spec = {"method": method.removesuffix("-dynamic"), "model": head, "num_speculative_tokens": 2, **tree}
     params = engine.SamplingParams(temperature=0.0, max_tokens=10)
     plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(PROMPTS, params)
     outputs = {}

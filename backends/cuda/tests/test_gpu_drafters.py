@@ -142,10 +142,10 @@ def test_drafter_with_graphs_equals_plain_and_eager(target: str, tmp_path: Path,
     assert eager == plain
 
 
-@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+@pytest.mark.parametrize("method", ["dspark", "eagle3", "eagle3-dynamic"])
 def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path, method: str) -> None:
-    """A branching tree (DSpark; EAGLE-3 with the head's own tree attention) on the CUDA backend: tree
-    steps run eagerly through SDPA; greedy output equals plain decoding."""
+    """A branching tree (DSpark; EAGLE-3 with the head's own tree attention, static and dynamic) on the
+    CUDA backend: tree steps run eagerly through SDPA; greedy output equals plain decoding."""
     from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
     from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 
@@ -154,11 +154,11 @@ def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path, method:
         if method == "dspark"
         else write_eagle3(tmp_path / "eagle3", target, "speculators", aux_ids=[0, 1, 1])
     )
-    spec = {
-        "method": method,
-        "model": head,
-        "num_speculative_tokens": K,
-        "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
-    }
+    tree = (
+        {"tree_top_k": 2, "tree_nodes": 6}
+        if method.endswith("dynamic")
+        else {"speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}
+    )
+    spec = {"method": method.removesuffix("-dynamic"), "model": head, "num_speculative_tokens": K, **tree}
     plain = _generate(target, None, CudaBackend(graph_progress=False))
     assert _generate(target, spec, CudaBackend(graph_progress=False)) == plain
