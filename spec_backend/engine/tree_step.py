@@ -48,6 +48,7 @@ TREE_METHODS: dict[str, tuple[str, ...]] = {
     "eagle3": ("static", "dynamic"),
     "medusa": ("static",),
     "mtp": ("static", "dynamic"),
+    "ngram": ("static",),
 }
 
 
@@ -76,7 +77,9 @@ class TreePlan:
         return len(self.parents)
 
     def draft(self, drafter: Drafter, inputs: DraftInputs) -> DraftOutput:
-        out = drafter.propose_tree(inputs, self.parents, self.ranks)
+        out = drafter.propose_tree(inputs, self.parents, self.ranks)  # a drafter may keep a subtree
+        if out.tree_parents is not None:
+            return out
         return replace(out, tree_parents=(self.parents,) * len(inputs.requests))
 
 

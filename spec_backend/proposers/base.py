@@ -49,6 +49,15 @@ class Proposer(ABC):
         Entry ``i`` has at most ``min(K, max_tokens[i])`` tokens; ``[]`` when there is nothing to propose.
         """
 
+    def propose_tree(
+        self, req_id: str, parents: Sequence[int], ranks: Sequence[int]
+    ) -> tuple[tuple[int, ...], list[int]]:
+        """The nodes of a static token tree (``proposers.tree_build``) this proposer finds for
+        ``req_id``: the parents (renumbered) and tokens of the subtree whose nodes exist, in the plan's
+        order. Default: only chains."""
+        del req_id, parents, ranks
+        raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
+
     def propose_on_device(
         self, req_ids: Sequence[str], max_tokens: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -170,8 +170,9 @@ class Drafter(ABC):
 
     def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
         """A static token tree per request: ids ``[B, n]`` of the tree's nodes in its breadth-first order
-        (``proposers.tree_build``), ``n`` counted for every request (the engine keeps the nodes within
-        each budget's depth). Only the drafters of ``engine.tree_step.TREE_METHODS`` draft trees."""
+        (``proposers.tree_build``), ``n`` counted for every request — or, with ``tree_parents``, the
+        subtree each request found (n-gram lookup) — and the engine keeps the nodes within each budget's
+        depth. Only the drafters of ``engine.tree_step.TREE_METHODS`` draft trees."""
         del inputs, parents, ranks
         raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
 
@@ -225,7 +226,8 @@ class HostDrafter(Drafter):
     def remove_request(self, request_id: str) -> None:
         self.proposer.remove_request(request_id)
 
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
+    def _update(self, inputs: DraftInputs) -> tuple[list[str], list[str | None]]:
+        """Feed each request's appended tokens; the ids and per-request failures."""
         ids = [r.request_id for r in inputs.requests]
         errors: list[str | None] = [None] * len(ids)
         for b, tokens in enumerate(inputs.accepted.new_token_ids):
@@ -233,6 +235,33 @@ class HostDrafter(Drafter):
                 self.proposer.update(ids[b], list(tokens))
             except Exception as exc:
                 errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
+        return ids, errors
+
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """Each request's subtree of the static tree that its proposer finds (``Proposer.propose_tree``);
+        none where the budget is 0."""
+        ids, errors = self._update(inputs)
+        shapes: list[tuple[int, ...]] = []
+        drafts: list[list[int]] = []
+        for b, request_id in enumerate(ids):
+            shape: tuple[int, ...] = ()
+            tokens: list[int] = []
+            if errors[b] is None and inputs.budgets[b] > 0:
+                try:
+                    shape, tokens = self.proposer.propose_tree(request_id, parents, ranks)
+                except Exception as exc:
+                    errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
+            shapes.append(shape)
+            drafts.append([int(t) for t in tokens])
+        return DraftOutput(
+            token_ids=pack_drafts(drafts, len(parents), self.device),
+            num_draft_tokens=tuple(len(d) for d in drafts),
+            errors=tuple(errors),
+            tree_parents=tuple(shapes),
+        )
+
+    def propose(self, inputs: DraftInputs) -> DraftOutput:
+        ids, errors = self._update(inputs)
         on_device = self._on_device(inputs, ids, errors)
         if on_device is not None:
             return on_device

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from spec_backend.config import SpeculativeConfig
 
-__all__ = ["NgramProposer", "build_ngram_proposer", "last_occurrence"]
+__all__ = ["NgramProposer", "build_ngram_proposer", "continuation_tree", "last_occurrence", "occurrences"]
 
 _P = 0x100000001B3  # odd multiplier of the polynomial hash (64-bit FNV prime)
 _MASK64 = (1 << 64) - 1
@@ -63,6 +63,47 @@ def last_occurrence(tokens: npt.NDArray[np.integer[Any]], n: int) -> int:
     windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L - n, n]
     hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))  # [#matches]
     return int(hits[-1]) if hits.size else -1
+
+
+def occurrences(tokens: npt.NDArray[np.integer[Any]], n: int) -> I64:
+    """Every start ``s`` with ``tokens[s:s+n] == tokens[L-n:]`` and ``s + n <= L - 1``, most recent
+    first (``last_occurrence``'s scan, all hits)."""
+    length = tokens.shape[0]
+    if n < 1 or n + 1 > length:
+        return np.zeros(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L - n, n]
+    return np.flatnonzero((windows == tokens[length - n :]).all(axis=1))[::-1].astype(np.int64)
+
+
+def continuation_tree(
+    tokens: npt.NDArray[np.integer[Any]],  # [L]
+    nexts: I64,  # [M] where each continuation starts, most recent first
+    parents: Sequence[int],
+    ranks: Sequence[int],
+) -> tuple[tuple[int, ...], list[int]]:
+    """The static tree's nodes found among the continuations ``tokens[c:]`` (``NgramProposer.propose_tree``):
+    a node's candidates are the distinct tokens that follow its path, in the order of the continuations
+    that reach them first; nodes past the candidates (and their subtrees) are absent."""
+    length = tokens.shape[0]
+    reach: dict[int, list[int]] = {-1: [int(c) for c in nexts]}  # plan node -> continuation offsets there
+    kept: dict[int, int] = {}  # plan node -> its index among the kept
+    out_parents: list[int] = []
+    out_tokens: list[int] = []
+    for node, (parent, rank) in enumerate(zip(parents, ranks, strict=True)):
+        if parent not in reach:
+            continue  # the parent is absent
+        order: dict[int, list[int]] = {}  # candidate -> the continuations taking it, in order
+        for c in reach[parent]:
+            if c < length:
+                order.setdefault(int(tokens[c]), []).append(c + 1)
+        if rank >= len(order):
+            continue
+        token, followers = list(order.items())[rank]
+        kept[node] = len(out_tokens)
+        out_parents.append(kept[parent] if parent >= 0 else -1)
+        out_tokens.append(token)
+        reach[node] = followers
+    return tuple(out_parents), out_tokens
 
 
 class _RequestIndex:
@@ -171,6 +212,20 @@ class NgramProposer(Proposer):
             if start >= 0:
                 return tokens[start + n : start + n + k]
         return []
+
+    def propose_tree(
+        self, req_id: str, parents: Sequence[int], ranks: Sequence[int]
+    ) -> tuple[tuple[int, ...], list[int]]:
+        """Several continuations found in the context (``ngram_tree``): node ``(…, r)`` is the ``r``-th
+        distinct next token after its path among the occurrences of the longest matching suffix, the
+        most recent first — so the rank-0 path is ``propose``'s chain."""
+        index = self._reqs[req_id]
+        tokens = np.asarray(index.tokens, dtype=np.int64)  # [L]
+        for n in range(min(self.prompt_lookup_max, tokens.shape[0] - 1), self.prompt_lookup_min - 1, -1):
+            starts = occurrences(tokens, n)  # most recent first
+            if starts.size:
+                return continuation_tree(tokens, starts + n, parents, ranks)
+        return (), []
 
     def _rebuild_static(self, index: _RequestIndex) -> None:
         """Index every n-gram with a next token into sorted arrays; empty the dynamic tier."""

@@ -92,8 +92,8 @@ def test_a_tree_emits_more_than_a_chain_of_as_many_nodes(tmp_path: Path) -> None
 def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> None:
     head = write_dspark(tmp_path / "h", target, block_size=4)
     spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
-    with pytest.raises(ValueError, match=r"this one is 3 deep; method='ngram'"):
-        LLM(target, speculative_config={**spec, "model": None, "method": "ngram", "prompt_lookup_max": 2})
+    with pytest.raises(ValueError, match=r"this one is 3 deep; method='suffix'"):
+        LLM(target, speculative_config={**spec, "model": None, "method": "suffix"})
     with pytest.raises(ValueError, match=r"this one is 3 deep; method='dspark'"):
         LLM(target, speculative_config={**spec, "num_speculative_tokens": 4})
     with pytest.raises(ValueError, match="with a branching speculative_token_tree every node is verified"):
