@@ -20,6 +20,9 @@ spec's ``RULES`` / ``LOSSLESS_RULES`` (``spec_backend.testing``). Each ``VerifyR
   p(x) and q(x) per draft: with or without draft probabilities) or ``"block"`` (Sun et al.'s scan:
   point-mass drafts only); None where the rule needs more (thresholds, rates, rescues).
 
+Token trees have their own rules (``TREE_REGISTRY``: ``TreeRule``), read the same way by the engine's
+tree step and the float64 law of ``spec_backend.testing.tree_spec``.
+
 Greedy requests (temperature 0) are not a rule: they are verified by argmax inside every rule except
 ``synthetic``. This module imports no torch kernels and nothing from ``spec_backend.config`` at run
 time, so the config layer can read it without an import cycle.
@@ -53,6 +56,20 @@ if TYPE_CHECKING:
         tuple[torch.Tensor, torch.Tensor | None],
     ]
     KernelSelector = Callable[[SamplerOps], DraftVerify]
+    #: (parents [B, M], tokens [B, M], target_probs [N, V], target_argmax [N] | None, row_start [B],
+    #: greedy [B], uniforms [B, M + 1] f64) -> (path [B, M], final [B]): ``SamplerOps.tree_verify``
+    TreeVerify = Callable[
+        [
+            torch.Tensor,
+            torch.Tensor,
+            torch.Tensor,
+            torch.Tensor | None,
+            torch.Tensor,
+            torch.Tensor,
+            torch.Tensor,
+        ],
+        tuple[torch.Tensor, torch.Tensor],
+    ]
 
 #: the ``RejectionSampler``'s ``method``: which family of rules verifies (``rejection_sample_method`` names
 #: map onto these in ``spec_backend.config.sampler_methods``)
@@ -197,19 +214,63 @@ def rule_named(name: str) -> VerifyRule:
     return RULES_BY_NAME[name]
 
 
+# --------------------------------------------------------------------------------- token trees
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """A token-tree verification rule (#42): ``name`` — its name in the float64 law
+    (``spec_backend.testing.tree_spec``); ``lossless``; ``draft_probs`` — whether it reads the
+    distributions the siblings were drawn from (else every node is judged as a point mass); ``kernel`` —
+    the ``SamplerOps`` method that runs it for the engine (None: specified only — a rule for sampled
+    siblings the engine does not draft yet, or a lossy negative control the tests must reject)."""
+
+    name: str
+    lossless: bool
+    draft_probs: bool
+    kernel: Callable[[SamplerOps], TreeVerify] | None
+
+
+def point_mass_tree(ops: SamplerOps) -> TreeVerify:
+    """``SamplerOps.tree_verify``: recursive rejection sampling over point-mass siblings."""
+    return ops.tree_verify
+
+
+#: every tree rule: ``rrs`` (recursive rejection sampling with the siblings' draft distributions),
+#: ``point_mass`` (what the engine runs: its trees' nodes are top tokens), and the negative controls
+TREE_REGISTRY: tuple[TreeRule, ...] = (
+    TreeRule("rrs", True, True, None),
+    TreeRule("point_mass", True, False, point_mass_tree),
+    TreeRule("naive_iid", False, True, None),
+    TreeRule("no_residual", False, True, None),
+)
+
+
+def tree_rule(name: str) -> TreeRule:
+    """The tree rule named ``name``; ``ValueError`` listing the names otherwise."""
+    for rule in TREE_REGISTRY:
+        if rule.name == name:
+            return rule
+    raise ValueError(f"unknown token-tree rule {name!r}; known: {[r.name for r in TREE_REGISTRY]}")
+
+
 __all__ = [
     "CUMULATIVE_MIN_SPEC_LEN",
     "REGISTRY",
     "RULES_BY_NAME",
+    "TREE_REGISTRY",
     "BlockMode",
     "ConfigFlags",
     "ModeName",
     "SamplerMethod",
+    "TreeRule",
     "VerifyFlags",
     "VerifyRule",
     "cumulative_block",
     "lossless_block",
+    "point_mass_tree",
     "rule_named",
     "select_rule",
     "token_level",
+    "tree_rule",
 ]

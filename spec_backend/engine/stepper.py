@@ -181,6 +181,7 @@ class Stepper:
         out = verify_trees(
             inputs.parents, start, inputs.tokens, counts, list(cached), engine.runner.forward,
             engine.sampling_state.metadata(start, positions), engine.runner.cache.keep_path,
+            engine.verifier.sampler.ops,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

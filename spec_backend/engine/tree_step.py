@@ -10,11 +10,12 @@ batch and target rows restricted to the request's first token and its accepted n
 had fed exactly those: the drafter, the metrics and logprobs read it unchanged, and the cache holds
 exactly those positions (``keep_path``).
 
-Verification (``sampling.tree_verify``): greedy requests follow the target's argmax path; sampled ones
-run recursive rejection sampling with every node a point mass (the drafted children of a node are its
-draft distribution's top tokens), lossless for any temperature, top-k and top-p. Uniforms are
-counter-based: stream ``rng.STREAM_TREE``, the request's seed, the position of its first node and the
-node's index. Requests whose logits are processed (penalties, bad words, logit bias, grammars) are
+Verification (``TREE_RULE``: ``SamplerOps.tree_verify`` over the whole batch): greedy requests follow
+the target's argmax path; sampled ones run recursive rejection sampling with every node a point mass (the
+drafted children of a node are its draft distribution's top tokens), lossless for any temperature, top-k
+and top-p. Uniforms are counter-based: stream ``rng.STREAM_TREE``, the request's seed, the position of
+its first node and the node's index (the final token: the request's node count). Requests whose logits
+are processed (penalties, bad words, logit bias, grammars) are
 refused with a tree: their per-row histories are chain-shaped.
 """
 
@@ -29,14 +30,16 @@ import torch
 from spec_backend.config.token_tree import TokenTree, branching_tree
 from spec_backend.proposers.tree_build import depths_of, static_shape
 from spec_backend.sampling import rng
-from spec_backend.sampling.probs import target_probs
-from spec_backend.sampling.tree_verify import TreeOutcome, verify_tree, verify_tree_greedy
+from spec_backend.sampling.tree_ops import NO_NODE
+from spec_backend.sampling.tree_verify import TreeOutcome
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch, build_tree_step_batch
+from spec_backend.verify_rules import tree_rule
 
 if TYPE_CHECKING:
     from spec_backend.config import SpeculativeConfig
     from spec_backend.engine.request import Request
     from spec_backend.proposers.contract import Drafter, DraftInputs, DraftOutput
+    from spec_backend.sampling.ops import SamplerOps
     from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 #: methods whose drafters draft token trees, and which kinds: ``static`` (``Drafter.propose_tree``),
@@ -137,34 +140,54 @@ def refuse_processed(requests: Sequence[Request]) -> None:
             )
 
 
+#: the rule the engine verifies trees with (its nodes are point masses: top tokens)
+TREE_RULE = tree_rule("point_mass")
+
+
 def _outcomes(
     parents: Sequence[Sequence[int]],  # per request its nodes' parents
     counts: list[int],
-    tokens: list[list[int]],  # per request its nodes' tokens
+    query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes
     logits: torch.Tensor,  # [N, V] every row of the tree step
-    loc: list[int],
     sampling: SamplingMetadata,
+    ops: SamplerOps,
 ) -> list[TreeOutcome]:
-    """Each request's verified path and final token."""
-    temps = sampling.temperature.tolist()
-    out: list[TreeOutcome] = []
+    """Each request's verified path and final token, by ``TREE_RULE``'s kernel for the whole batch."""
+    batch, width = len(counts), max(max(counts, default=0), 1)
+    layout = torch.full((batch, width), NO_NODE, dtype=torch.int64)
     for b, n in enumerate(counts):
-        rows = logits[loc[b] : loc[b] + 1 + n]  # [1 + n, V]
-        if temps[b] <= 0:
-            out.append(verify_tree_greedy(parents[b][:n], tokens[b], rows.argmax(dim=-1).tolist()))
-            continue
-        probs = target_probs(
-            rows, sampling.temperature[b : b + 1].expand(1 + n), sampling.top_k[b : b + 1].expand(1 + n),
-            sampling.top_p[b : b + 1].expand(1 + n),
-        )  # fmt: skip
+        layout[b, :n] = torch.tensor(list(parents[b][:n]), dtype=torch.int64)
+    device = logits.device
+    tokens = query.new_zeros((batch, width))  # [B, M] (placeholders past a count are never read)
+    tokens[:, : query.shape[1] - 1] = query[:, 1 : 1 + width].clamp_min(0)  # a step without drafts: none
+    lens = torch.tensor([1 + n for n in counts], device=device)  # [B] rows per request
+    probs = logits  # [N, V] stands in for the probabilities, read only for sampled requests
+    if not sampling.all_greedy:
+        temperature, top_k, top_p = (
+            torch.repeat_interleave(t, lens) for t in (sampling.temperature, sampling.top_k, sampling.top_p)
+        )  # each [N]
+        probs = ops.target_probs(
+            logits, temperature, top_k, top_p, sampling.apply_top_k, sampling.apply_top_p, sampling.max_top_k
+        )  # [N, V]
+    argmax = None if sampling.all_random else ops.argmax(logits)  # [N]
+    uniforms = torch.zeros((batch, width + 1), dtype=torch.float64, device=device)
+    if not sampling.all_greedy:
         assert sampling.seeds is not None and sampling.positions is not None
-        counters = torch.arange(n + 1, dtype=torch.int64, device=rows.device)
-        uniforms = rng.uniform_f64(
-            sampling.seeds[b : b + 1].expand(n + 1), sampling.positions[b : b + 1].expand(n + 1), counters,
-            rng.STREAM_TREE,
-        ).tolist()  # fmt: skip
-        out.append(verify_tree(parents[b][:n], tokens[b], probs, None, uniforms[:n], uniforms[n]))
-    return out
+        counters = torch.arange(width + 1, device=device).expand(batch, -1).clone()  # [B, M + 1]
+        counters[:, width] = torch.tensor(counts, device=device)  # the final token's counter: n_b
+        uniforms = ops.uniforms(
+            sampling.seeds[:, None].expand(-1, width + 1).flatten(),
+            sampling.positions[:, None].expand(-1, width + 1).flatten(), counters.flatten(), rng.STREAM_TREE,
+        ).view(batch, width + 1)  # fmt: skip
+    starts = torch.cumsum(lens, 0) - lens  # [B]
+    assert TREE_RULE.kernel is not None
+    path, final = TREE_RULE.kernel(ops)(
+        layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms
+    )
+    return [
+        TreeOutcome([i for i in row if i >= 0], last)
+        for row, last in zip(path.tolist(), final.tolist(), strict=True)
+    ]
 
 
 def verify_trees(
@@ -176,6 +199,7 @@ def verify_trees(
     forward: Callable[[StepBatch, bool], TargetOutput],
     sampling: SamplingMetadata,
     keep_path: Callable[[int, int, Sequence[int]], None],
+    ops: SamplerOps,
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
     (``keep_path(slot, first, columns)``), and return the chain view (module docstring)."""
@@ -184,7 +208,7 @@ def verify_trees(
     host = query.tolist()
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
-    outcomes = _outcomes(parents, counts, nodes, target.logits, loc, sampling)
+    outcomes = _outcomes(parents, counts, query, target.logits, sampling, ops)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]

@@ -145,6 +145,20 @@ class SamplerOps(Protocol):
         u_v = rng.vocab_uniform_f32(seed, position, STREAM_SAMPLE)[v]; w in float32."""
         ...
 
+    def tree_verify(
+        self,
+        parents: torch.Tensor,  # [B, M] int64: -1 the root, -2 past each request's nodes
+        tokens: torch.Tensor,  # [B, M] int64
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_argmax: torch.Tensor | None,  # [N] int64, argmax of the logits (None: no greedy request)
+        row_start: torch.Tensor,  # [B] int64: the root's row; node i's is row_start + 1 + i
+        greedy: torch.Tensor,  # [B] bool
+        uniforms: torch.Tensor,  # [B, M + 1] float64: per node, then the final token's
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
+        """Point-mass token trees (``sampling.tree_ops``): each request's accepted nodes, root to leaf,
+        and the token emitted after them."""
+        ...
+
 
 @runtime_checkable
 class FusedVerifyOps(Protocol):

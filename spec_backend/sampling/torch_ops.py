@@ -29,6 +29,7 @@ import torch
 
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
+from spec_backend.sampling.tree_ops import TorchTreeOps
 
 
 def request_layout(
@@ -190,7 +191,7 @@ def exponential_race(
     return best_idx
 
 
-class TorchSamplerOps:
+class TorchSamplerOps(TorchTreeOps):
     """Reference implementation of ``SamplerOps`` (see ``spec_backend.sampling.ops`` for the contract)."""
 
     name = "torch"

@@ -42,10 +42,12 @@ import numpy as np
 
 from spec_backend.testing.exact import Prefix, SeqDist
 from spec_backend.testing.spec import F64
+from spec_backend.verify_rules import TREE_REGISTRY
 
 SCHEMES = ("iid", "without_replacement", "point")
-RULES = ("rrs", "point_mass", "greedy", "naive_iid", "no_residual")
-LOSSLESS_RULES = ("rrs", "point_mass")
+#: the registry's tree rules (``verify_rules.TREE_REGISTRY``), and greedy (the argmax path)
+RULES = (*(rule.name for rule in TREE_REGISTRY), "greedy")
+LOSSLESS_RULES = tuple(rule.name for rule in TREE_REGISTRY if rule.lossless)
 
 Model = Callable[[Prefix], F64]  # a context -> its next-token distribution [V]
 

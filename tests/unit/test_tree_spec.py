@@ -9,6 +9,7 @@ import pytest
 
 from spec_backend.testing.exact import ToyModel, continued, target_joint, total_variation
 from spec_backend.testing.tree_spec import LOSSLESS_RULES, SCHEMES, TreeShape, emitted_law, expected_emitted
+from spec_backend.verify_rules import TREE_REGISTRY, TreeRule
 
 SHAPES = {
     "chain-3": TreeShape((-1, 0, 1)),
@@ -54,6 +55,20 @@ def test_recursive_rejection_sampling_accepts_more_than_point_masses_of_sampled_
 def test_naive_tree_samplers_change_the_law(scheme: str, rule: str) -> None:
     target, draft = ToyModel(V, seed=3), ToyModel(V, seed=53, scale=2.0)
     assert _deviation(SHAPES["2x2"], scheme, rule, target, draft) > 1e-3
+
+
+@pytest.mark.parametrize("rule", [r for r in TREE_REGISTRY if not r.lossless], ids=lambda r: r.name)
+def test_every_rule_the_registry_calls_lossy_changes_the_law_for_some_scheme(rule: TreeRule) -> None:
+    target, draft = ToyModel(V, seed=3), ToyModel(V, seed=53, scale=2.0)
+    assert max(_deviation(SHAPES["2x2"], scheme, rule.name, target, draft) for scheme in SCHEMES) > 1e-3
+
+
+def test_the_rule_the_engine_runs_is_lossless_for_point_mass_trees() -> None:
+    """The registry's rules with a kernel are the engine's; each must keep the law for the trees the
+    engine drafts (point masses), and read no draft probabilities it does not have."""
+    runnable = [r for r in TREE_REGISTRY if r.kernel is not None]
+    assert [r.name for r in runnable] == ["point_mass"]
+    assert all(r.lossless and not r.draft_probs and r.name in LOSSLESS_RULES for r in runnable)
 
 
 def test_greedy_verification_emits_the_target_argmax_path() -> None:

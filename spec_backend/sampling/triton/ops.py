@@ -20,6 +20,7 @@ op                     implementation
 ``standard_verify``    triton scan               ``cumulative_verify``  triton scan
 ``block_verify``       triton scan with the residual-mass vocabulary pass fused
 ``synthetic_verify``   triton                    ``sample_residual``    triton, noise hashed in registers
+``tree_verify``        triton walk, one program per request (``triton.tree``)
 ``fused_verify``       ``ops.FusedVerifyOps``: the whole verification in four launches without the [N, V]
                        probabilities (``triton.fused``), when ``SamplerTuning.fused_verify``
 =====================  ===================================================================================
@@ -47,6 +48,7 @@ from spec_backend.sampling.triton import greedy as _kg
 from spec_backend.sampling.triton import rng as _kr
 from spec_backend.sampling.triton import rows as _rowops
 from spec_backend.sampling.triton import verify as _kv
+from spec_backend.sampling.triton.tree import TritonTreeOps
 from spec_backend.sampling.tuning import SamplerTuning
 
 _ELEMENTWISE_BLOCK = 256
@@ -55,7 +57,7 @@ _ELEMENTWISE_BLOCK = 256
 _rows = _rowops.rows
 
 
-class TritonSamplerOps:
+class TritonSamplerOps(TritonTreeOps):
     """``SamplerOps`` on triton kernels tuned by ``SamplerTuning`` (see the module docstring)."""
 
     name = "triton"

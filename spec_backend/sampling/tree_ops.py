@@ -1,0 +1,119 @@
+"""The token-tree verification op (``SamplerOps.tree_verify``) in torch, for a batch of point-mass trees
+(``verify_rules.TREE_REGISTRY``'s ``point_mass`` rule; the triton op in ``sampling.triton.tree`` matches
+it bit for bit on the same uniforms).
+
+Layout (every request padded to ``M`` nodes): ``parents [B, M]`` (``-1`` the root, ``-2`` past the
+request's nodes), ``tokens [B, M]``, and the target's rows of request ``b`` at ``row_start[b]`` (the
+root) and ``row_start[b] + 1 + i`` (after node ``i``).
+
+The rule, per request, from the root: the children of the current node are tried in order; with ``S``
+the target probability of the distinct tokens already rejected there, child ``x`` is accepted when
+``u · (1 − S) < p(x)`` — ``u < r(x)`` for the residual ``r = norm(p without the rejected tokens)``, as
+``sampling.tree_verify.verify_tree`` computes it with point masses — and a child repeating a rejected
+token is rejected. When none is accepted (or the node is a leaf) the final token is the first ``v`` whose
+running sum of ``r``'s mass exceeds ``u_final`` of the total (``_inverse_cdf``). Greedy requests follow the
+target's argmax (``target_argmax``, from the logits) instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: ``parents`` entry of a padding node (past a request's count)
+NO_NODE = -2
+
+
+def repeated_siblings(parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [B, M] bool
+    """Whether node ``i`` repeats the token of an earlier sibling (it is then never accepted)."""
+    same = (parents[:, :, None] == parents[:, None, :]) & (tokens[:, :, None] == tokens[:, None, :])
+    earlier = torch.ones(parents.shape[1], parents.shape[1], dtype=torch.bool, device=parents.device).tril(-1)
+    return (same & earlier).any(dim=2) & (parents != NO_NODE)  # [B, M]
+
+
+class TorchTreeOps:
+    """``SamplerOps.tree_verify`` (module docstring), one request at a time on the host."""
+
+    def tree_verify(
+        self,
+        parents: torch.Tensor,  # [B, M] int64
+        tokens: torch.Tensor,  # [B, M] int64
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_argmax: torch.Tensor | None,  # [N] int64 (None: no greedy request)
+        row_start: torch.Tensor,  # [B] int64
+        greedy: torch.Tensor,  # [B] bool
+        uniforms: torch.Tensor,  # [B, M + 1] float64: per node, then the final token's
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
+        """Verify every request's tree (module docstring)."""
+        batch, m = parents.shape
+        path = torch.full((batch, m), -1, dtype=torch.int64)
+        final = torch.zeros(batch, dtype=torch.int64)
+        host_parents, host_tokens = parents.tolist(), tokens.tolist()
+        starts, greedy_host, u = row_start.tolist(), greedy.tolist(), uniforms.double().cpu()
+        argmax = target_argmax.tolist() if target_argmax is not None else None
+        for b in range(batch):
+            kids: dict[int, list[int]] = {}
+            for i, p in enumerate(host_parents[b]):
+                if p != NO_NODE:
+                    kids.setdefault(p, []).append(i)
+            if greedy_host[b]:
+                assert argmax is not None, "a greedy request needs target_argmax"
+                nodes, last = _greedy_path(kids, host_tokens[b], argmax, starts[b])
+            else:
+                nodes, last = _sampled_path(kids, host_tokens[b], target_probs, starts[b], u[b])
+            path[b, : len(nodes)] = torch.tensor(nodes, dtype=torch.int64)
+            final[b] = last
+        return path.to(parents.device), final.to(parents.device)
+
+
+def _greedy_path(
+    kids: dict[int, list[int]], tokens: list[int], argmax: list[int], start: int
+) -> tuple[list[int], int]:
+    node, nodes = -1, list[int]()
+    while True:
+        best = argmax[start + 1 + node]
+        match = [c for c in kids.get(node, []) if tokens[c] == best]
+        if not match:
+            return nodes, best
+        node = match[0]
+        nodes.append(node)
+
+
+def _sampled_path(
+    kids: dict[int, list[int]], tokens: list[int], probs: torch.Tensor, start: int, u: torch.Tensor
+) -> tuple[list[int], int]:
+    node, nodes = -1, list[int]()
+    while True:
+        row = probs[start + 1 + node].double()  # [V]
+        rejected: list[int] = []
+        mass = 0.0  # S: the target probability of the distinct rejected tokens
+        accepted = None
+        for child in kids.get(node, []):
+            x = tokens[child]
+            if x in rejected:
+                continue
+            p = float(row[x])
+            if float(u[child]) * (1.0 - mass) < p:
+                accepted = child
+                break
+            rejected.append(x)
+            mass += p
+        if accepted is None:
+            return nodes, _inverse_cdf(row, rejected, float(u[-1]))
+        node = accepted
+        nodes.append(node)
+
+
+def _inverse_cdf(row: torch.Tensor, rejected: list[int], u: float) -> int:  # row [V] float64
+    """The first token whose running sum of the residual mass exceeds ``u`` of its total (the last
+    token of positive mass where rounding leaves none)."""
+    mass = row.clone()
+    if rejected:
+        mass[torch.tensor(rejected, dtype=torch.int64)] = 0.0
+    cdf = torch.cumsum(mass, 0)  # [V]
+    hits = torch.nonzero((cdf > u * float(cdf[-1])) & (mass > 0))
+    if hits.numel():
+        return int(hits[0, 0])
+    return int(torch.nonzero(mass > 0)[-1, 0])
+
+
+__all__ = ["NO_NODE", "TorchTreeOps", "repeated_siblings"]

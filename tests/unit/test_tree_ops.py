@@ -1,0 +1,90 @@
+"""``SamplerOps.tree_verify`` (#42): the batched point-mass tree op in torch equals the per-tree reference
+``sampling.tree_verify`` on the same uniforms, and the triton op (interpreted here, compiled on a GPU)
+equals the torch op — random trees with repeated sibling tokens, zero-probability tokens, greedy and
+sampled requests, padded batches and vocabularies spanning several blocks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from spec_backend.sampling.tree_ops import NO_NODE, TorchTreeOps
+from spec_backend.sampling.tree_verify import verify_tree, verify_tree_greedy
+from spec_backend.sampling.tuning import SamplerTuning
+
+V = 40
+
+
+def _batch(seed: int, batch: int = 6, m: int = 7) -> dict[str, torch.Tensor | None]:
+    """Random trees whose nodes are mostly among their parent's three most likely tokens (so that
+    rejected siblings carry real mass), some repeating an earlier sibling's token."""
+    rnd, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    counts = [rnd.randrange(0, m + 1) for _ in range(batch)]
+    starts = [sum(1 + c for c in counts[:b]) for b in range(batch)]
+    logits = torch.randn(sum(counts) + batch, V, generator=gen, dtype=torch.float64) * 3.0
+    logits[torch.rand(logits.shape, generator=gen) < 0.3] = float("-inf")  # top-k / top-p style zeros
+    logits[:, 0] = 0.0  # every row keeps some mass
+    probs = torch.softmax(logits, -1).float()  # [N, V]
+    parents = torch.full((batch, m), NO_NODE, dtype=torch.int64)
+    tokens = torch.zeros((batch, m), dtype=torch.int64)
+    for b, n in enumerate(counts):
+        for i in range(n):
+            parents[b, i] = parent = rnd.randrange(-1, i)
+            siblings = [int(tokens[b, j]) for j in range(i) if parents[b, j] == parent]
+            likely = torch.argsort(probs[starts[b] + 1 + parent], descending=True)[:3].tolist()
+            if siblings and rnd.random() < 0.25:  # a child repeating an earlier sibling's token
+                tokens[b, i] = rnd.choice(siblings)
+            else:
+                tokens[b, i] = rnd.choice(likely) if rnd.random() < 0.8 else rnd.randrange(V)
+    return {
+        "parents": parents,
+        "tokens": tokens,
+        "target_probs": probs,
+        "target_argmax": probs.argmax(-1),
+        "row_start": torch.tensor(starts, dtype=torch.int64),
+        "greedy": torch.rand(batch, generator=gen) < 0.3,
+        "uniforms": torch.rand(batch, m + 1, generator=gen, dtype=torch.float64),
+    }
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_batched_op_is_the_reference(seed: int) -> None:
+    inputs = _batch(seed)
+    path, final = TorchTreeOps().tree_verify(**inputs)  # type: ignore[arg-type]
+    parents, tokens, probs = inputs["parents"], inputs["tokens"], inputs["target_probs"]
+    assert parents is not None and tokens is not None and probs is not None
+    for b in range(parents.shape[0]):
+        n = int((parents[b] != NO_NODE).sum())
+        start = int(inputs["row_start"][b])  # type: ignore[index]
+        rows = probs[start : start + 1 + n]
+        if bool(inputs["greedy"][b]):  # type: ignore[index]
+            want = verify_tree_greedy(
+                parents[b, :n].tolist(), tokens[b, :n].tolist(), rows.argmax(-1).tolist()
+            )
+        else:
+            u = inputs["uniforms"][b].tolist()  # type: ignore[index]
+            want = verify_tree(parents[b, :n].tolist(), tokens[b, :n].tolist(), rows, None, u[:n], u[-1])
+        got = [i for i in path[b].tolist() if i >= 0]
+        assert (got, int(final[b])) == (want.path, want.final_token), (seed, b)
+
+
+@pytest.mark.parametrize("vocab_block", [16, 64])
+def test_the_triton_op_is_the_torch_op(vocab_block: int) -> None:
+    pytest.importorskip("triton")
+    from spec_backend.sampling.triton.ops import TritonSamplerOps
+
+    ops = TritonSamplerOps(SamplerTuning(vocab_block=vocab_block))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for seed in range(12):
+        inputs = _batch(100 + seed, batch=4, m=5)
+        want = TorchTreeOps().tree_verify(**inputs)  # type: ignore[arg-type]
+        on_device = {k: v.to(device) if v is not None else None for k, v in inputs.items()}
+        got = ops.tree_verify(**on_device)  # type: ignore[arg-type]
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), seed
+    no_greedy = {**_batch(7, batch=3, m=4), "target_argmax": None}
+    no_greedy["greedy"] = torch.zeros(3, dtype=torch.bool)
+    want = TorchTreeOps().tree_verify(**no_greedy)  # type: ignore[arg-type]
+    got = ops.tree_verify(**{k: v.to(device) if v is not None else None for k, v in no_greedy.items()})  # type: ignore[arg-type]
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
