@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 #: methods whose drafters draft token trees, and which kinds: ``static`` (``Drafter.propose_tree``),
 #: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``)
 TREE_METHODS: dict[str, tuple[str, ...]] = {
-    "dflash": ("static",),
+    "dflash": ("static", "dynamic"),
     "dspark": ("static",),
     "eagle": ("static", "dynamic"),
     "eagle3": ("static", "dynamic"),

@@ -18,6 +18,7 @@ import torch
 
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest
@@ -122,6 +123,27 @@ class DFlashDrafter(HeadCacheDrafter):
         depths = depths_of(parents)
         tokens = fill_static_batch(parents, ranks, lambda p, _: logits[:, depths[p] if p >= 0 else 0])
         return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
+
+    @torch.inference_mode()
+    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
+        """EAGLE-2's rule over the block (DDTree-style): a node at depth ``d`` gives its children row
+        ``d``'s distribution (rows do not depend on the drafts before them), so a level feeds nothing:
+        its outputs are the rows of the fed nodes' depths."""
+        rows = self.run_block(inputs)[0][:, 1:]  # [B, K, H] row d drafts depth d + 1
+
+        def forward(
+            columns: Sequence[Sequence[int]], ids: torch.Tensor, hidden: torch.Tensor
+        ) -> torch.Tensor:
+            width = ids.shape[1]
+            depths = [depths_of(c) + [1] * (width - len(c)) for c in columns]  # padding: any row
+            index = torch.tensor(depths, device=rows.device)  # [B, Q] a node at depth d outputs row d
+            return rows.gather(1, index[..., None].expand(-1, -1, rows.shape[-1]))  # [B, Q, H]
+
+        def log_probs(out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
+            return torch.log_softmax(self.head.logits(out).float(), dim=-1)
+
+        tokens, parents = grow_dynamic_tree(rows[:, 0], forward, log_probs, depth, top_k, nodes)
+        return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
 
 
 def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:

@@ -95,6 +95,11 @@ class DSparkDrafter(DFlashDrafter):
         tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
         return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
 
+    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
+        """Not inherited from DFlash: a DSpark node's distribution depends on its token (the Markov head)."""
+        del inputs, depth, top_k, nodes
+        raise NotImplementedError("DSpark drafts static token trees only (speculative_token_tree)")
+
 
 def build_dspark_drafter(ctx: DrafterContext) -> DSparkDrafter:
     """Load ``speculative_config.model`` (a DeepSpec or speculators DSpark folder) for the target."""

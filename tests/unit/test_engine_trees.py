@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - one_thre
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.tree_step import DynamicTree
+from spec_backend.proposers.tree_build import dynamic_tree
 from spec_backend.testing.fixtures import draft_checkpoints as w
 from spec_backend.testing.fixtures.dspark_checkpoints import (
     make_bigram_target,
@@ -108,7 +110,7 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     )
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle", "eagle3"])
 def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
     target: str, tmp_path: Path, method: str
 ) -> None:
@@ -120,6 +122,25 @@ def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
     total = llm.metrics.total
     assert total.num_draft_tokens > 3 * total.num_drafts  # more nodes verified per step than a chain's K
     assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
+
+
+def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_path: Path) -> None:
+    """Each node's children come from the block row of its depth: the host EAGLE-2 reference over those
+    rows' distributions gives the same tree."""
+    spec = {"method": "dflash", "model": _head("dflash", target, tmp_path), "num_speculative_tokens": 3}
+    llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 7})
+    drafter: Any = llm.engine.drafter
+    run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
+    drafter.run_block = lambda inputs: blocks.append(run_block(inputs)) or blocks[-1]
+    drafter.propose_dynamic_tree = lambda *a: trees.append(grow(*a)) or trees[-1]
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    rows = blocks[0][0][:, 1:]  # [B, K, H]
+    for b in range(2):
+        want = dynamic_tree(
+            lambda _, path, b=b: torch.softmax(drafter.head.logits(rows[b, len(path)]).double(), -1), 3, 2, 7
+        )
+        assert trees[0].tree_parents[b] == want.parents
+        assert trees[0].token_ids[b].tolist() == list(want.tokens)
 
 
 def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
@@ -135,13 +156,13 @@ def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
             target,
             speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4, "speculative_token_tree": TREE},
         )
-    dflash = {
-        "method": "dflash",
-        "model": _head("dflash", target, tmp_path / "d"),
+    dspark = {
+        "method": "dspark",
+        "model": _head("dspark", target, tmp_path / "d"),
         "num_speculative_tokens": 3,
     }
-    with pytest.raises(ValueError, match=r"grow a dynamic token tree .* got method='dflash'"):
-        LLM(target, speculative_config={**dflash, "tree_top_k": 2, "tree_nodes": 4})
+    with pytest.raises(ValueError, match=r"grow a dynamic token tree .* got method='dspark'"):
+        LLM(target, speculative_config={**dspark, "tree_top_k": 2, "tree_nodes": 4})
     with pytest.raises(ValueError, match=r"a dynamic token tree \(tree_top_k/tree_nodes\) is verified by"):
         LLM(
             target,
