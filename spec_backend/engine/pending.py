@@ -28,6 +28,12 @@ class DecodeInputs:
     #: token trees: per request its nodes' parents (``DraftOutput.tree_parents``), cut at its count
     parents: list[tuple[int, ...]] | None = None
 
+    def row(self, i: int) -> DecodeInputs:
+        """Request ``i``'s inputs alone (every field: a retry must not drop its tree)."""
+        probs = self.probs[i : i + 1] if self.probs is not None else None
+        parents = self.parents[i : i + 1] if self.parents is not None else None
+        return DecodeInputs(self.tokens[i : i + 1], self.counts[i : i + 1], probs, parents)
+
 
 class PendingDrafts:
     """The drafts of every live slot (module docstring), validated against the budgets and vocabulary."""

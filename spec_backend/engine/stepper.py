@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from spec_backend.runtime.captured import CapturedDecode
     from spec_backend.runtime.runner import ModelRunner
     from spec_backend.runtime.slots import SlotTable
+    from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 
 class StepEngine(Protocol):
@@ -84,7 +85,7 @@ def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
         tokens = torch.nn.functional.pad(tokens, (0, extra), value=PLACEHOLDER_TOKEN_ID)
         if probs is not None:
             probs = torch.nn.functional.pad(probs, (0, 0, 0, extra))
-    return DecodeInputs(tokens, inputs.counts, probs)
+    return replace(inputs, tokens=tokens, probs=probs)
 
 
 class Stepper:
@@ -123,9 +124,7 @@ class Stepper:
                 requests[0].fail(f"step failed: {_error_text(exc)}")
                 return
             for i, request in enumerate(requests):  # retry alone to find the failing request(s)
-                probs = inputs.probs[i : i + 1] if inputs.probs is not None else None
-                one = DecodeInputs(inputs.tokens[i : i + 1], inputs.counts[i : i + 1], probs)
-                self._group(start + i, [request], one, last_only)
+                self._group(start + i, [request], inputs.row(i), last_only)
             return
         self._accept(start, requests, result, last_only)
 
@@ -158,13 +157,17 @@ class Stepper:
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
             flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
-        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
-        sampling = engine.sampling_state.metadata(start, positions)  # the first draft's position: RNG counter
+        sampling = self._sampling(start, requests)
         valid = None if last_only else valid_drafts(inputs.tokens)  # [B]
         emitted, drafted = engine.verifier(
             batch, requests, target.logits, sampling, flat_probs, last_only, valid
         )
         return _Result(batch, target, emitted, drafted)
+
+    def _sampling(self, start: int, requests: list[Request]) -> SamplingMetadata:
+        """The step's sampling metadata; each request's first draft position is its RNG counter."""
+        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
+        return self.engine.sampling_state.metadata(start, positions)
 
     def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> _Result:
         """A token-tree step (``tree_step``), returned in its chain view."""
@@ -175,13 +178,11 @@ class Stepper:
         counts = [
             min(c, int(v)) for c, v in zip(inputs.counts, valid_drafts(inputs.tokens).tolist(), strict=True)
         ]
-        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
         cached = engine.runner.cache.lengths[start : start + len(requests)]
         assert inputs.parents is not None
         out = verify_trees(
             inputs.parents, start, inputs.tokens, counts, list(cached), engine.runner.forward,
-            engine.sampling_state.metadata(start, positions), engine.runner.cache.keep_path,
-            engine.verifier.sampler.ops,
+            self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

@@ -195,6 +195,22 @@ def test_parallel_drafting_cannot_draft_a_tree(target: str, tmp_path: Path) -> N
         LLM(target, speculative_config={**spec, "speculative_token_tree": TREE})
 
 
+def test_a_refused_request_does_not_fail_its_batch(target: str, tmp_path: Path) -> None:
+    """A tree step that raises for one request retries each request alone, each with its own tree."""
+    spec = {
+        "model": _head("dspark", target, tmp_path),
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": TREE,
+    }
+    plain = LLM(target, dtype="float64").generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
+    llm = LLM(target, dtype="float64", speculative_config=spec)
+    bad = SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=1.2)
+    good, refused = llm.generate([PROMPTS[0], PROMPTS[1]], [GREEDY, bad])
+    assert refused.outputs[0].finish_reason == "error"
+    assert good.outputs[0].finish_reason != "error", good.outputs[0].error
+    assert good.outputs[0].token_ids == plain
+
+
 def test_logprobs_with_a_tree_are_the_plain_ones(target: str, tmp_path: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2)
     plain = LLM(target, dtype="float64").generate(PROMPTS, params)
