@@ -21,6 +21,10 @@ source):
 * **prefill** (``Q > 16``, beyond the TND decode path's 16-token limit): ``input_layout="BNSD_BSND"``
   over the padded cache with per-request ``actual_seq_lengths`` / ``actual_seq_lengths_kv``.
 
+A token-tree step (``meta.tree``) goes through ``input_layout="BNSD"`` with an explicit
+``[B, 1, Q, L]`` boolean mask and ``sparse_mode=0`` (True: the key is hidden), the complement of the
+reference's tree visibility; tree steps run eagerly, never inside an ACLGraph.
+
 A layer's sliding window ``W`` (transformers' ``sliding_window=``) is the op's band mode, ``sparse_mode=4``
 with ``pre_tokens = W - 1, next_tokens = 0`` around each row's right-down diagonal, so the drafted rows of
 a verify step slide with their true positions. TND takes no band mode, so windowed layers verify through
@@ -42,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spec_backend.backends.attention import layer_attention, ragged_metadata
+from spec_backend.backends.attention import layer_attention, ragged_causal_mask, ragged_metadata
 from spec_backend.step import RaggedAttentionMetadata
 from spec_backend_ascend.graph_params import CapturedAttention, CaptureRecord, active_capture
 from spec_backend_ascend.limits import (
@@ -249,6 +253,36 @@ def _prefill_bnsd(
     return out  # type: ignore[no-any-return]
 
 
+def _tree_bnsd(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:  # [B, Q, Hq, D] in the op dtype
+    """A token-tree step: BNSD with an explicit mask (``sparse_mode=0``, True where a query may not see a
+    key: the complement of the reference's tree visibility, sliding window included). Trees run eagerly."""
+    if active_capture() is not None:
+        raise RuntimeError("token-tree steps run eagerly: ACLGraph capture covers chain verification only")
+    dtype = op_dtype(query.dtype)
+    hidden = ~ragged_causal_mask(meta, query.shape[2], key.shape[2], window)  # [B, 1, Q, L] bool
+    out, _ = torch_npu_module().npu_fused_infer_attention_score(
+        query.to(dtype).contiguous(),
+        key.to(dtype).contiguous(),
+        value.to(dtype).contiguous(),
+        atten_mask=hidden.contiguous(),
+        actual_seq_lengths=[int(v) for v in meta.query_lens.tolist()],
+        actual_seq_lengths_kv=[int(v) for v in meta.kv_lens.tolist()],
+        num_heads=query.shape[1],
+        num_key_value_heads=key.shape[1],
+        scale=scale,
+        input_layout="BNSD",
+        sparse_mode=0,
+    )
+    return out.transpose(1, 2)  # type: ignore[no-any-return]
+
+
 def ascend_ragged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, Hq, Q, D]
@@ -271,11 +305,6 @@ def ascend_ragged_attention(
         raise ValueError(
             f"npu_fused_infer_attention_score is inference-only: dropout must be 0, got {dropout}"
         )
-    if meta.tree is not None:
-        raise ValueError(
-            "token-tree verification on Ascend needs npu_fused_infer_attention_score with an explicit "
-            "ancestor mask, which this backend does not issue yet; use the reference or CUDA backend"
-        )
     layer = layer_attention(kwargs)
     head_dim = query.shape[-1]
     if head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_ALIGN or {key.shape[-1], value.shape[-1]} != {head_dim}:
@@ -290,7 +319,9 @@ def ascend_ragged_attention(
             f"sinks={'yes' if layer.sinks is not None else 'no'}, softcap={layer.softcap}"
         )
     scale = float(scaling) if scaling is not None else head_dim**-0.5
-    if query.shape[2] > MAX_QUERY_TOKENS_PER_REQUEST:
+    if meta.tree is not None:
+        out = _tree_bnsd(query, key, value, meta, scale, layer.window)
+    elif query.shape[2] > MAX_QUERY_TOKENS_PER_REQUEST:
         out = _prefill_bnsd(query, key, value, meta, scale, layer.window)
     elif head_dim in TND_HEAD_DIMS and layer.window is None:
         out = _decode_tnd(query, key, value, meta, scale)

@@ -44,7 +44,6 @@ class AscendBackend(Backend):
 
     name = "ascend"
     device_type = "npu"
-    token_trees = False  # the fused op masks causally (ascend_ragged_attention refuses tree steps)
 
     def __init__(self) -> None:
         #: streams of every graph this backend's runners capture (target and drafter): a heuristic budget

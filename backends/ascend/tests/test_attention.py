@@ -216,13 +216,27 @@ def test_the_conformance_suites_attention_tier(fake_npu: ModuleType) -> None:
         result.check()
 
 
-def test_token_tree_steps_are_refused_by_name(fake_npu: ModuleType) -> None:
-    """The fused op masks causally: a tree step's ancestor mask is refused, never computed as a chain."""
-    from dataclasses import replace
+@pytest.mark.parametrize("dim", [64, 32])
+def test_token_tree_steps_match_the_reference_with_an_explicit_mask(fake_npu: ModuleType, dim: int) -> None:
+    """A tree step (ragged trees, siblings that must not see each other) through BNSD, sparse_mode 0 and
+    the [B, 1, Q, L] mask equals the reference's tree attention (whatever head dim: no TND)."""
+    from spec_backend.step import build_tree_step_batch
 
-    gen = torch.Generator().manual_seed(4)
-    q, k, v, meta = ragged_batch(gen, 2, 3, 8, 2, 32)
-    tree = torch.eye(3, dtype=torch.bool)[None].expand(2, -1, -1)  # [B, Q, Q]
-    meta = replace(meta, tree=tree, tree_depths=torch.zeros((2, 3), dtype=torch.int64))
-    with pytest.raises(ValueError, match="token-tree verification on Ascend needs"):
-        ascend_ragged_attention(torch.nn.Module(), q, k, v, None, spec_attn_metadata=meta)
+    gen = torch.Generator().manual_seed(dim)
+    trees, cached = [[-1, -1, 0, 1, 0], [-1, 0], [-1, -1, -1]], [9, 4, 13]
+    width = 1 + max(len(t) for t in trees)
+    batch = build_tree_step_batch(0, torch.zeros((3, width), dtype=torch.int64), trees, cached)
+    meta, length = batch.attention, max(cached) + width
+    q = torch.randn(3, 4, width, dim, generator=gen).half().float()
+    k, v = (torch.randn(3, 2, length, dim, generator=gen).half().float() for _ in range(2))
+    got, want = _run(q, k, v, meta), reference(q, k, v, meta)
+    rows = real_rows(meta, width)
+    torch.testing.assert_close(got[rows], want[rows], **FP16_OUT_TOL)
+    causal = reference(q, k, v, RaggedAttentionMetadata(meta.query_lens, meta.kv_lens))  # no tree mask
+    assert not torch.allclose(causal[rows], want[rows], **FP16_OUT_TOL)  # the check has power
+    (call,) = [c[1] for c in fake_npu.CALLS if c[0] == "npu_fused_infer_attention_score"]
+    assert (call["input_layout"], call["sparse_mode"], tuple(call["atten_mask"].shape)) == (
+        "BNSD",
+        0,
+        (3, 1, width, length),
+    )

@@ -144,16 +144,36 @@ def test_a_model_with_attention_sinks_is_refused_at_llm(fake_npu: ModuleType, tm
         engine.LLM(model, backend=CpuEmulatedAscend(), log_stats_interval=None)
 
 
-def test_a_branching_token_tree_is_refused_at_start_up(fake_npu: ModuleType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_token_trees_run_through_the_fused_op_with_an_explicit_mask(
+    fake_npu: ModuleType, tmp_path: Path, method: str
+) -> None:
+    """A branching tree on Ascend: every tree step (the target's and the EAGLE-3 head's levels) calls
+    the fused op in BNSD with sparse_mode 0 and a [B, 1, Q, L] mask; greedy output equals plain."""
     engine = pytest.importorskip("spec_backend.engine")
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
     from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
     from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    head = (
+        write_dspark(tmp_path / "dspark", model, block_size=4)
+        if method == "dspark"
+        else write_eagle3(tmp_path / "eagle3", model, "speculators", aux_ids=[0, 1, 1])
+    )
     spec = {
-        "model": write_dspark(tmp_path / "dspark", model, block_size=4),
+        "method": method,
+        "model": head,
         "num_speculative_tokens": 2,
-        "speculative_token_tree": "[(0,), (1,), (0, 0)]",
+        "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0)]",
     }
-    with pytest.raises(ValueError, match="backend 'ascend' cannot verify a branching speculative_token_tree"):
-        engine.LLM(model, speculative_config=spec, backend=CpuEmulatedAscend())
+    prompts = [[5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
+    params = engine.SamplingParams(temperature=0.0, max_tokens=10)
+    plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(prompts, params)
+    llm = engine.LLM(model, speculative_config=spec, backend=CpuEmulatedAscend(), log_stats_interval=None)
+    out = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    calls = [c[1] for c in fake_npu.CALLS if c[0].startswith("npu_fused_infer_attention_score")]
+    masked = [c for c in calls if c["sparse_mode"] == 0 and c.get("atten_mask") is not None]
+    assert masked and all(c["input_layout"] == "BNSD" and c["atten_mask"].dim() == 4 for c in masked)
+    assert llm.metrics.total.num_draft_tokens > 2 * llm.metrics.total.num_drafts

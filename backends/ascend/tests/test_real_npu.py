@@ -97,3 +97,32 @@ def test_graph_replay_with_updated_lengths_on_device(npu: torch.device) -> None:
     )
     rows = real_rows(meta, q_len)
     torch.testing.assert_close(got[rows].float(), want[rows], atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.parametrize("dim", [128, 256])
+def test_token_tree_mask_matches_reference_on_device(npu: torch.device, dim: int) -> None:
+    """A tree step through BNSD with the explicit [B, 1, Q, L] mask (sparse_mode 0) on the device."""
+    from dataclasses import replace
+
+    from spec_backend.step import build_tree_step_batch
+
+    gen = torch.Generator().manual_seed(dim)
+    trees, cached = [[-1, -1, 0, 1, 0], [-1, 0], [-1, -1, -1]], [90, 40, 130]
+    width = 1 + max(len(t) for t in trees)
+    meta = build_tree_step_batch(0, torch.zeros((3, width), dtype=torch.int64), trees, cached).attention
+    q = torch.randn(3, 8, width, dim, generator=gen).half()
+    k, v = (torch.randn(3, 2, max(cached) + width, dim, generator=gen).half() for _ in range(2))
+    on_device = replace(
+        meta,
+        query_lens=meta.query_lens.to(npu),
+        kv_lens=meta.kv_lens.to(npu),
+        tree=meta.tree.to(npu) if meta.tree is not None else None,
+        tree_depths=meta.tree_depths.to(npu) if meta.tree_depths is not None else None,
+        mask_cache={},
+    )
+    out, _ = ascend_ragged_attention(
+        torch.nn.Module(), q.to(npu), k.to(npu), v.to(npu), None, spec_attn_metadata=on_device
+    )
+    rows = real_rows(meta, width)
+    want = reference(q.float(), k.float(), v.float(), meta)
+    torch.testing.assert_close(out.cpu()[rows].float(), want[rows], atol=5e-3, rtol=5e-3)

@@ -2,9 +2,11 @@
 
 Validation follows the public torch_npu documentation of the op (Atlas A2/A3): float16/bfloat16
 only, contiguous inputs, the supported layouts, GQA ratio <= 64, N <= 256, D <= 512 and 16-aligned,
-``sparse_mode`` 0-4 with the fixed 2048x2048 compressed mask for modes 2-4 (3: right-down causal; 4: band,
-keys from ``pre_tokens`` before to ``next_tokens`` after each query's right-down diagonal, with
-``pre_tokens + next_tokens >= 0``; both ignored, like the mask, when the query's S is 1), TND needs cumulative
+``sparse_mode`` 0 (no mask, or an explicit ``(Sq, Skv)`` / ``(1, Sq, Skv)`` / ``(B, 1, Sq, Skv)`` /
+``(B, N, Sq, Skv)`` mask outside TND, 1 = not attended) and 2-4 with the fixed 2048x2048 compressed
+mask (3: right-down causal; 4: band, keys from ``pre_tokens`` before to ``next_tokens`` after each
+query's right-down diagonal, with ``pre_tokens + next_tokens >= 0``; both ignored, like the mask, when the
+query's S is 1), TND needs cumulative
 ``actual_seq_lengths`` (non-decreasing, last = T) and only ``sparse_mode`` 0 without mask or 3 with
 mask, page attention needs ``block_table`` int32 ``[B, >= max blocks]``, block sizes that are
 multiples of 128 in [128, 512] and per-request ``actual_seq_lengths_kv``; the TND decode path holds
@@ -83,10 +85,15 @@ def _attend(
     v: torch.Tensor,  # [Nkv, Skv, D]
     scale: float,
     band: Band,
+    hidden: torch.Tensor | None = None,  # [N or 1, Sq, Skv] bool: an explicit mask (True: not attended)
 ) -> torch.Tensor:  # [N, Sq, D] float32
     rep = q.shape[0] // k.shape[0]
     k, v = k.float().repeat_interleave(rep, 0), v.float().repeat_interleave(rep, 0)
     scores = scale * q.float() @ k.transpose(1, 2)  # [N, Sq, Skv]
+    if hidden is not None:
+        if bool(hidden.all(dim=-1).any()):
+            _fail("atten_mask hides every key of a query row within its actual lengths")
+        scores = scores.masked_fill(hidden, float("-inf"))
     if band is not None:  # right-down origin: query i's diagonal is key Skv - Sq + i
         sq, skv = q.shape[1], k.shape[1]
         diagonal = (skv - sq + torch.arange(sq))[:, None]  # [Sq, 1]
@@ -94,6 +101,20 @@ def _attend(
         allowed = (keys <= diagonal + band[1]) & (keys >= diagonal - band[0])
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def _explicit_mask(mask: torch.Tensor, batch: int, heads: int, sq: int, skv: int) -> torch.Tensor:
+    """A ``sparse_mode=0`` mask as ``[B, N or 1, Sq, Skv]`` bool. The op documents the shapes
+    ``(Sq, Skv)``, ``(1, Sq, Skv)``, ``(B, 1, Sq, Skv)`` and ``(B, N, Sq, Skv)``, 1 where a query does not
+    attend a key, over the query's and keys' full S (not the actual lengths)."""
+    shape = tuple(mask.shape)
+    allowed = {(sq, skv), (1, sq, skv), (1, 1, sq, skv), (batch, 1, sq, skv), (batch, heads, sq, skv)}
+    if shape not in allowed:
+        _fail(f"atten_mask shape {shape} is not one of {sorted(allowed)} for Sq={sq}, Skv={skv}")
+    if not mask.is_contiguous():
+        _fail("atten_mask must be contiguous")
+    full = mask.bool().reshape(shape if mask.dim() == 4 else (1, 1, sq, skv))
+    return full.expand(batch, -1, -1, -1)
 
 
 def _check_mask(
@@ -119,9 +140,9 @@ def _check_mask(
                 _fail(f"sparse_mode=4 needs pre_tokens + next_tokens >= 0, got {pre_tokens} + {next_tokens}")
             return pre_tokens, next_tokens
         raise NotImplementedError(f"fake torch_npu emulates sparse_mode 0, 3 and 4, not {sparse_mode}")
-    if mask is not None:
-        raise NotImplementedError("fake torch_npu does not emulate explicit atten_mask with sparse_mode 0/1")
-    return None
+    if mask is not None and sparse_mode != 0:
+        raise NotImplementedError("fake torch_npu emulates an explicit atten_mask with sparse_mode 0 only")
+    return None  # sparse_mode 0: no band; an explicit mask is applied by _batched
 
 
 def _paged_kv(
@@ -233,6 +254,7 @@ def fused_infer_attention_score(
             band,
         )
     else:
+        explicit = atten_mask if sparse_mode == 0 else None
         out = _batched(
             query,
             key,
@@ -245,6 +267,7 @@ def fused_infer_attention_score(
             scale,
             band,
             input_layout,
+            explicit,
         )
     return out, torch.zeros(1, dtype=torch.float32)
 
@@ -304,6 +327,7 @@ def _batched(
     scale: float,
     band: Band,
     layout: str,
+    explicit: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if table is not None:
         raise NotImplementedError("fake torch_npu emulates page attention with the TND layout only")
@@ -324,11 +348,13 @@ def _batched(
         band = None
     if band is not None and any(a > b for a, b in zip(ql, kl, strict=True)):
         _fail(f"sparse_mode 3/4 need actual query length <= kv length per request: {ql} vs {kl}")
+    hidden = _explicit_mask(explicit, batch, heads, sq, skv) if explicit is not None else None
     out = torch.zeros_like(q)  # [B, N, Sq, D]; rows beyond a request's actual length stay zero
     for b in range(batch):
-        out[b, :, : ql[b]] = _attend(q[b, :, : ql[b]], k[b, :, : kl[b]], v[b, :, : kl[b]], scale, band).to(
-            q.dtype
-        )
+        rows = hidden[b, :, : ql[b], : kl[b]] if hidden is not None else None
+        out[b, :, : ql[b]] = _attend(
+            q[b, :, : ql[b]], k[b, :, : kl[b]], v[b, :, : kl[b]], scale, band, rows
+        ).to(q.dtype)
     if layout == "BNSD":
         return out
     if layout == "BSH":
