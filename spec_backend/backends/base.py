@@ -154,6 +154,9 @@ class Backend(ABC):
     #: whether its attention applies a token tree's ancestor mask (``RaggedAttentionMetadata.tree``); a
     #: backend that cannot is refused a branching ``speculative_token_tree`` at start-up
     token_trees: ClassVar[bool] = True
+    #: whether its graph runner may capture a token-tree verify step (its attention applies the ancestor
+    #: mask inside a captured graph); False: tree steps run eagerly
+    captures_token_trees: ClassVar[bool] = True
 
     @abstractmethod
     def probe(self) -> Availability:

@@ -211,9 +211,11 @@ class LLM:
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer,
             adaptive, hits, confidence, tree,
         )  # fmt: skip
-        eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager) or tree is not None
-        # the verify step (K+1 tokens per request), or plain decoding's one token per request
-        engine.captured = maybe_capture(runner, self.backend, k + 1, engine.max_num_seqs, eager)
+        eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
+        eager |= tree is not None and not self.backend.captures_token_trees
+        # the verify step (K+1 tokens per request; a tree's root and nodes), or plain decoding's one token
+        q = 1 + tree.max_nodes if tree is not None else k + 1
+        engine.captured = maybe_capture(runner, self.backend, q, engine.max_num_seqs, eager, tree is not None)
         return engine
 
     def _drafter_context(

@@ -7,6 +7,7 @@ one ends with ``finish_reason="error"``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -179,10 +180,17 @@ class Stepper:
             min(c, int(v)) for c, v in zip(inputs.counts, valid_drafts(inputs.tokens).tolist(), strict=True)
         ]
         cached = engine.runner.cache.lengths[start : start + len(requests)]
-        assert inputs.parents is not None
+        parents = inputs.parents
+        assert parents is not None
+        captured, width = engine.captured if start == 0 else None, None
+        forward: Callable[[StepBatch, bool], TargetOutput] = engine.runner.forward
+        if captured is not None:  # every request 1 + nodes tokens (padding nodes hang off the root)
+            inputs, width = _widen(inputs, captured.q - 1), captured.q - 1
+            forward = lambda batch, _: captured.forward(batch)  # noqa: E731
         out = verify_trees(
-            inputs.parents, start, inputs.tokens, counts, list(cached), engine.runner.forward,
+            parents, start, inputs.tokens, counts, list(cached), forward,
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
+            width,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

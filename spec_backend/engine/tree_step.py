@@ -21,6 +21,7 @@ refused with a tree: their per-row histories are chain-shaped.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -149,6 +150,7 @@ def _outcomes(
     counts: list[int],
     query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes
     logits: torch.Tensor,  # [N, V] every row of the tree step
+    loc: list[int],  # [B + 1] where each request's rows start (padding nodes of a captured step included)
     sampling: SamplingMetadata,
     ops: SamplerOps,
 ) -> list[TreeOutcome]:
@@ -160,7 +162,7 @@ def _outcomes(
     device = logits.device
     tokens = query.new_zeros((batch, width))  # [B, M] (placeholders past a count are never read)
     tokens[:, : query.shape[1] - 1] = query[:, 1 : 1 + width].clamp_min(0)  # a step without drafts: none
-    lens = torch.tensor([1 + n for n in counts], device=device)  # [B] rows per request
+    lens = torch.tensor([b - a for a, b in itertools.pairwise(loc)], device=device)  # [B] rows per request
     probs = logits  # [N, V] stands in for the probabilities, read only for sampled requests
     if not sampling.all_greedy:
         temperature, top_k, top_p = (
@@ -179,7 +181,7 @@ def _outcomes(
             sampling.seeds[:, None].expand(-1, width + 1).flatten(),
             sampling.positions[:, None].expand(-1, width + 1).flatten(), counters.flatten(), rng.STREAM_TREE,
         ).view(batch, width + 1)  # fmt: skip
-    starts = torch.cumsum(lens, 0) - lens  # [B]
+    starts = torch.tensor(loc[:-1], dtype=torch.int64, device=device)  # [B]
     assert TREE_RULE.kernel is not None
     path, final = TREE_RULE.kernel(ops)(
         layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms
@@ -200,15 +202,18 @@ def verify_trees(
     sampling: SamplingMetadata,
     keep_path: Callable[[int, int, Sequence[int]], None],
     ops: SamplerOps,
+    width: int | None = None,
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
-    (``keep_path(slot, first, columns)``), and return the chain view (module docstring)."""
-    batch = build_tree_step_batch(start, query, [parents[b][:n] for b, n in enumerate(counts)], cached)
+    (``keep_path(slot, first, columns)``), and return the chain view (module docstring). ``width``: feed
+    that many nodes per request (a captured step's shape), padding nodes hanging off the root."""
+    fed = [[*parents[b][:n], *[-1] * ((width or n) - n)] for b, n in enumerate(counts)]
+    batch = build_tree_step_batch(start, query, fed, cached)
     target = forward(batch, False)
     host = query.tolist()
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
-    outcomes = _outcomes(parents, counts, query, target.logits, sampling, ops)
+    outcomes = _outcomes(parents, counts, query, target.logits, loc, sampling, ops)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]

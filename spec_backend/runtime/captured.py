@@ -3,10 +3,12 @@
 In a captured decode step every request carries exactly K+1 query tokens (its last token and K drafts;
 missing drafts are ``PLACEHOLDER_TOKEN_ID`` rows, fed as token 0, never accepted by the sampler and
 rolled back with the cache), so a batch of ``b`` requests is ``b·(K+1)`` tokens: the sizes
-``plan_capture_sizes`` gives. The graph runner pads a batch up to the next captured size (padding
-requests use free slots past the live ones) and runs eagerly above the largest. Inside the captured
-callable everything is a device op on static shapes: the cache's views span its whole capacity and the
-attention mask comes from the device ``seq_lens``. Host bookkeeping (cache lengths, zeroing) happens
+``plan_capture_sizes`` gives. A token-tree step is captured the same way at ``1 + nodes`` tokens per
+request (padding nodes hang off the root), its per-request ancestor mask and depths graph inputs. The
+graph runner pads a batch up to the next captured size (padding requests use free slots past the live
+ones) and runs eagerly above the largest. Inside the captured callable everything is a device op on
+static shapes: the cache's views span its whole capacity and the attention mask comes from the device
+``seq_lens``. Host bookkeeping (cache lengths, zeroing) happens
 before the replay. ``enforce_eager=True`` or a backend whose ``CapturePolicy.enabled`` is False (the
 reference backend) skips all of this: the engine then runs the same step eagerly.
 """
@@ -30,11 +32,14 @@ class CapturedDecode:
     """Forwards of ``runner`` at ``q`` tokens per request, replayed from captured graphs: the target's
     verify step (``q = K+1``) or a draft model's one-token decode step (``q = 1``)."""
 
-    def __init__(self, runner: ModelRunner, backend: Backend, q: int, max_num_seqs: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, backend: Backend, q: int, max_num_seqs: int, tree: bool = False
+    ) -> None:
         if q < 1:
             raise ValueError(f"a captured step needs >= 1 token per request, got {q}")
         self.runner = runner
         self.q = q
+        self.tree = tree  # a token-tree verify step: each request's ancestor mask and depths are inputs
         layers = num_decoder_layers(runner.model.config)
         self.capture_sizes = plan_capture_sizes(
             q - 1, max_num_seqs, backend=backend, num_hidden_layers=layers
@@ -46,11 +51,20 @@ class CapturedDecode:
             "input_ids": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
             "seq_lens": torch.full((largest,), self.q, dtype=torch.int64, device=device),  # [N]
         }
+        if tree:
+            eye = torch.eye(q, dtype=torch.bool, device=device).repeat(largest // q, 1)
+            example |= {"tree": eye, "depths": torch.zeros(largest, dtype=torch.int64, device=device)}
         self.graph.capture(example)
         logger.info("captured a %d-token-per-request step for %s tokens", q, self.capture_sizes)
 
-    def _forward(self, input_ids: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The captured callable: ``input_ids [N]``; each request's ``seq_lens`` repeated per token [N]."""
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [N]
+        seq_lens: torch.Tensor,  # [N] each request's seq len repeated per token
+        tree: torch.Tensor | None = None,  # [N, q] bool: each token's visible columns (a tree step)
+        depths: torch.Tensor | None = None,  # [N] int64: each token's depth below its request's first
+    ) -> tuple[torch.Tensor, ...]:
+        """The captured callable (a tree step also takes each token's mask row and depth)."""
         q, n = self.q, input_ids.shape[0]
         b = n // q
         device = input_ids.device
@@ -58,6 +72,12 @@ class CapturedDecode:
         rows = torch.arange(b, device=device).repeat_interleave(q)  # [N]
         cols = torch.arange(q, device=device).repeat(b)  # [N]
         q_lens = torch.full((b,), q, dtype=torch.int64, device=device)  # [B]
+        meta = RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens)
+        rope = None
+        if tree is not None and depths is not None:  # every row sees itself: padding rows are never empty
+            visible = tree.view(b, q, q) | torch.eye(q, dtype=torch.bool, device=device)  # [B, Q, Q]
+            meta = RaggedAttentionMetadata(q_lens, lens, tree=visible, tree_depths=depths.view(b, q))
+            rope = (lens - q)[rows] + depths  # [N] first + depth
         cache = self.runner.cache
         batch = StepBatch(
             start=0,
@@ -73,14 +93,15 @@ class CapturedDecode:
             num_draft_tokens=(q - 1,) * b,
             max_seq_len=cache.capacity,
             draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
-            attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens),
+            attention=meta,
             static_shapes=True,
+            rope_positions=rope,
         )
         cache.plan = batch
         try:
             out = self.runner.model(
                 input_ids=input_ids.view(b, q),
-                position_ids=batch.positions.view(b, q),
+                position_ids=(rope if rope is not None else batch.positions).view(b, q),
                 **cache_kwargs(self.runner.model, cache),
                 use_cache=True,
                 logits_to_keep=0,
@@ -105,8 +126,13 @@ class CapturedDecode:
             cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
             cache.end_step()
             self.graph.set_step_lengths(batch.query_lens_host, cache.lengths[: batch.batch_size])
-            seq_lens = batch.seq_lens[batch.rows]  # [N]
-            out = self.graph.run({"input_ids": batch.input_ids, "seq_lens": seq_lens})
+            inputs = {"input_ids": batch.input_ids, "seq_lens": batch.seq_lens[batch.rows]}  # [N] each
+            if self.tree:
+                meta = batch.attention
+                if meta.tree is None or meta.tree_depths is None:
+                    raise ValueError("this captured step verifies token trees: the batch has no tree")
+                inputs |= {"tree": meta.tree.reshape(-1, self.q), "depths": meta.tree_depths.reshape(-1)}
+            out = self.graph.run(inputs)
         except BaseException:
             cache.lengths[: len(saved)] = saved
             raise
@@ -118,16 +144,21 @@ class CapturedDecode:
 
 
 def maybe_capture(
-    runner: ModelRunner, backend: Backend | None, q: int, max_num_seqs: int, enforce_eager: bool
+    runner: ModelRunner,
+    backend: Backend | None,
+    q: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    tree: bool = False,
 ) -> CapturedDecode | None:
-    """A ``CapturedDecode`` at ``q`` tokens per request, unless ``enforce_eager``, no backend is given,
-    or the backend does not capture graphs."""
+    """A ``CapturedDecode`` at ``q`` tokens per request (a token tree's root and nodes with ``tree``),
+    unless ``enforce_eager``, no backend is given, or the backend does not capture graphs."""
     if enforce_eager or backend is None:
         return None
     if not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
-    return CapturedDecode(runner, backend, q, max_num_seqs)
+    return CapturedDecode(runner, backend, q, max_num_seqs, tree)
 
 
 __all__ = ["CapturedDecode", "maybe_capture"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -189,3 +191,61 @@ def test_hidden_state_drafters_read_through_the_captured_step(
     assert _ids(llm, GREEDY) == _ids(eager, GREEDY)
     assert drafts[0] == drafts[1] and len(drafts[0]) > 1  # every step drafted the same from the same states
     assert backend.runners[0].replays > 0
+
+
+class TreeGraphBackend(SimulatedGraphBackend):
+    """Captures up to two requests of a 6-node tree (7 tokens each)."""
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        return CapturePolicy(max_capture_size=14, graph_budget=None, enabled=True)
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_token_tree_steps_replay_a_captured_graph(llama_dir: str, tmp_path: Path, tree: str) -> None:
+    """A tree verify step captured at 1 + nodes tokens per request (padding nodes hang off the root; each
+    request's ancestor mask and depths are graph inputs): greedy and seeded sampled tokens equal the
+    eager engine's."""
+    from spec_backend.testing.fixtures import draft_checkpoints as w
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+
+    if tree == "static":
+        head = write_dspark(tmp_path / "h", llama_dir, target_layer_ids=[0, 1], block_size=4)
+        shape: dict[str, object] = {
+            "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+        }
+        spec = {"method": "dspark", "model": head, "num_speculative_tokens": K, **shape}
+    else:
+        head = w.write_eagle3(tmp_path / "h", llama_dir, "speculators", aux_ids=[0, 1, 2])
+        spec = {
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": K,
+            "tree_top_k": 2,
+            "tree_nodes": 6,
+        }
+    sampled = [SamplingParams(temperature=0.9, top_p=0.9, seed=s, max_tokens=12) for s in range(len(PROMPTS))]
+    eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    backend = TreeGraphBackend()
+    llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
+    assert llm.engine.captured is not None and llm.engine.captured.q == 7
+    (runner,) = backend.runners
+    assert runner.captured_sizes == (7, 14)  # multiples of the tree's 1 + nodes
+    for params in (GREEDY, sampled):
+        assert _ids(llm, params) == _ids(eager, params)
+    assert runner.replays > 0 and llm.metrics.total.num_accepted_tokens > 0
+    # the first tree step's scores: the replayed rows (real nodes first, then padding) are the eager ones
+    seen: dict[str, list[torch.Tensor]] = {"eager": [], "graph": []}
+    forward, replay = eager.engine.runner.forward, llm.engine.captured.forward
+
+    def eager_spy(batch: Any, last_only: bool) -> Any:
+        out = forward(batch, last_only)
+        if batch.attention.tree is not None:
+            seen["eager"].append(out.logits)
+        return out
+
+    eager.engine.runner.forward = eager_spy  # type: ignore[method-assign]
+    llm.engine.captured.forward = lambda batch: seen["graph"].append(replay(batch).logits) or replay(batch)  # type: ignore[method-assign]
+    for engine in (eager, llm):
+        engine.generate([PROMPTS[0]], GREEDY)
+    first = seen["eager"][0].float()  # the captured step returns float32 logits
+    torch.testing.assert_close(seen["graph"][0][: first.shape[0]], first, atol=1e-6, rtol=0)

@@ -44,6 +44,7 @@ class AscendBackend(Backend):
 
     name = "ascend"
     device_type = "npu"
+    captures_token_trees = False  # the explicit-mask call is not re-issued by the ACLGraph updates
 
     def __init__(self) -> None:
         #: streams of every graph this backend's runners capture (target and drafter): a heuristic budget
