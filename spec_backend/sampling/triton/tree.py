@@ -53,6 +53,48 @@ def _residual_block(
 
 
 @triton.jit
+def _residual_sample(
+    probs_ptr,
+    row,
+    p_stride,
+    V,
+    parents_ptr,
+    tokens_ptr,
+    base,
+    node,
+    M,
+    u,
+    zero,
+    F64: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """The first token whose running residual mass exceeds ``u`` of the total (two vocabulary passes; the
+    last token of positive mass where rounding leaves none)."""
+    total = zero
+    for v0 in range(0, V, BLOCK_V):
+        _, _, mass = _residual_block(
+            probs_ptr, row, p_stride, v0, V, parents_ptr, tokens_ptr, base, node, M, BLOCK_V
+        )
+        total += tl.sum(_scalar(mass, F64), axis=0)
+    threshold = u * total
+    running = zero
+    chosen = tl.zeros((), tl.int64) - 1
+    last = tl.zeros((), tl.int64) - 1
+    for v0 in range(0, V, BLOCK_V):
+        idx, live, mass = _residual_block(
+            probs_ptr, row, p_stride, v0, V, parents_ptr, tokens_ptr, base, node, M, BLOCK_V
+        )
+        mass = _scalar(mass, F64)
+        cdf = running + tl.cumsum(mass, axis=0)
+        hit = (cdf > threshold) & (mass > 0) & live
+        first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
+        chosen = tl.where((chosen < 0) & (first < V), first, chosen)
+        last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
+        running += tl.sum(mass, axis=0)
+    return tl.where(chosen >= 0, chosen, last)
+
+
+@triton.jit
 def tree_verify_kernel(
     parents_ptr,  # [B, M] int64 (-1 root, -2 padding)
     tokens_ptr,  # [B, M] int64
@@ -104,28 +146,10 @@ def tree_verify_kernel(
     row = start + 1 + node
     final = _target_argmax(argmax_ptr, row, greedy, HAS_ARGMAX)
     if greedy == 0:
-        total = zero
-        for v0 in range(0, V, BLOCK_V):
-            _, _, mass = _residual_block(
-                probs_ptr, row, p_stride, v0, V, parents_ptr, tokens_ptr, base, node, M, BLOCK_V
-            )
-            total += tl.sum(_scalar(mass, F64), axis=0)
-        threshold = _scalar(tl.load(u_ptr + b * (M + 1) + M), F64) * total
-        running = zero
-        chosen = tl.zeros((), tl.int64) - 1
-        last = tl.zeros((), tl.int64) - 1
-        for v0 in range(0, V, BLOCK_V):
-            idx, live, mass = _residual_block(
-                probs_ptr, row, p_stride, v0, V, parents_ptr, tokens_ptr, base, node, M, BLOCK_V
-            )
-            mass = _scalar(mass, F64)
-            cdf = running + tl.cumsum(mass, axis=0)
-            hit = (cdf > threshold) & (mass > 0) & live
-            first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
-            chosen = tl.where((chosen < 0) & (first < V), first, chosen)
-            last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
-            running += tl.sum(mass, axis=0)
-        final = tl.where(chosen >= 0, chosen, last)
+        u = _scalar(tl.load(u_ptr + b * (M + 1) + M), F64)
+        final = _residual_sample(
+            probs_ptr, row, p_stride, V, parents_ptr, tokens_ptr, base, node, M, u, zero, F64, BLOCK_V
+        )
     tl.store(final_ptr + b, final)
 
 
