@@ -8,7 +8,8 @@ table with the two best tokens swapped after every other token (``--swap-every``
 wrong there and its second right — where trees are meant to help. Reference backend (``--backend``: the
 cpu backend's packed-layer path picks up the zeroed layers and changes the target). Greedy, batch 1 and 4,
 one prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
-engine (no speculation) measured in the same run as the peer.
+engine (no speculation) measured in the same run as the peer. Each row says whether its steps replayed
+captured graphs (``--backend cuda``: the tree verify step is captured at 1 + nodes tokens per request).
 
 Rows: plain decoding; the chain of K=3 and of K=6 (the tree's verify budget); the 6-node tree
 ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3). Run: ``python benchmarks/bench_trees.py``.
@@ -61,11 +62,12 @@ def _sizes() -> dict[str, Any]:
 
 def measure(
     target: str, spec: dict[str, Any] | None, batch: int, tokens: int, runs: int, backend: str
-) -> tuple[float, float, float]:
-    """(median tokens/s, mean acceptance length, verified draft tokens per step)."""
+) -> tuple[float, float, float, str]:
+    """(median tokens/s, mean acceptance length, verified draft tokens per step, graphs on or eager)."""
     from spec_backend import LLM, SamplingParams
 
     llm = LLM(target, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, backend=backend)
+    graphs = "graphs on" if llm.engine.captured is not None else "eager"
     prompts = [[(7 * b + 3 * i) % SHAPE["vocab_size"] for i in range(32)] for b in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -76,7 +78,7 @@ def measure(
         rates.append(batch * tokens / (time.perf_counter() - start))
     total = llm.metrics.total
     per_step = total.num_draft_tokens / total.num_drafts if total.num_drafts else 0.0
-    return statistics.median(rates), total.mean_acceptance_length, per_step
+    return statistics.median(rates), total.mean_acceptance_length, per_step, graphs
 
 
 def main() -> None:
@@ -110,14 +112,18 @@ def main() -> None:
         )
         print(
             f"{'batch':>5} {'row':<24} {'tok/s':>8} {'x plain':>8} {'accept len':>11} {'verified/step':>14}"
+            "  step"
         )
         for batch in args.batches:
             plain = None
             for name, spec in rows.items():
-                rate, length, per_step = measure(target, spec, batch, args.tokens, args.runs, args.backend)
+                rate, length, per_step, graphs = measure(
+                    target, spec, batch, args.tokens, args.runs, args.backend
+                )
                 plain = rate if plain is None else plain
                 ratio = rate / plain
-                print(f"{batch:>5} {name:<24} {rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f}")
+                cells = f"{rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f}"
+                print(f"{batch:>5} {name:<24} {cells}  {graphs}")
 
 
 if __name__ == "__main__":

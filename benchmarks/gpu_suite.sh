@@ -2,14 +2,14 @@
 # The GPU runs of one session, from a bare checkout, in one command, in the order issue 43 asks: the
 # engine with and without graphs and speculation, the plugin's verification against vLLM's own, the cuda
 # test tier, a second engine run, the sampler against the bandwidth floor. Results go to $OUT (default
-# ./gpu-results): env.txt, engine.txt, engine-profile-*.txt, sampler-vllm.txt, pytest.log, engine-2.txt,
-# sampler.txt.
+# ./gpu-results): env.txt, engine.txt, engine-profile-*.txt, sampler-vllm.txt, trees.txt, pytest.log,
+# engine-2.txt, sampler.txt.
 #
 #   OUT=/tmp/res SUITE_SECONDS=570 bash benchmarks/gpu_suite.sh
 #
 # Knobs (environment): PYTEST_TARGETS (test paths), ENGINE_SECONDS, ENGINE_PROFILE_SECONDS (per mode of
 # ENGINE_PROFILE_MODES, default "plain ngram"; empty: none), VLLM_SAMPLER_SECONDS, PYTEST_SECONDS,
-# ENGINE2_SECONDS, SAMPLER_SECONDS (0 skips a stage) cap the stages; ENGINE_ARGS and ENGINE2_ARGS add flags
+# TREES_SECONDS, ENGINE2_SECONDS, SAMPLER_SECONDS (0 skips a stage) cap the stages; ENGINE_ARGS and ENGINE2_ARGS add flags
 # to the engine runs (e.g. "--modes plain,ngram --graphs on --no-peer"), ENGINE2_MODELS names the second
 # run's models (empty: no second run); VLLM_FILE is vLLM's rejection_sampler.py taken from its wheel
 # (default .peer/vllm_0.33.0_rejection_sampler.py; absent: that stage is skipped), VLLM_SAMPLER_ARGS adds
@@ -79,6 +79,9 @@ if [ -f "$VLLM_FILE" ]; then
     stage sampler-vllm.txt "${VLLM_SAMPLER_SECONDS:-150}" $PY benchmarks/bench_sampler_vllm.py \
         --vllm-file "$VLLM_FILE" ${VLLM_SAMPLER_ARGS-}
 fi
+# token trees against chains at the same verify budget (#42), tree steps captured as graphs
+stage trees.txt "${TREES_SECONDS:-120}" $PY benchmarks/bench_trees.py --backend cuda --batches 1 8 \
+    --tokens "${ENGINE_TOKENS:-64}" --runs 3
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
     ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
@@ -96,6 +99,7 @@ echo "== summary"
 for f in engine.txt engine-2.txt; do [ -f "$OUT/$f" ] && sed -n '/^model /,$p' "$OUT/$f"; done
 grep -h -E "ms/step" "$OUT"/engine-profile-*.txt 2>/dev/null
 [ -f "$OUT/sampler-vllm.txt" ] && grep -E "^ *[0-9]+ +[0-9]+ |^device|^ratio|DIFFER|DISAGREE" "$OUT/sampler-vllm.txt"
+[ -f "$OUT/trees.txt" ] && grep -E "^ +[0-9]+ " "$OUT/trees.txt"
 [ -f "$OUT/pytest.log" ] && tail -n 15 "$OUT/pytest.log"
 [ -f "$OUT/sampler.txt" ] && grep -E "^target|device:" "$OUT/sampler.txt"
 true
