@@ -172,10 +172,10 @@ class Stepper:
 
     def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> _Result:
         """A token-tree step (``tree_step``), returned in its chain view."""
-        from spec_backend.engine.tree_step import refuse_processed, verify_trees
+        from spec_backend.engine.tree_step import refuse_grammars, verify_trees
 
         engine = self.engine
-        refuse_processed(requests)
+        refuse_grammars(requests)
         counts = [
             min(c, int(v)) for c, v in zip(inputs.counts, valid_drafts(inputs.tokens).tolist(), strict=True)
         ]
@@ -188,7 +188,7 @@ class Stepper:
             inputs, width = _widen(inputs, captured.q - 1), captured.q - 1
             forward = lambda batch, _: captured.forward(batch)  # noqa: E731
         out = verify_trees(
-            parents, start, inputs.tokens, counts, list(cached), forward,
+            requests, parents, start, inputs.tokens, counts, list(cached), forward,
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
             width,
         )  # fmt: skip

@@ -14,9 +14,9 @@ Verification (``TREE_RULE``: ``SamplerOps.tree_verify`` over the whole batch): g
 the target's argmax path; sampled ones run recursive rejection sampling with every node a point mass (the
 drafted children of a node are its draft distribution's top tokens), lossless for any temperature, top-k
 and top-p. Uniforms are counter-based: stream ``rng.STREAM_TREE``, the request's seed, the position of
-its first node and the node's index (the final token: the request's node count). Requests whose logits
-are processed (penalties, bad words, logit bias, grammars) are
-refused with a tree: their per-row histories are chain-shaped.
+its first node and the node's index (the final token: the request's node count). Penalties, bad words,
+logit bias, ``min_tokens`` and ``min_p`` act on each row with its node's path as history; requests with
+structured outputs are refused with a tree (a grammar's state would have to branch with it).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.config.token_tree import TokenTree, branching_tree
+from spec_backend.engine.logits import RowHistory, process_logits
 from spec_backend.proposers.tree_build import depths_of, static_shape
 from spec_backend.sampling import rng
 from spec_backend.sampling.tree_ops import NO_NODE
@@ -131,14 +132,42 @@ class TreeResult:
     drafted: list[int]
 
 
-def refuse_processed(requests: Sequence[Request]) -> None:
-    """``ValueError`` for a request whose logits are processed: not supported with a token tree yet."""
+def refuse_grammars(requests: Sequence[Request]) -> None:
+    """``ValueError`` for a request with structured outputs: not supported with a token tree yet."""
     for r in requests:
-        if not r.finished and (r.params.processes_logits or r.grammar is not None):
+        if not r.finished and r.grammar is not None:
             raise ValueError(
-                f"request {r.request_id!r}: penalties, bad words, logit bias, min_tokens and structured "
-                "outputs are not supported with a branching speculative_token_tree yet"
+                f"request {r.request_id!r}: structured outputs are not supported with a token tree yet"
             )
+
+
+def _processed(
+    logits: torch.Tensor,  # [N, V] every row of the tree step
+    requests: Sequence[Request],
+    fed: list[list[int]],  # per request the parents of the nodes fed
+    nodes: list[list[int]],  # per request the tokens of its real nodes
+) -> torch.Tensor:  # [N, V]
+    """The logits verification reads: penalties, bad words, logit bias, ``min_tokens`` and ``min_p``
+    applied to each row with its own history — the tokens of its node's path (``RowHistory``)."""
+    if not any(r.params.processes_logits for r in requests):
+        return logits
+    owner: list[int] = []
+    prior: list[list[int]] = []
+    for b, parents in enumerate(fed):
+        paths: list[list[int]] = []
+        for i, parent in enumerate(parents):  # padding nodes (past the real ones) have no history
+            token = [nodes[b][i]] if i < len(nodes[b]) else []
+            paths.append([*(paths[parent] if parent >= 0 else []), *token])
+        owner += [b] * (1 + len(parents))
+        prior += [[], *paths]
+    return process_logits(
+        logits,
+        [r.params for r in requests],
+        [r.prompt_token_ids for r in requests],
+        [r.output_token_ids for r in requests],
+        [r.min_tokens_stop_ids for r in requests],
+        RowHistory(owner, prior),
+    )
 
 
 #: the rule the engine verifies trees with (its nodes are point masses: top tokens)
@@ -193,6 +222,7 @@ def _outcomes(
 
 
 def verify_trees(
+    requests: Sequence[Request],
     parents: Sequence[Sequence[int]],  # per request its tree's node parents (at least ``counts[b]``)
     start: int,
     query: torch.Tensor,  # [B, 1 + K_max] the last token, then each request's nodes (placeholders past)
@@ -213,7 +243,8 @@ def verify_trees(
     host = query.tolist()
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
-    outcomes = _outcomes(parents, counts, query, target.logits, loc, sampling, ops)
+    verified = _processed(target.logits, requests, fed, nodes)  # [N, V]
+    outcomes = _outcomes(parents, counts, query, verified, loc, sampling, ops)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
@@ -240,7 +271,7 @@ __all__ = [
     "TreePlan",
     "TreeResult",
     "nodes_within",
-    "refuse_processed",
+    "refuse_grammars",
     "tree_plan",
     "verify_trees",
 ]

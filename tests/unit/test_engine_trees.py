@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - one_thread is autouse
 
-from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine import LLM, SamplingParams, StructuredOutputsParams
 from spec_backend.engine.tree_step import DynamicTree
 from spec_backend.proposers.tree_build import dynamic_tree
 from spec_backend.testing.fixtures import draft_checkpoints as w
@@ -103,10 +103,12 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     for method in ("probabilistic", "block"):
         with pytest.raises(ValueError, match=rf"rejection_sample_method='{method}' .* cannot apply to it"):
             LLM(target, speculative_config={**spec, "rejection_sample_method": method})
-    llm = LLM(target, speculative_config=spec)
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8, repetition_penalty=1.2))[0].outputs[0]
+    worded = make_tiny_model(tmp_path / "worded", "llama", with_tokenizer=True)
+    spec = {**spec, "model": write_dspark(tmp_path / "w", worded, block_size=4)}
+    llm = LLM(worded, speculative_config=spec)
+    out = llm.generate(["abc abc"], _REGEX)[0].outputs[0]
     assert (
-        out.finish_reason == "error" and "not supported with a branching speculative_token_tree" in out.error
+        out.finish_reason == "error" and "structured outputs are not supported with a token tree" in out.error
     )
 
 
@@ -195,20 +197,45 @@ def test_parallel_drafting_cannot_draft_a_tree(target: str, tmp_path: Path) -> N
         LLM(target, speculative_config={**spec, "speculative_token_tree": TREE})
 
 
-def test_a_refused_request_does_not_fail_its_batch(target: str, tmp_path: Path) -> None:
+_REGEX = SamplingParams(
+    temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex=r"[a-c]{2,5}")
+)
+
+
+def test_a_refused_request_does_not_fail_its_batch(tmp_path: Path) -> None:
     """A tree step that raises for one request retries each request alone, each with its own tree."""
-    spec = {
-        "model": _head("dspark", target, tmp_path),
-        "num_speculative_tokens": 3,
-        "speculative_token_tree": TREE,
-    }
-    plain = LLM(target, dtype="float64").generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
-    llm = LLM(target, dtype="float64", speculative_config=spec)
-    bad = SamplingParams(temperature=0.0, max_tokens=8, repetition_penalty=1.2)
-    good, refused = llm.generate([PROMPTS[0], PROMPTS[1]], [GREEDY, bad])
+    worded = make_tiny_model(tmp_path / "worded", "llama", with_tokenizer=True)
+    spec = {"model": write_dspark(tmp_path / "h", worded, block_size=4), "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    plain = LLM(worded, dtype="float64").generate(["abc abc abc"], params)[0].outputs[0].token_ids
+    llm = LLM(worded, dtype="float64", speculative_config={**spec, "speculative_token_tree": TREE})
+    good, refused = llm.generate(["abc abc abc", "ab ab"], [params, _REGEX])
     assert refused.outputs[0].finish_reason == "error"
     assert good.outputs[0].finish_reason != "error", good.outputs[0].error
     assert good.outputs[0].token_ids == plain
+
+
+PROCESSED = [
+    SamplingParams(temperature=0.0, max_tokens=14, repetition_penalty=1.8),
+    SamplingParams(temperature=0.0, max_tokens=14, presence_penalty=1.5, frequency_penalty=0.7),
+    SamplingParams(temperature=0.0, max_tokens=14, logit_bias={3: 4.0, 9: -8.0}, min_p=0.2),
+    SamplingParams(temperature=0.0, max_tokens=14, min_tokens=10, repetition_penalty=1.3),
+]
+
+
+def test_processed_logits_with_a_tree_are_the_plain_ones(tmp_path: Path) -> None:
+    """Penalties, logit bias, min_p and min_tokens act on every tree row with its node's path as
+    history: greedy output equals plain decoding's with the same parameters. A head that predicts the
+    raw target (a bigram table) gets deep nodes accepted, so rows below the root decide."""
+    bigram = make_bigram_target(tmp_path / "bigram")
+    head = write_exact_dspark(tmp_path / "exact", bigram, block_size=4)
+    plain = [o.outputs[0].token_ids for o in LLM(bigram, dtype="float64").generate(PROMPTS, PROCESSED)]
+    spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    llm = LLM(bigram, dtype="float64", speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PROCESSED)] == plain
+    assert llm.metrics.total.num_accepted_tokens > llm.metrics.total.num_drafts  # deep rows were read
+    unprocessed = [o.outputs[0].token_ids for o in LLM(bigram, dtype="float64").generate(PROMPTS, GREEDY)]
+    assert plain != unprocessed  # the parameters change the output: the check has power
 
 
 def test_logprobs_with_a_tree_are_the_plain_ones(target: str, tmp_path: Path) -> None:
