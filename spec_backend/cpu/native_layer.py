@@ -177,12 +177,14 @@ class NativeDecoderLayer(nn.Module):
 
     def _ragged_cache(self, cache: Any, meta: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This layer's keys and values ``[B, Hkv, C, D]`` of the step's slots when the ragged path applies
-        (an engine step: a ``StepBatch`` plan and ragged metadata, shapes not captured), else ``None``."""
+        (an engine step: a ``StepBatch`` plan and ragged metadata, shapes not captured, not a token tree —
+        the op masks causally by column, a tree by ancestry), else ``None``: the general path."""
         plan = getattr(cache, "plan", None)
         if (
             not isinstance(plan, StepBatch)
             or not isinstance(meta, RaggedAttentionMetadata)
             or plan.static_shapes
+            or meta.tree is not None
         ):
             return None
         keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]

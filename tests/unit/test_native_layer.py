@@ -225,3 +225,27 @@ def test_a_prefill_split_across_threads_equals_decoding_row_by_row(tmp_path: Pat
         )  # fmt: skip
         assert torch.equal(row[0, 0], prefill[0, i]), i
     assert torch.equal(prefill_kv, split_kv)
+
+
+def test_a_token_tree_step_masks_by_ancestry(tmp_path: Path) -> None:
+    """The native op masks causally by column: a tree step (siblings side by side) must take the general
+    path, whose attention applies the ancestor mask — every node scores like a plain forward of its path."""
+    from test_kv_cache import forward
+
+    from spec_backend.step import build_tree_step_batch
+
+    llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE))
+    runner = llm.engine.runner
+    assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
+    prompt, last, parents, tokens = [1, 5, 7, 9, 3], 11, [-1, -1, 0, 0, 1, 2], [20, 21, 22, 23, 24, 25]
+    runner.cache.add_slot(), runner.cache.add_slot()
+    forward(runner, 0, [prompt], last_only=True)
+    ids = torch.tensor([[last, *tokens]])
+    scores = runner.forward(build_tree_step_batch(0, ids, [parents], runner.cache.lengths[:1]), False).logits
+    for node in range(len(tokens)):
+        path, at = [], node
+        while at >= 0:
+            path, at = [tokens[at], *path], parents[at]
+        runner.cache.truncate(1, 0)
+        want = forward(runner, 1, [[*prompt, last, *path]], last_only=True)[0]  # [V]
+        torch.testing.assert_close(scores[1 + node], want, atol=1e-4, rtol=0, msg=f"node {node}")
