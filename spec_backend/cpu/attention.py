@@ -5,7 +5,8 @@ activations) amplifies the last-bit differences SDPA makes between a row compute
 and the same row decoded alone, and speculative greedy output then drifts from plain greedy output.
 ``prepare`` marks such a model (``batch_invariant``): its attention then computes every row over
 exactly the keys it sees in one fixed order (``native_attention_rows``, our kernel in
-``csrc/attention_rows.cpp``; ``_batch_invariant`` in torch where the kernel cannot run). Every other
+``csrc/attention_rows.cpp``; ``_batch_invariant`` in torch where the kernel cannot run; a token-tree
+step's rows each over the keys of its node's path, ``_tree_rows``). Every other
 model gets ``sdpa_ragged_attention``, the reference's function, unchanged. The mark is kept here, in a
 weak set of the model's modules, not on the model's config.
 """
@@ -52,12 +53,14 @@ def cpu_ragged_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``[B, Q, Hq, D]``: batch-invariant rows for a marked model, else the reference's SDPA (which also
-    takes a marked model's layers with sinks or a soft cap, and token-tree steps, whose ancestor masks
-    the row kernels do not apply). A sliding window reaches both paths."""
+    """``[B, Q, Hq, D]``: batch-invariant rows for a marked model (a token-tree step's rows each over the
+    keys its path sees, ``_tree_rows``), else the reference's SDPA (which also takes a marked model's
+    layers with sinks or a soft cap). A sliding window reaches both paths."""
     layer, meta = layer_attention(kwargs), ragged_metadata(kwargs, module)
-    if not is_batch_invariant(module) or layer.explicit or meta.tree is not None:
+    if not is_batch_invariant(module) or layer.explicit:
         return sdpa_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    if meta.tree is not None:
+        return _tree_rows(query, key, value, meta, scaling, layer.window), None
     rows = native_attention_rows(query, key, value, meta, scaling) if layer.window is None else None
     if rows is not None:
         return rows, None
@@ -138,6 +141,54 @@ def _batch_invariant(
                 **gqa,
             )[0, :, 0]
     return out.transpose(1, 2).contiguous()
+
+
+def _tree_rows(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,
+    meta: RaggedAttentionMetadata,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:  # [B, Q, Hq, D]
+    """A token-tree step of a marked model: each row alone over exactly the keys a plain decode of its
+    node's path sees, in position order — the cached prefix, the root, its ancestors and itself (within
+    the window, by depth) — so a node gets bit for bit the row it gets when its path is decoded."""
+    assert meta.tree is not None and meta.tree_depths is not None
+    out = query.new_zeros((*query.shape[:3], value.shape[-1]))  # [B, Hq, Q, Dv]; padding rows stay 0
+    q_lens, kv_lens = meta.query_lens.tolist(), meta.kv_lens.tolist()
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens, strict=True)):
+        first, depth = kv_len - q_len, meta.tree_depths[b, :q_len].tolist()
+        for i in range(q_len):
+            low = first + depth[i] + 1 - window if window is not None else 0  # the first position seen
+            seen = [
+                c
+                for c in torch.nonzero(meta.tree[b, i, :q_len]).flatten().tolist()
+                if first + depth[c] >= low
+            ]
+            index = torch.tensor(
+                [*range(max(0, low), first), *(first + c for c in seen)], device=query.device
+            )
+            q, k, v = query[b : b + 1, :, i : i + 1], key[b : b + 1, :, index], value[b : b + 1, :, index]
+            out[b, :, i] = _one_row(q, k, v, scaling, kernel=window is None)
+    return out.transpose(1, 2).contiguous()
+
+
+def _one_row(
+    query: torch.Tensor,  # [1, Hq, 1, D]
+    key: torch.Tensor,  # [1, Hkv, L, D] exactly the keys the row sees
+    value: torch.Tensor,
+    scaling: float | None,
+    kernel: bool,
+) -> torch.Tensor:  # [Hq, Dv]
+    """One row over all of ``key``, as a decode step computes it: the row kernel where it runs (``kernel``:
+    not a windowed layer, which decodes through ``_batch_invariant``'s SDPA), else SDPA."""
+    lengths = RaggedAttentionMetadata(torch.tensor([1]), torch.tensor([key.shape[2]]))
+    rows = native_attention_rows(query, key, value, lengths, scaling) if kernel else None  # [1, 1, Hq, Dv]
+    if rows is not None:
+        return rows[0, 0]
+    key, value, gqa = grouped_kv(query, key, value)
+    return F.scaled_dot_product_attention(query, key, value, scale=scaling, **gqa)[0, :, 0]
 
 
 __all__ = ["cpu_ragged_attention", "is_batch_invariant", "mark_batch_invariant", "native_attention_rows"]

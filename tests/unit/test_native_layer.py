@@ -227,25 +227,46 @@ def test_a_prefill_split_across_threads_equals_decoding_row_by_row(tmp_path: Pat
     assert torch.equal(prefill_kv, split_kv)
 
 
-def test_a_token_tree_step_masks_by_ancestry(tmp_path: Path) -> None:
-    """The native op masks causally by column: a tree step (siblings side by side) must take the general
-    path, whose attention applies the ancestor mask — every node scores like a plain forward of its path."""
-    from test_kv_cache import forward
+def _windowed_int4(path: Path, window: int) -> LLM:
+    """A Mistral model with a sliding window, quantized to int4 (its layers stay transformers')."""
+    from transformers import MistralConfig, MistralForCausalLM
 
-    from spec_backend.step import build_tree_step_batch
+    torch.manual_seed(0)
+    MistralForCausalLM(
+        MistralConfig(vocab_size=128, num_hidden_layers=2, sliding_window=window, **WIDE)
+    ).save_pretrained(path)
+    return LLM(str(path), quantization="int4")
 
-    llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE))
-    runner = llm.engine.runner
-    assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
+
+@pytest.mark.parametrize("model", ["q4_1", "window"])
+def test_a_token_tree_step_masks_by_ancestry(tmp_path: Path, model: str) -> None:
+    """The native op masks causally by column: a tree step (siblings side by side) takes the general path,
+    whose attention gives each row exactly the keys of its node's path (within a sliding window: by depth)
+    — every node's final hidden state is, bit for bit, the one a plain forward of its path gives (what
+    greedy tree output = plain rests on)."""
+    from test_kv_cache import step
+
+    from spec_backend.cpu.attention import is_batch_invariant
+    from spec_backend.runtime.runner import ModelRunner
+    from spec_backend.step import HiddenStateRequest, build_tree_step_batch
+
+    if model == "q4_1":
+        llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE))
+        assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
+    else:
+        llm = _windowed_int4(tmp_path / "mistral", window=4)
+    assert is_batch_invariant(llm.model)
+    runner = ModelRunner(llm.model, llm.engine.runner.cache, HiddenStateRequest(final=True))
     prompt, last, parents, tokens = [1, 5, 7, 9, 3], 11, [-1, -1, 0, 0, 1, 2], [20, 21, 22, 23, 24, 25]
     runner.cache.add_slot(), runner.cache.add_slot()
-    forward(runner, 0, [prompt], last_only=True)
+    runner.forward(step(runner.cache, 0, [prompt]), True)
     ids = torch.tensor([[last, *tokens]])
-    scores = runner.forward(build_tree_step_batch(0, ids, [parents], runner.cache.lengths[:1]), False).logits
+    tree = runner.forward(build_tree_step_batch(0, ids, [parents], runner.cache.lengths[:1]), False).final
+    assert tree is not None
     for node in range(len(tokens)):
         path, at = [], node
         while at >= 0:
             path, at = [tokens[at], *path], parents[at]
         runner.cache.truncate(1, 0)
-        want = forward(runner, 1, [[*prompt, last, *path]], last_only=True)[0]  # [V]
-        torch.testing.assert_close(scores[1 + node], want, atol=1e-4, rtol=0, msg=f"node {node}")
+        want = runner.forward(step(runner.cache, 1, [[*prompt, last, *path]]), False).final  # [P, H]
+        assert want is not None and torch.equal(tree[1 + node], want[-1]), f"node {node}"

@@ -19,7 +19,7 @@ from spec_backend.backends import load_backend
 from spec_backend.runtime.loader import load_model, register_attention
 from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.sources import ModelSource
-from spec_backend.step import build_tree_step_batch
+from spec_backend.step import RaggedAttentionMetadata, build_tree_step_batch
 from spec_backend.tools.tiny import make_tiny_model
 
 #: per request: (prompt, the last committed token, tree parents, tree tokens)
@@ -120,7 +120,8 @@ def test_bad_paths_and_trees_are_refused(models: tuple) -> None:
 
 
 def test_the_cpu_backend_applies_the_tree_mask() -> None:
-    """The cpu backend's batch-invariant row kernels mask causally: tree steps take the reference SDPA."""
+    """A marked (batch-invariant) model's tree step: each row over the keys of its path, which is the
+    reference's tree attention (bit-exactness against plain decoding: ``test_native_layer.py``)."""
     from spec_backend.backends.attention import sdpa_ragged_attention
     from spec_backend.cpu.attention import cpu_ragged_attention, mark_batch_invariant
 
@@ -137,4 +138,9 @@ def test_the_cpu_backend_applies_the_tree_mask() -> None:
     meta = batch.attention
     got, _ = cpu_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)
     want, _ = sdpa_ragged_attention(module, q, k, v, None, spec_attn_metadata=meta)
-    assert torch.equal(got, want)
+    real = torch.arange(4)[None, :] < meta.query_lens[:, None]  # [B, Q]
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+    causal, _ = sdpa_ragged_attention(
+        module, q, k, v, None, spec_attn_metadata=RaggedAttentionMetadata(meta.query_lens, meta.kv_lens)
+    )
+    assert not torch.allclose(causal[real], want[real], atol=1e-3)  # the tree mask matters here
