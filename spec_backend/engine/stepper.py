@@ -16,7 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
-from spec_backend.engine.tree_step import nodes_within
+from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
@@ -172,8 +172,6 @@ class Stepper:
 
     def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> _Result:
         """A token-tree step (``tree_step``), returned in its chain view."""
-        from spec_backend.engine.tree_step import refuse_grammars, verify_trees
-
         engine = self.engine
         refuse_grammars(requests)
         counts = [

@@ -2,7 +2,7 @@
 (``tree_top_k``/``tree_nodes``) drafted, verified and compacted, then shown to the rest of the step as the
 chain of its accepted path.
 
-Glossary: *plan* — a static tree's shape in breadth-first order (``parents``, ``ranks``, ``depths``; see
+Glossary: *plan* — a static tree's shape in breadth-first order (``parents``, ``ranks``; see
 ``proposers.tree_build``); a dynamic tree's shape is the drafter's, per request and step
 (``DraftOutput.tree_parents``), also level by level. A request with budget ``b`` verifies the nodes of
 depth ``<= b`` (a prefix of the order, so a subtree). *Chain view* — after verification, the step's
@@ -68,12 +68,10 @@ class TreePlan:
 
     parents: tuple[int, ...]
     ranks: tuple[int, ...]
-    depths: tuple[int, ...]
 
     @classmethod
     def of(cls, tree: TokenTree) -> TreePlan:
-        parents, ranks = static_shape(tree)
-        return cls(parents, ranks, tuple(depths_of(parents)))
+        return cls(*static_shape(tree))
 
     describe = "a branching speculative_token_tree"
 

@@ -236,21 +236,8 @@ def _prefill_bnsd(
             f"ACLGraph capture covers verification steps of at most {MAX_QUERY_TOKENS_PER_REQUEST} "
             f"query tokens per request, got {query.shape[2]}"
         )
-    dtype = op_dtype(query.dtype)
-    out, _ = torch_npu_module().npu_fused_infer_attention_score(
-        query.to(dtype).contiguous(),
-        key.to(dtype).contiguous(),
-        value.to(dtype).contiguous(),
-        atten_mask=causal_mask(query.device),
-        actual_seq_lengths=[int(v) for v in meta.query_lens.tolist()],
-        actual_seq_lengths_kv=[int(v) for v in meta.kv_lens.tolist()],
-        num_heads=query.shape[1],
-        num_key_value_heads=key.shape[1],
-        scale=scale,
-        input_layout="BNSD_BSND",
-        **band(window),
-    )
-    return out  # type: ignore[no-any-return]
+    mask = {"atten_mask": causal_mask(query.device), **band(window)}
+    return _per_request_call(query, key, value, meta, scale, "BNSD_BSND", mask)
 
 
 def _tree_bnsd(
@@ -265,22 +252,35 @@ def _tree_bnsd(
     key: the complement of the reference's tree visibility, sliding window included). Trees run eagerly."""
     if active_capture() is not None:
         raise RuntimeError("token-tree steps run eagerly: ACLGraph capture covers chain verification only")
-    dtype = op_dtype(query.dtype)
     hidden = ~ragged_causal_mask(meta, query.shape[2], key.shape[2], window)  # [B, 1, Q, L] bool
+    mask = {"atten_mask": hidden.contiguous(), "sparse_mode": 0}
+    return _per_request_call(query, key, value, meta, scale, "BNSD", mask).transpose(1, 2)
+
+
+def _per_request_call(
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, D]
+    meta: RaggedAttentionMetadata,
+    scale: float,
+    layout: str,
+    mask: dict[str, Any],  # atten_mask and its sparse mode / band
+) -> torch.Tensor:  # the op's output in ``layout``'s output order, in the op dtype
+    """One eager call over the dense cache with each request's query and kv lengths."""
+    dtype = op_dtype(query.dtype)
     out, _ = torch_npu_module().npu_fused_infer_attention_score(
         query.to(dtype).contiguous(),
         key.to(dtype).contiguous(),
         value.to(dtype).contiguous(),
-        atten_mask=hidden.contiguous(),
         actual_seq_lengths=[int(v) for v in meta.query_lens.tolist()],
         actual_seq_lengths_kv=[int(v) for v in meta.kv_lens.tolist()],
         num_heads=query.shape[1],
         num_key_value_heads=key.shape[1],
         scale=scale,
-        input_layout="BNSD",
-        sparse_mode=0,
+        input_layout=layout,
+        **mask,
     )
-    return out.transpose(1, 2)  # type: ignore[no-any-return]
+    return out  # type: ignore[no-any-return]
 
 
 def ascend_ragged_attention(

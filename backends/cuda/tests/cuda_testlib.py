@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from spec_backend.backends.attention import sdpa_ragged_attention
@@ -105,3 +108,22 @@ def emulated_flash_with_kvcache(
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows without keys -> 0
         out[b] = torch.einsum("hqk,khd->qhd", probs, v)
     return out.to(q.dtype)
+
+
+def tree_spec(method: str, target: str, tmp: Path, k: int, tree: str, nodes: int) -> dict[str, Any]:
+    """A token tree's ``speculative_config`` for ``target``: ``dspark`` or ``eagle3`` drafting the static
+    ``tree``, or ``eagle3-dynamic`` growing EAGLE-2's tree of ``nodes`` (2 expansions per level)."""
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
+
+    head = (
+        write_dspark(tmp / "dspark", target, block_size=4)
+        if method == "dspark"
+        else write_eagle3(tmp / "eagle3", target, "speculators", aux_ids=[0, 1, 1])
+    )
+    shape = (
+        {"tree_top_k": 2, "tree_nodes": nodes}
+        if method.endswith("dynamic")
+        else {"speculative_token_tree": tree}
+    )
+    return {"method": method.removesuffix("-dynamic"), "model": head, "num_speculative_tokens": k, **shape}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_testlib import emulated_flash_with_kvcache
+from cuda_testlib import emulated_flash_with_kvcache, tree_spec
 from spec_backend_cuda import CudaBackend
 from spec_backend_cuda.attention import cuda_sdpa_attention, flash_layer_reason, ragged_flash
 
@@ -162,22 +162,10 @@ def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
     attention (tree steps take SDPA) and sampler ops: the reference's tokens, which are the plain output."""
     pytest.importorskip("triton")
     engine = pytest.importorskip("spec_backend.engine")
-    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
-    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
     from spec_backend.tools.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
-    head = (
-        write_dspark(tmp_path / "dspark", model, block_size=4)
-        if method == "dspark"
-        else write_eagle3(tmp_path / "eagle3", model, "speculators", aux_ids=[0, 1, 1])
-    )
-    tree = (
-        {"tree_top_k": 2, "tree_nodes": 5}
-        if method.endswith("dynamic")
-        else {"speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1)]"}
-    )
-    spec = {"method": method.removesuffix("-dynamic"), "model": head, "num_speculative_tokens": 2, **tree}
+    spec = tree_spec(method, model, tmp_path, 2, "[(0,), (1,), (0, 0), (1, 0), (0, 1)]", 5)
     params = engine.SamplingParams(temperature=0.0, max_tokens=10)
     plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(PROMPTS, params)
     outputs = {}

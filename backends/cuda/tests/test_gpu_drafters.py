@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_testlib import tree_spec
 from spec_backend_cuda import CudaBackend
 
 from spec_backend.backends.base import GraphFn, GraphRunner
@@ -145,20 +146,8 @@ def test_drafter_with_graphs_equals_plain_and_eager(target: str, tmp_path: Path,
 @pytest.mark.parametrize("method", ["dspark", "eagle3", "eagle3-dynamic"])
 def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path, method: str) -> None:
     """A branching tree (DSpark; EAGLE-3 with the head's own tree attention, static and dynamic) on the
-    CUDA backend: tree steps run eagerly through SDPA; greedy output equals plain decoding."""
-    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
-    from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
-
-    head = (
-        write_dspark(tmp_path / "dspark", target, block_size=4)
-        if method == "dspark"
-        else write_eagle3(tmp_path / "eagle3", target, "speculators", aux_ids=[0, 1, 1])
-    )
-    tree = (
-        {"tree_top_k": 2, "tree_nodes": 6}
-        if method.endswith("dynamic")
-        else {"speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}
-    )
-    spec = {"method": method.removesuffix("-dynamic"), "model": head, "num_speculative_tokens": K, **tree}
+    CUDA backend: tree verify steps go through SDPA, captured as graphs; greedy output equals plain
+    decoding."""
+    spec = tree_spec(method, target, tmp_path, K, "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", 6)
     plain = _generate(target, None, CudaBackend(graph_progress=False))
     assert _generate(target, spec, CudaBackend(graph_progress=False)) == plain

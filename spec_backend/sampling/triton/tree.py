@@ -18,15 +18,8 @@ import triton
 import triton.language as tl
 
 from spec_backend.sampling.tree_ops import repeated_siblings
+from spec_backend.sampling.triton.verify import _scalar
 from spec_backend.sampling.tuning import SamplerTuning
-
-
-@triton.jit
-def _scalar(x, F64: tl.constexpr):
-    if F64:
-        return x.to(tl.float64)
-    else:
-        return x.to(tl.float32)
 
 
 @triton.jit
