@@ -29,7 +29,7 @@ from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
-from spec_backend.step import HiddenStateRequest, build_tree_batch
+from spec_backend.step import HiddenStateRequest, StepBatch, build_tree_batch
 
 if TYPE_CHECKING:
     from spec_backend.models.chain_head import ChainHead
@@ -128,13 +128,7 @@ class EagleDrafter(HeadCacheDrafter):
         cache = self._cache()
         for b, rows in enumerate(base):  # drop the previous level's nodes
             cache.truncate(start + b, rows)
-        batch = build_tree_batch(start, tokens, parents, base)
-        cache.begin_step(batch)
-        try:
-            out: torch.Tensor = self.head(tokens, hidden, batch.padded_positions(), cache, batch.attention)
-        finally:
-            cache.end_step()
-        return out
+        return self._head_forward(build_tree_batch(start, tokens, parents, base), tokens, hidden, 0)
 
     def _prepare(self, inputs: DraftInputs) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Roll back to the rows fed with target features; this step's committed rows (``_committed``)."""
@@ -219,8 +213,13 @@ class EagleDrafter(HeadCacheDrafter):
     def _forward(
         self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int], step: int
     ) -> torch.Tensor:  # [B, Q, H]
+        return self._head_forward(self.step_batch(start, tokens, lens), tokens, hidden, step)
+
+    def _head_forward(
+        self, batch: StepBatch, tokens: torch.Tensor, hidden: torch.Tensor, step: int
+    ) -> torch.Tensor:  # [B, Q, H]
+        """The head over ``batch`` (``tokens [B, >= Q]``, ``hidden [B, >= Q, H]``) on its cache."""
         cache = self._cache()
-        batch = self.step_batch(start, tokens, lens)
         cache.begin_step(batch)
         try:
             out: torch.Tensor = self.head(
