@@ -29,7 +29,10 @@ Glossary:
   measured when it loads (``fast_path``).
 * **tile layout** — 16 output rows per tile; for each tile and block, 256 bytes where 32-bit lane ``j``
   of 64-byte part ``c`` holds codes ``4c .. 4c+3`` of row ``j`` (low nibbles) and ``16+4c .. 16+4c+3``
-  (high nibbles) — what one ``vpdpbusd`` lane multiplies; scales and minima ``[N/16, K/32, 16]``.
+  (high nibbles) — what one ``vpdpbusd`` lane multiplies; scales and minima ``[N/16, K/32, 16]``, in
+  float16 where every one of them is a float16 value (a Q4_1 file's are; a Q4_K or Q4_0 block's products
+  of two scales need not be), else float32: 20 bytes per 32 weights instead of 24, and the same bits,
+  the kernel converting them exactly (``tile_scales``).
 
 Numerics: ``tests/unit/test_int4_linear.py`` bounds one layer's error against the de-quantized float32
 layer; the logit difference and greedy agreement on the bundled model are in ``docs/benchmarks.md``.
@@ -135,9 +138,9 @@ class Int4Linear(PackedLinear):
         if op is not None:
             self.kernel, self.activation_dtype = "native", torch.float32
             self.register_buffer("tiles", q4_1_tiles(codes))  # [N/16, G, 256] uint8
-            by_tile = (n // LANES, LANES, k // GROUP)
-            self.register_buffer("tile_scale", scale.reshape(by_tile).transpose(1, 2).contiguous())
-            self.register_buffer("tile_low", low.reshape(by_tile).transpose(1, 2).contiguous())
+            tile_scale, tile_low = tile_scales(scale, low)
+            self.register_buffer("tile_scale", tile_scale)  # [N/16, G, 16]
+            self.register_buffer("tile_low", tile_low)
             return
         self.kernel = "torch"
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # [N, K/2] uint8
@@ -153,6 +156,18 @@ class Int4Linear(PackedLinear):
             rows, self.packed, GROUP, self.scales_and_zeros
         )
         return out
+
+
+def tile_scales(scale: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and minima ``[N, G]`` in the tile layout ``[N/16, G, 16]``: float16 where every value of
+    both is a float16 value (the kernel's conversion is exact, so its output is the same), else float32
+    (module glossary)."""
+    n, groups = scale.shape
+    by_tile = (n // LANES, LANES, groups)
+    tiled = [t.to(torch.float32).reshape(by_tile).transpose(1, 2).contiguous() for t in (scale, low)]
+    if all(torch.equal(t.to(torch.float16).to(torch.float32), t) for t in tiled):
+        return tiled[0].to(torch.float16), tiled[1].to(torch.float16)
+    return tiled[0], tiled[1]
 
 
 def q4_1_tiles(codes: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from arm_kernels.harness import (
     compile_command,
     emulation_missing,
 )
-from arm_kernels.q4_1_case import TILE_BYTES, make_case, parse_output, show, with_code_byte
+from arm_kernels.q4_1_case import TILE_BYTES, make_case, parse_output, show, with_code_byte, with_scales
 from arm_kernels.vec16_case import make_vec_case, parse_vec_output
 from isa_fixtures import compile_every_source
 
@@ -122,6 +122,23 @@ def test_the_q4_1_tile_gives_the_exact_reference_bits(name: str, program: Build)
             assert not bad, f"R={rows} row {i} out {bad[0]}: {show(got[bad[0]])} != {show(want[bad[0]])}"
     if name != "host:generic":
         assert text == ran(program("q4_1", "host:generic"), case.stdin())
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_binary16_scales_give_the_bits_of_their_float32_values(name: str, program: Build) -> None:
+    """Scales and minima given as binary16 (as a GGUF Q4_1 file stores them; the kernel converts them
+    exactly, a fifth fewer bytes per weight) give, for every row tile, the exact reference of their values
+    and what the float32 tile prints for them, subnormals, signed zeros and +-65504 included. Negative
+    control: flushing the subnormals to zero, as a converter without subnormals would, changes the
+    reference, so the test would catch it."""
+    case = make_case(seed=1, half=True)
+    text = ran(program("q4_1", name), case.stdin(half=True))
+    assert text == ran(program("q4_1", name), case.stdin())
+    expected = case.reference()
+    for rows, out in parse_output(text).items():
+        assert out == expected, f"R={rows} differs from the exact reference"
+    flushed = with_scales(case, lambda f: 0.0 if 0 < abs(f) < 2.0**-14 else f)
+    assert flushed.reference() != expected
 
 
 @pytest.mark.parametrize("name", [f"arm:{name}" for name in ARM_VARIANTS])

@@ -105,6 +105,35 @@ def test_rows_do_not_depend_on_the_batch(kernel: str) -> None:
             assert torch.equal(packed(x[:m]), alone[:m]), m
 
 
+@pytest.mark.parametrize("isa", VARIANTS)
+def test_float16_scales_give_the_float32_scales_bits(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q4_1 layer's scales and minima are float16 values (the file stores them so): the tiles keep them
+    as float16 (a fifth fewer bytes per weight) and every output equals, bit for bit, the kernel's with
+    the same values as float32. Scales that are not float16 values (a Q4_K block's are products of two
+    scales) stay float32: rounding them to float16 would change the outputs (negative control)."""
+    use_variant(isa, monkeypatch)
+    _, packed = _packed("native")
+    assert packed.tile_scale.dtype == packed.tile_low.dtype == torch.float16
+    x = torch.randn(7, 128, generator=torch.Generator().manual_seed(5))  # [M, K]
+    op, scale, low = packed._op, packed.tile_scale, packed.tile_low
+    assert op is not None
+    with torch.no_grad():
+        assert torch.equal(op(x, packed.tiles, scale, low), op(x, packed.tiles, scale.float(), low.float()))
+    found = recover_q4_1(_q4_1(64, 128, seed=1))
+    assert found is not None
+    codes, q4_scale, q4_low = found
+    wide = q4_scale * (1 + 2**-14)  # [N, G]: no longer float16 values
+    kept = Int4Linear(torch.nn.Linear(128, 64, bias=False), codes, wide, q4_low, kernel="native")
+    assert kept.tile_scale.dtype == kept.tile_low.dtype == torch.float32
+    assert kept._op is not None
+    with torch.no_grad():
+        exact = kept._op(x, kept.tiles, kept.tile_scale, kept.tile_low)
+        rounded = kept._op(x, kept.tiles, kept.tile_scale.half(), kept.tile_low.half())
+    assert not torch.equal(exact, rounded)
+    with pytest.raises(RuntimeError, match="both float32 or both float16, got Half .* and Float"):
+        op(x, packed.tiles, scale, low.float())
+
+
 def test_tile_layout_follows_the_glossary() -> None:
     codes = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
     tiles = q4_1_tiles(codes)  # [N/16, G, 256]

@@ -30,15 +30,22 @@ inline __m256i dot32(__m256i sum) {
 #endif
 }
 
+// 8 scales or minima as float32 lanes (binary16 ones converted exactly by F16C's vcvtph2ps).
+inline __m256 load_scales(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load_scales(const Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Features 8 h .. 8 h + 7 of tile t for rows m0 .. m0 + R - 1. Per block, each 32-byte part is unpacked
 // once and added to every row's dot products (one part live at a time: R = 5 rows take 14 of the 16 registers).
-template <int R>
-void q4_1_half_tile(const Q4Problem& p, int64_t t, int64_t m0, int h) {
+template <int R, typename S>
+void q4_1_half_tile(const Q4Problem<S>& p, int64_t t, int64_t m0, int h) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* w = p.codes + (t * p.groups + g) * kTileBytes + 32 * h;
+    if (h == 0) prefetch_ahead(p, t * p.groups + g);
     const int8_t* x[R];
     __m256i sum[R];
     for (int r = 0; r < R; ++r) {
@@ -51,8 +58,8 @@ void q4_1_half_tile(const Q4Problem& p, int64_t t, int64_t m0, int h) {
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
       for (int r = 0; r < R; ++r) sum[r] = add_part(add_part(sum[r], lo, word(x[r], c)), hi, word(x[r], c + 4));
     }
-    const __m256 d = _mm256_loadu_ps(p.scale + (t * p.groups + g) * kLanes + 8 * h);
-    const __m256 m = _mm256_loadu_ps(p.low + (t * p.groups + g) * kLanes + 8 * h);
+    const __m256 d = load_scales(p.scale + (t * p.groups + g) * kLanes + 8 * h);
+    const __m256 m = load_scales(p.low + (t * p.groups + g) * kLanes + 8 * h);
     for (int r = 0; r < R; ++r) {
       const int64_t block = (m0 + r) * p.groups + g;
       const __m256 dot = _mm256_cvtepi32_ps(dot32(sum[r]));
@@ -64,8 +71,8 @@ void q4_1_half_tile(const Q4Problem& p, int64_t t, int64_t m0, int h) {
 }
 
 // out[m0 + r, 16 t .. 16 t + 15] for r < R, one half at a time.
-template <int R>
-void q4_1_tile(const Q4Problem& p, int64_t t, int64_t m0) {
+template <int R, typename S>
+void q4_1_tile(const Q4Problem<S>& p, int64_t t, int64_t m0) {
   q4_1_half_tile<R>(p, t, m0, 0);
   q4_1_half_tile<R>(p, t, m0, 1);
 }

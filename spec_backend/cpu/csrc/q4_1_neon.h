@@ -38,15 +38,22 @@ struct BlockDot {
 };
 #endif
 
+// 4 scales or minima as float32 lanes (binary16 ones converted exactly by fcvtl).
+inline float32x4_t load_scales(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load_scales(const Half* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+}
+
 // Features 4 q .. 4 q + 3 of tile t for rows m0 .. m0 + R - 1. Per block, each part's 16 bytes are
 // unpacked once and added to every row's dot products; then, in float32, the two FMAs of q4_1.h.
-template <int R>
-void q4_1_quarter_tile(const Q4Problem& p, int64_t t, int64_t m0, int q) {
+template <int R, typename S>
+void q4_1_quarter_tile(const Q4Problem<S>& p, int64_t t, int64_t m0, int q) {
   const uint8x16_t nibble = vdupq_n_u8(0x0F);
   float32x4_t acc[R];
   for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.0f);
   for (int64_t g = 0; g < p.groups; ++g) {
     const uint8_t* w = p.codes + (t * p.groups + g) * kTileBytes + 16 * q;
+    if (q == 0) prefetch_ahead(p, t * p.groups + g);
     const int8_t* x[R];
     BlockDot dot[R];
     for (int r = 0; r < R; ++r) x[r] = p.xq + ((m0 + r) * p.groups + g) * kBlock;
@@ -59,8 +66,8 @@ void q4_1_quarter_tile(const Q4Problem& p, int64_t t, int64_t m0, int q) {
         dot[r].add(hi, word(x[r], c + 4));
       }
     }
-    const float32x4_t d = vld1q_f32(p.scale + (t * p.groups + g) * kLanes + 4 * q);
-    const float32x4_t m = vld1q_f32(p.low + (t * p.groups + g) * kLanes + 4 * q);
+    const float32x4_t d = load_scales(p.scale + (t * p.groups + g) * kLanes + 4 * q);
+    const float32x4_t m = load_scales(p.low + (t * p.groups + g) * kLanes + 4 * q);
     for (int r = 0; r < R; ++r) {
       const int64_t block = (m0 + r) * p.groups + g;
       const float32x4_t total = vcvtq_f32_s32(dot[r].total());  // exact: |dot| <= 60960 < 2^24
@@ -72,8 +79,8 @@ void q4_1_quarter_tile(const Q4Problem& p, int64_t t, int64_t m0, int q) {
 }
 
 // out[m0 + r, 16 t .. 16 t + 15] for r < R, one quarter at a time.
-template <int R>
-void q4_1_tile(const Q4Problem& p, int64_t t, int64_t m0) {
+template <int R, typename S>
+void q4_1_tile(const Q4Problem<S>& p, int64_t t, int64_t m0) {
   for (int q = 0; q < 4; ++q) q4_1_quarter_tile<R>(p, t, m0, q);
 }
 

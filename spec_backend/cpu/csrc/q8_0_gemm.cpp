@@ -11,6 +11,7 @@
 
 #include "isa.h"
 #include "native_ops.h"
+#include "prefetch.h"
 #include "vec16.h"
 
 #include <algorithm>
@@ -69,6 +70,21 @@ struct Problem {
   int64_t k, n_out;
 };
 
+// Asks for the codes kAhead bytes past code `at` (the next features': they are contiguous) and their
+// scales (and offsets) to be brought into the cache while this block is computed: a decode step streams
+// the head once from memory, and the hardware prefetchers alone leave the cores waiting on it. A hint
+// only: the arithmetic, and so the bits, are unchanged; past the end it asks for nothing (prefetch.h).
+constexpr int64_t kAhead = 4096;
+
+template <bool kLow>
+inline void prefetch_ahead(const Problem& p, int64_t at) {
+  using spec_backend_native::prefetch_at;
+  const int64_t next = at + kAhead, per = kLow ? 16 : kBlock;  // per: codes per scale
+  prefetch_at(p.codes, next);
+  prefetch_at(p.scale, next / per * static_cast<int64_t>(sizeof(float)));
+  if constexpr (kLow) prefetch_at(p.low, next / per * static_cast<int64_t>(sizeof(float)));
+}
+
 // out[m0 + r, n] for r < R: each block is de-quantized once and dotted with R rows.
 template <int R, bool kLow>
 void tile(const Problem& p, int64_t n, int64_t m0) {
@@ -77,6 +93,7 @@ void tile(const Problem& p, int64_t n, int64_t m0) {
   const float* x = p.x + m0 * p.k;
   v16f acc_lo[R] = {}, acc_hi[R] = {};
   for (int64_t g = 0; g < groups; ++g) {
+    prefetch_ahead<kLow>(p, n * p.k + g * kBlock);
     v16f w_lo, w_hi;  // the block's weights: scale * code (Q8_0), or scale * code + low per 16 (kLow)
     Q80::decode(codes + g * Q80::kBytes, w_lo, w_hi);
     if constexpr (kLow) {

@@ -6,6 +6,8 @@ block's 4-bit codes with the row's int8 codes, then in float32 ``acc = fma(dot, 
 from __future__ import annotations
 
 import random
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from arm_kernels.harness import bits, fma, mul, random_f32, value
@@ -28,12 +30,14 @@ class Q4Case:
     scale: tuple[float, ...]
     low: tuple[float, ...]
 
-    def stdin(self) -> str:
-        """The driver's input (its header comment)."""
+    def stdin(self, half: bool = False) -> str:
+        """The driver's input (its header comment); ``half``: scales and minima as binary16 bits (each
+        must be a binary16 value: ``make_case(half=True)``)."""
         floats = [" ".join(str(bits(f)) for f in fs) for fs in (self.xd, self.xs)]
-        tile_floats = [" ".join(str(bits(f)) for f in fs) for fs in (self.scale, self.low)]
+        tile_bits = half_bits if half else bits
+        tile_floats = [" ".join(str(tile_bits(f)) for f in fs) for fs in (self.scale, self.low)]
         ints = [" ".join(map(str, self.xq)), *floats, " ".join(map(str, self.codes)), *tile_floats]
-        return f"{self.rows} {self.groups} {self.tiles}\n" + "\n".join(ints) + "\n"
+        return f"{self.rows} {self.groups} {self.tiles} {16 if half else 32}\n" + "\n".join(ints) + "\n"
 
     def weight_codes(self, t: int, g: int, j: int, swap_nibbles: bool = False) -> list[int]:
         """Feature j's 32 codes in tile t, block g: byte 64 c + 4 j + b holds code 4 c + b in its low
@@ -69,25 +73,53 @@ class Q4Case:
         return out
 
 
-def make_case(seed: int, rows: int = 60, groups: int = 3, tiles: int = 3) -> Q4Case:
+def half_bits(f: float) -> int:
+    """The binary16 bits of ``f``, which must be a binary16 value."""
+    (b,) = struct.unpack("<H", struct.pack("<e", f))
+    assert struct.unpack("<e", struct.pack("<H", b))[0] == f or f != f, f"{f!r} is not a binary16 value"
+    return int(b)
+
+
+def to_half(f: float) -> float:
+    """``f`` rounded to binary16."""
+    return float(struct.unpack("<e", struct.pack("<e", f))[0])
+
+
+#: binary16 values a scale or minimum may take that a plain conversion could get wrong: subnormals (the
+#: smallest, the largest), the smallest normal, signed zeros, the largest finite value
+HALF_EDGES = (2.0**-24, -(2.0**-24), 1023 * 2.0**-24, 2.0**-14, 0.0, -0.0, 65504.0, -65504.0)
+
+
+def make_case(seed: int, rows: int = 60, groups: int = 3, tiles: int = 3, half: bool = False) -> Q4Case:
     """Pseudo-random operands with the extremes in block 0: row 0's codes all +127 and row 1's all -127
-    against tile 0's codes all 15 (dot products of +-60960, the largest there are)."""
+    against tile 0's codes all 15 (dot products of +-60960, the largest there are). ``half``: scales and
+    minima are binary16 values, ``HALF_EDGES`` among them (tile 2, block 1), as a GGUF Q4_1 file stores
+    them."""
     rng = random.Random(seed)
     xq = [rng.randint(-127, 127) for _ in range(rows * groups * BLOCK)]
     xq[0:BLOCK] = [127] * BLOCK
     xq[groups * BLOCK : (groups + 1) * BLOCK] = [-127] * BLOCK
     codes = [rng.randrange(256) for _ in range(tiles * groups * TILE_BYTES)]
     codes[0:TILE_BYTES] = [0xFF] * TILE_BYTES
+    xd = [random_f32(rng, 1e-4, 1e-2) for _ in range(rows * groups)]
+    xs = [random_f32(rng, -2.0, 2.0) for _ in range(rows * groups)]
+    scale = [random_f32(rng, -0.05, 0.05) for _ in range(tiles * groups * LANES)]
+    low = [random_f32(rng, -0.5, 0.5) for _ in range(tiles * groups * LANES)]
+    if half:
+        scale, low = [to_half(f) for f in scale], [to_half(f) for f in low]
+        at = ((tiles - 1) * groups + 1) * LANES
+        scale[at : at + len(HALF_EDGES)] = HALF_EDGES
+        low[at : at + len(HALF_EDGES)] = HALF_EDGES[::-1]
     return Q4Case(
         rows,
         groups,
         tiles,
         tuple(xq),
-        tuple(random_f32(rng, 1e-4, 1e-2) for _ in range(rows * groups)),
-        tuple(random_f32(rng, -2.0, 2.0) for _ in range(rows * groups)),
+        tuple(xd),
+        tuple(xs),
         tuple(codes),
-        tuple(random_f32(rng, -0.05, 0.05) for _ in range(tiles * groups * LANES)),
-        tuple(random_f32(rng, -0.5, 0.5) for _ in range(tiles * groups * LANES)),
+        tuple(scale),
+        tuple(low),
     )
 
 
@@ -96,6 +128,11 @@ def with_code_byte(case: Q4Case, index: int, byte: int) -> Q4Case:
     codes = list(case.codes)
     codes[index] = byte
     return replace(case, codes=tuple(codes))
+
+
+def with_scales(case: Q4Case, change: Callable[[float], float]) -> Q4Case:
+    """``case`` with ``change`` applied to every scale and minimum (a mutated input)."""
+    return replace(case, scale=tuple(map(change, case.scale)), low=tuple(map(change, case.low)))
 
 
 def parse_output(text: str) -> dict[int, list[list[int]]]:
