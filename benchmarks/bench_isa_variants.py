@@ -12,8 +12,14 @@ names the path each configuration ran and its CPU's SIMD flags.
 runs, on SmolLM2's shapes: the Q4_1 product (gate|up, 3072×576, 1 and 5 rows), row attention (one decode
 row, 9 heads over 3 KV heads of 64, 400 keys) and the Q8_0 LM head (49152×576, 1 row).
 
-Run: ``python benchmarks/bench_isa_variants.py --threads 1 --variants avx512_vnni,avx2 --repeats 2``, and
-``python benchmarks/bench_isa_variants.py --kernels``.
+``--kernels --streaming`` times them as a decode step meets its weights: not one product called again and
+again from the caches, but many distinct copies called in turn (60 layers' gate|up 3072×576 and down
+576×1536 Q4_1 products, 80 MB, and three Q8_0 heads, 93 MB: more than the caches hold), ``--threads``
+threads, the median over 7 passes of the mean time per call; Q4_1 with float16 scales and minima (what a
+Q4_1 file stores) and with float32 ones, 1 and 5 rows (a decode step and a K=4 verify step).
+
+Run: ``python benchmarks/bench_isa_variants.py --threads 1 --variants avx512_vnni,avx2 --repeats 2``,
+``python benchmarks/bench_isa_variants.py --kernels`` and ``... --kernels --streaming --threads 2``.
 """
 
 from __future__ import annotations
@@ -113,6 +119,59 @@ def kernels() -> None:
         print(f"| {v_.name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
 
 
+def per_call(calls: list[Any], passes: int = 7) -> float:
+    """Microseconds per call of ``calls`` made in turn: the median over ``passes`` of each pass's mean."""
+    import time
+
+    means = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        means.append((time.perf_counter() - start) / len(calls) * 1e6)
+    return statistics.median(means)
+
+
+def streaming(threads: int) -> None:
+    """``--kernels --streaming`` (module docstring): one row per ISA variant this CPU runs."""
+    import torch
+
+    from spec_backend.cpu.isa import runnable_variants
+    from spec_backend.cpu.native import native_op
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    products = []  # (K, tiles [N/16, K/32, 256], scale and low [N/16, K/32, 16] float16)
+    for _ in range(60):
+        for n, k in ((3072, 576), (576, 1536)):
+            tiles = torch.randint(0, 256, (n // 16, k // 32, 256), generator=g, dtype=torch.uint8)
+            scale = (torch.rand(n // 16, k // 32, 16, generator=g) / 100).half()
+            products.append((k, tiles, scale, (-torch.rand(n // 16, k // 32, 16, generator=g) / 20).half()))
+    codes = [torch.randint(-127, 128, (49152, 576), generator=g, dtype=torch.int8) for _ in range(3)]
+    heads = [(c, torch.rand(49152, 18, generator=g)) for c in codes]  # Q8_0 codes [V, H], scales [V, H/32]
+    xs = {(m, k): torch.randn(m, k, generator=g) for m in (1, 5) for k in (576, 1536)}
+    print(f"CPU SIMD flags: {simd_flags()}; {threads} thread(s), weights streamed, microseconds per call\n")
+    print("| ISA variant | Q4_1 float16 scales, 1 row | 5 rows | float32 scales, 1 row | 5 rows "
+          "| Q8_0 head, 1 row | 5 rows |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for v_ in runnable_variants():
+        mm, head = native_op("q4_1_q8_mm", v_.name), native_op("q8_0_mm", v_.name)
+        assert mm is not None and head is not None, v_.name
+        cells = []
+        for wide in (False, True):
+            for m in (1, 5):
+                calls = [
+                    partial(mm, xs[(m, k)], t, s.float() if wide else s, lo.float() if wide else lo)
+                    for k, t, s, lo in products
+                ]  # fmt: skip
+                try:
+                    cells.append(per_call(calls))
+                except RuntimeError:  # a build from before float16 scales (to compare commits)
+                    cells.append(float("nan"))
+        cells += [per_call([partial(head, xs[(m, 576)], c, s) for c, s in heads]) for m in (1, 5)]
+        print(f"| {v_.name} | " + " | ".join("—" if c != c else f"{c:.1f}" for c in cells) + " |")
+
+
 def simd_flags() -> str:
     from spec_backend.cpu.isa import cpu_flags
 
@@ -130,12 +189,15 @@ def main() -> None:
         "--paths", default="measure", help="comma-separated: measure, native, int4-bf16, float32"
     )
     parser.add_argument("--kernels", action="store_true", help="time the kernels alone (module docstring)")
+    parser.add_argument(
+        "--streaming", action="store_true", help="with --kernels: weights streamed (docstring)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     if args.kernels:
-        return kernels()
+        return streaming(args.threads) if args.streaming else kernels()
     from spec_backend.cpu.isa import runnable_variants
 
     variants = args.variants.split(",") if args.variants else [v.name for v in runnable_variants()]

@@ -31,8 +31,8 @@ Glossary:
   of 64-byte part ``c`` holds codes ``4c .. 4c+3`` of row ``j`` (low nibbles) and ``16+4c .. 16+4c+3``
   (high nibbles) — what one ``vpdpbusd`` lane multiplies; scales and minima ``[N/16, K/32, 16]``, in
   float16 where every one of them is a float16 value (a Q4_1 file's are; a Q4_K or Q4_0 block's products
-  of two scales need not be), else float32: 20 bytes per 32 weights instead of 24, and the same bits,
-  the kernel converting them exactly (``tile_scales``).
+  of two scales need not be) and the ISA variant converts them by an instruction, else float32: 20 bytes
+  per 32 weights instead of 24, and the same bits, the conversion being exact (``tile_scales``).
 
 Numerics: ``tests/unit/test_int4_linear.py`` bounds one layer's error against the de-quantized float32
 layer; the logit difference and greedy agreement on the bundled model are in ``docs/benchmarks.md``.
@@ -126,7 +126,7 @@ class Int4Linear(PackedLinear):
         kernel: str | None = None,
     ) -> None:
         super().__init__(linear)
-        n, k = codes.shape
+        n = codes.shape[0]
         if kernel not in (None, *KERNELS):
             raise ValueError(f"kernel must be None, 'native' or 'torch', got {kernel!r}")
         op = native_op("q4_1_q8_mm") if n % LANES == 0 and kernel != "torch" else None
@@ -138,7 +138,7 @@ class Int4Linear(PackedLinear):
         if op is not None:
             self.kernel, self.activation_dtype = "native", torch.float32
             self.register_buffer("tiles", q4_1_tiles(codes))  # [N/16, G, 256] uint8
-            tile_scale, tile_low = tile_scales(scale, low)
+            tile_scale, tile_low = tile_scales(scale, low, half=variant is not None and variant.half_scales)
             self.register_buffer("tile_scale", tile_scale)  # [N/16, G, 16]
             self.register_buffer("tile_low", tile_low)
             return
@@ -158,14 +158,15 @@ class Int4Linear(PackedLinear):
         return out
 
 
-def tile_scales(scale: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales and minima ``[N, G]`` in the tile layout ``[N/16, G, 16]``: float16 where every value of
-    both is a float16 value (the kernel's conversion is exact, so its output is the same), else float32
-    (module glossary)."""
+def tile_scales(scale: torch.Tensor, low: torch.Tensor, half: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and minima ``[N, G]`` in the tile layout ``[N/16, G, 16]``: float16 where ``half`` (the
+    kernel's ISA variant converts them by an instruction: ``Variant.half_scales``) and every value of both
+    is a float16 value (the conversion is exact, so the output is the same), else float32 (module
+    glossary)."""
     n, groups = scale.shape
     by_tile = (n // LANES, LANES, groups)
     tiled = [t.to(torch.float32).reshape(by_tile).transpose(1, 2).contiguous() for t in (scale, low)]
-    if all(torch.equal(t.to(torch.float16).to(torch.float32), t) for t in tiled):
+    if half and all(torch.equal(t.to(torch.float16).to(torch.float32), t) for t in tiled):
         return tiled[0].to(torch.float16), tiled[1].to(torch.float16)
     return tiled[0], tiled[1]
 

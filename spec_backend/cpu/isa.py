@@ -53,6 +53,10 @@ class Variant:
     cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags a CPU needs to run it
     cflags: tuple[str, ...]  # compiler flags of its instruction set
     label: str  # what it is, for people
+    #: whether its Q4_1 tile reads float16 scales and minima (converted by an instruction: F16C, NEON's
+    #: fcvtl); the generic build converts them in software, slower than reading float32 ones
+    #: (``bench_isa_variants.py --kernels --streaming``), so its layers keep float32 (``int4_linear``)
+    half_scales: bool = True
 
     @property
     def namespace(self) -> str:
@@ -94,7 +98,7 @@ VARIANTS: tuple[Variant, ...] = (
         "ARM NEON + dot product (Armv8.2-A): int8 dot products (sdot)",
     ),
     Variant("neon", _ARM, ("asimd",), ("-march=armv8-a",), "ARM NEON (Armv8-A): widening multiplies (smlal)"),
-    Variant("generic", (), (), (), "no ISA flags: portable C++ for any CPU"),
+    Variant("generic", (), (), (), "no ISA flags: portable C++ for any CPU", half_scales=False),
 )
 
 

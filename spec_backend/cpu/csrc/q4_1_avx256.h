@@ -56,7 +56,10 @@ void q4_1_half_tile(const Q4Problem<S>& p, int64_t t, int64_t m0, int h) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * c));
       const __m256i lo = _mm256_and_si256(packed, nibble);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-      for (int r = 0; r < R; ++r) sum[r] = add_part(add_part(sum[r], lo, word(x[r], c)), hi, word(x[r], c + 4));
+      for (int r = 0; r < R; ++r) {
+        sum[r] = add_part(add_part(sum[r], lo, word(x[r], c)), hi, word(x[r], c + 4));
+        __asm__("" : "+x"(sum[r]));  // keep each sum in its register (see above)
+      }
     }
     const __m256 d = load_scales(p.scale + (t * p.groups + g) * kLanes + 8 * h);
     const __m256 m = load_scales(p.low + (t * p.groups + g) * kLanes + 8 * h);

@@ -68,24 +68,26 @@ inline v16f load16(const float* p) {
   return v;
 }
 
-// a * b + c lane by lane as one FMA instruction on the SIMD variants (x86 and NEON), whatever the
+// a * b + c lane by lane (one register: fma_lanes; 16 lanes: fma16) as one FMA instruction on the SIMD variants (x86 and NEON), whatever the
 // compiler's contraction heuristics would choose (GCC's avoidance of FMA chains on 256-bit vectors
 // depends on the surrounding loop, so an accumulation written as a * b + c could round once in one
 // instantiation of a tile and twice in another: a row's result would depend on the batch). On the
 // generic variant a * b + c as written: x86-64 without FMA has no instruction to contract it into, and
 // GCC on aarch64 contracts it wherever it can.
-inline v16f fma16(v16f a, v16f b, v16f c) {
-  for (int i = 0; i < kParts; ++i) {
+inline vf fma_lanes(vf a, vf b, vf c) {
 #if defined(SPEC_ISA_AVX512_VNNI)
-    c.p[i] = _mm512_fmadd_ps(a.p[i], b.p[i], c.p[i]);
+  return _mm512_fmadd_ps(a, b, c);
 #elif defined(SPEC_ISA_AVX_VNNI) || defined(SPEC_ISA_AVX2)
-    c.p[i] = _mm256_fmadd_ps(a.p[i], b.p[i], c.p[i]);
+  return _mm256_fmadd_ps(a, b, c);
 #elif defined(SPEC_ISA_NEON_DOTPROD) || defined(SPEC_ISA_NEON)
-    c.p[i] = vfmaq_f32(c.p[i], a.p[i], b.p[i]);
+  return vfmaq_f32(c, a, b);
 #else
-    c.p[i] = a.p[i] * b.p[i] + c.p[i];
+  return a * b + c;
 #endif
-  }
+}
+
+inline v16f fma16(v16f a, v16f b, v16f c) {
+  for (int i = 0; i < kParts; ++i) c.p[i] = fma_lanes(a.p[i], b.p[i], c.p[i]);
   return c;
 }
 
