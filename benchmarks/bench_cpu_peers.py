@@ -16,9 +16,11 @@ changes on the machine hit all of them alike; each row is the median over its pr
 
 ``--isa avx2`` measures what an AVX2-only x86-64 CPU runs on any x86-64 CPU: llama.cpp built for
 x86-64-v3 with its AVX-512 and AVX-VNNI paths off (a separate build folder), the engine's kernels capped
-with ``SPEC_BACKEND_ISA=avx2``. ``--gguf-type Q4_K_M`` (or any type ``llama-quantize`` takes) runs both on
-that type, made once from the bundled file by ``llama-quantize --allow-requantize`` (its weights are the
-Q4_1 file's re-quantized: what matters here is the format each system reads). The CPU's flags, the
+with ``SPEC_BACKEND_ISA=avx2``; ``--isa avx512`` builds llama.cpp with AVX-512 and AVX-VNNI but without
+AMX (its AMX kernels crash in some VMs) against our ``avx512_vnni`` kernels. ``--gguf-type Q4_K_M`` (or
+any type ``llama-quantize`` takes) runs both on that type, made once from the bundled file by
+``llama-quantize --allow-requantize`` (its weights are the Q4_1 file's re-quantized: what matters here is
+the format each system reads). The CPU's flags, the
 engine's ISA variant and the path its load-time measurement chose are printed with the results.
 
 Run: ``python benchmarks/bench_cpu_peers.py --threads 2 --max-tokens 64 --prompts 4 --repeats 2``.
@@ -39,6 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_cpp_peer import LLAMA_ISA_FLAGS, build_llama_cpp, cache_root, llama_run
+
+#: our kernels' cap (``SPEC_BACKEND_ISA``) for each ``--isa`` that is not ``native``
+ENGINE_CAPS = {"avx2": "avx2", "avx512": "avx512_vnni"}
 
 
 def bundled_gguf() -> str:
@@ -236,8 +241,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.ks = [int(k) for k in args.ks.split(",") if k]
-    if args.isa == "avx2":
-        os.environ["SPEC_BACKEND_ISA"] = "avx2"  # read at every kernel selection
+    if args.isa in ENGINE_CAPS:
+        os.environ["SPEC_BACKEND_ISA"] = ENGINE_CAPS[args.isa]  # read at every kernel selection
     import torch
 
     from spec_backend.tools.prompts import code_edit_prompts

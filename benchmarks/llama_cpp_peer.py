@@ -23,9 +23,16 @@ def cache_root() -> Path:
 
 
 #: cmake flags per ``--isa``: ``native`` builds for this CPU; ``avx2`` for x86-64-v3 with every AVX-512
-#: and AVX-VNNI path off, which is what an AVX2-only CPU runs (issue #44)
+#: and AVX-VNNI path off, which is what an AVX2-only CPU runs (issue #44); ``avx512`` with AVX-512 (VNNI,
+#: VBMI, BF16) and AVX-VNNI but without AMX, whose kernels crash llama.cpp in some VMs (a segmentation
+#: fault in ``ggml_backend_amx_mul_mat`` on the Xeon of docs/benchmarks.md)
 LLAMA_ISA_FLAGS = {
     "native": ("-DGGML_NATIVE=ON",),
+    "avx512": (
+        "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
+        "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+    ),
     "avx2": (
         "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
         "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
