@@ -1,8 +1,8 @@
-// GGUF Q4_1 weights (4-bit codes, a float32 or float16 scale and minimum per 32 weights) times activations quantized
-// per 32 values to int8, as llama.cpp computes Q4_1 x Q8_1: the op, shared by every ISA variant; the tile
-// that does the arithmetic is the variant's (q4_1_<isa>.h, numerics in q4_1.h). The glossary and the
-// weight layout are in spec_backend/cpu/int4_linear.py. Integer block dots are exact and the float steps
-// run in a fixed order per row, so a row's result does not depend on the batch.
+// GGUF Q4_1 weights (4-bit codes, a float32 or float16 scale and minimum per 32 weights) times
+// activations quantized per 32 values to int8, as llama.cpp computes Q4_1 x Q8_1: the op, shared by every
+// ISA variant; the tile that does the arithmetic is the variant's (q4_1_<isa>.h, numerics in q4_1.h).
+// The glossary and the weight layout are in spec_backend/cpu/int4_linear.py. Integer block dots are
+// exact and the float steps run in a fixed order per row, so a row's result does not depend on the batch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -81,8 +81,9 @@ at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Te
     TORCH_CHECK((t->scalar_type() == at::kFloat || t->scalar_type() == at::kHalf) &&
                     t->scalar_type() == scale.scalar_type() && t->is_contiguous() &&
                     t->sizes() == at::IntArrayRef({tiles, groups, kLanes}),
-                "scale and low must be contiguous [", tiles, ", ", groups, ", 16], both float32 or both float16, got ",
-                scale.scalar_type(), " ", scale.sizes(), " and ", low.scalar_type(), " ", low.sizes());
+                "scale and low must be contiguous [", tiles, ", ", groups,
+                ", 16], both float32 or both float16, got ", scale.scalar_type(), " ", scale.sizes(), " and ",
+                low.scalar_type(), " ", low.sizes());
   auto out = at::empty({m_rows, n_out}, x.options());
   if (m_rows == 0 || tiles == 0) return out;
   auto q = at::empty({m_rows, k}, x.options().dtype(at::kChar));
@@ -93,8 +94,8 @@ at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Te
   if (half) {
     const auto* sh = reinterpret_cast<const Half*>(scale.data_ptr<at::Half>());
     const auto* lh = reinterpret_cast<const Half*>(low.data_ptr<at::Half>());
-    all_tiles(Q4Problem<Half>{xq, xd, xs, codes.data_ptr<uint8_t>(), sh, lh, out.data_ptr<float>(), groups, n_out},
-              tiles, m_rows);
+    const Q4Problem<Half> p{xq, xd, xs, codes.data_ptr<uint8_t>(), sh, lh, out.data_ptr<float>(), groups, n_out};
+    all_tiles(p, tiles, m_rows);
   } else {
     all_tiles(Q4Problem<float>{xq, xd, xs, codes.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                                low.data_ptr<float>(), out.data_ptr<float>(), groups, n_out},

@@ -68,12 +68,12 @@ inline v16f load16(const float* p) {
   return v;
 }
 
-// a * b + c lane by lane (one register: fma_lanes; 16 lanes: fma16) as one FMA instruction on the SIMD variants (x86 and NEON), whatever the
-// compiler's contraction heuristics would choose (GCC's avoidance of FMA chains on 256-bit vectors
-// depends on the surrounding loop, so an accumulation written as a * b + c could round once in one
-// instantiation of a tile and twice in another: a row's result would depend on the batch). On the
-// generic variant a * b + c as written: x86-64 without FMA has no instruction to contract it into, and
-// GCC on aarch64 contracts it wherever it can.
+// a * b + c lane by lane (one register: fma_lanes; 16 lanes: fma16) as one FMA instruction on the SIMD
+// variants (x86 and NEON), whatever the compiler's contraction heuristics would choose (GCC's avoidance
+// of FMA chains on 256-bit vectors depends on the surrounding loop, so an accumulation written as
+// a * b + c could round once in one instantiation of a tile and twice in another: a row's result would
+// depend on the batch). On the generic variant a * b + c as written: x86-64 without FMA has no
+// instruction to contract it into, and GCC on aarch64 contracts it wherever it can.
 inline vf fma_lanes(vf a, vf b, vf c) {
 #if defined(SPEC_ISA_AVX512_VNNI)
   return _mm512_fmadd_ps(a, b, c);
