@@ -7,6 +7,10 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
 
 * ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the engine's
   running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean;
+* ``E_i(k)`` counts the drafts a request verified on average in the steps measured at ``k`` (``n(B, k)``),
+  not ``k``: a drafter may propose fewer than its budget (suffix and n-gram drafters often propose none
+  on open chat), and a budget whose drafts never come must not look as if it paid. Unmeasured lengths
+  take ``min(k, n(B, K))``;
 * ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
   requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
   in turn, values between them are interpolated linearly, and every ``EXPLORE_EVERY`` steps the extreme
@@ -39,8 +43,9 @@ MIN_SAMPLES = 2
 EXPLORE_HOLD = MIN_SAMPLES + 1
 
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``."""
+def expected_tokens(acceptance: float, k: float) -> float:
+    """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``
+    (``k`` may be a mean number of drafts: the formula is smooth in it)."""
     a = min(max(acceptance, 0.0), 1.0)
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
@@ -48,6 +53,7 @@ def expected_tokens(acceptance: float, k: int) -> float:
 @dataclass
 class _Timing:
     seconds: float
+    drafts: float  # drafts verified per request in these steps (moving average)
     samples: int = 1
 
 
@@ -81,28 +87,28 @@ class AdaptiveDraftLength:
             timing = self.times.get((batch, extreme))
             if timing is None or timing.samples < MIN_SAMPLES:
                 return self._chose(extreme)
-        best = max(
-            range(self.k + 1),
-            key=lambda k: sum(expected_tokens(a, k) for a in acceptances) / self._time(batch, k),
-        )
+        best = max(range(self.k + 1), key=lambda k: self.rate(batch, k, acceptances))
         if self.steps >= EXPLORE_EVERY and self.steps % EXPLORE_EVERY < EXPLORE_HOLD:
             best = 0 if best else self.k
         return self._chose(best)
 
     def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
         """Expected tokens per second of the greedy requests with draft length ``k``."""
-        return sum(expected_tokens(a, k) for a in acceptances) / self._time(batch, k)
+        drafts = self._drafts(batch, k)
+        return sum(expected_tokens(a, drafts) for a in acceptances) / self._time(batch, k)
 
     def observe(self, batch: int, k: int, seconds: float, drafted: int, accepted: int) -> None:
         """A decode step of ``batch`` requests with draft length ``k`` took ``seconds``; its requests
         verified ``drafted`` drafts and accepted ``accepted``."""
         self.drafted += drafted
         self.accepted += accepted
+        per_request = drafted / batch if batch else 0.0
         timing = self.times.get((batch, k))
         if timing is None:
-            self.times[(batch, k)] = _Timing(seconds)
+            self.times[(batch, k)] = _Timing(seconds, per_request)
         else:
             timing.seconds += EMA_WEIGHT * (seconds - timing.seconds)
+            timing.drafts += EMA_WEIGHT * (per_request - timing.drafts)
             timing.samples += 1
 
     def _time(self, batch: int, k: int) -> float:
@@ -111,6 +117,13 @@ class AdaptiveDraftLength:
             return measured.seconds
         low, high = self.times[(batch, 0)].seconds, self.times[(batch, self.k)].seconds
         return low + (high - low) * k / self.k
+
+    def _drafts(self, batch: int, k: int) -> float:
+        """Drafts a request verifies on average with draft length ``k`` (module docstring)."""
+        measured = self.times.get((batch, k))
+        if measured is not None and measured.samples >= MIN_SAMPLES:
+            return min(measured.drafts, float(k))
+        return min(float(k), self.times[(batch, self.k)].drafts)
 
     def _chose(self, k: int) -> int:
         self.chosen.append(k)

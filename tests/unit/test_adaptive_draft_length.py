@@ -32,10 +32,14 @@ def test_expected_tokens() -> None:
     assert expected_tokens(0.8, 0) == 1.0
 
 
-def _measured(policy: AdaptiveDraftLength, batch: int, times: dict[int, float]) -> None:
+def _measured(
+    policy: AdaptiveDraftLength, batch: int, times: dict[int, float], drafts: dict[int, int] | None = None
+) -> None:
+    """Steps measured at each length of ``times``, every request verifying ``drafts[k]`` drafts (``k``
+    unless given: the drafter filled its budget); acceptance counts are left to ``acceptance_of``."""
     for k, seconds in times.items():
         for _ in range(MIN_SAMPLES):
-            policy.observe(batch, k, seconds, 0, 0)
+            policy.observe(batch, k, seconds, batch * (drafts or {}).get(k, k), 0)
 
 
 def test_both_extremes_are_measured_first() -> None:
@@ -63,6 +67,20 @@ def test_the_length_with_the_most_tokens_per_second(
     policy = AdaptiveDraftLength(K)
     _measured(policy, 1, times)
     assert policy.choose(1, [acceptance]) == best
+
+
+def test_a_budget_the_drafter_does_not_fill_is_valued_at_the_drafts_it_gets() -> None:
+    """Steps at K verify one draft per request on average (a suffix or n-gram drafter finding little to
+    copy): K drafts would be worth 2.31 tokens at acceptance 0.6, one draft 1.6. With verify time 1.7 at K
+    (interpolated between), one draft per step pays best (1.6 / 1.175); valued as if K drafts came, K = 2
+    would win (1.96 / 1.35), which is the negative control: the same times with full budgets choose 2.
+    Failed before: lengths were valued at their budget."""
+    short, full = AdaptiveDraftLength(K), AdaptiveDraftLength(K)
+    _measured(short, 1, {0: 1.0, K: 1.7}, drafts={K: 1})
+    _measured(full, 1, {0: 1.0, K: 1.7})
+    assert short.choose(1, [0.6]) == 1
+    assert full.choose(1, [0.6]) == 2
+    assert short.rate(1, K, [0.6]) == pytest.approx(expected_tokens(0.6, 1) / 1.7)
 
 
 def test_the_extreme_not_chosen_is_measured_again() -> None:
