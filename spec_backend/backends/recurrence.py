@@ -73,15 +73,16 @@ class ReferenceRecurrence:
         beta: torch.Tensor,
         state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = value.shape[2]
         if query.shape[1] > CHUNKED_MIN_TOKENS:
             from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
+            # grouped heads expanded here: transformers 5.17 and earlier expect one key per value head
             out, final = torch_chunk_gated_delta_rule(
-                query, key, value, g=g, beta=beta, initial_state=state.clone(),
+                _heads(query, heads), _heads(key, heads), value, g=g, beta=beta, initial_state=state.clone(),
                 output_final_state=True, use_qk_l2norm_in_kernel=True,
             )  # fmt: skip
             return out, final.float()
-        heads = value.shape[2]
         q, k = _heads(query, heads), _heads(key, heads)
         q, k, v, g32, b32 = (x.transpose(1, 2).float() for x in (q, k, value, g, beta))  # [B, H, Q, ...]
         q, k = _l2norm(q) * q.shape[-1] ** -0.5, _l2norm(k)

@@ -96,7 +96,7 @@ class MtpHead(ChainHead):
             position_ids=position_ids,
             **cache_kwargs(layer.block, cache),
             use_cache=True,
-            position_embeddings=self.rotary[0](x, position_ids),
+            position_embeddings=self.rotary[0](x, _rope_positions(self.rotary[0], position_ids)),
             spec_attn_metadata=meta,
         )
         return layer.norm(out) if self.layout.norm_out else out
@@ -105,6 +105,15 @@ class MtpHead(ChainHead):
         layer: Any = self.mtp[step % len(self.mtp)]
         logits: torch.Tensor = self.lm_head[0](out if self.layout.norm_out else layer.norm(out))
         return logits
+
+
+def _rope_positions(rotary: Any, position_ids: torch.Tensor) -> torch.Tensor:
+    """Positions as ``rotary`` reads them: ``[3, B, Q]`` for a multimodal rotary (``mrope_section``, Qwen3.5;
+    transformers 5.17 and earlier index three axes, later releases expand ``[B, Q]`` themselves), else
+    ``[B, Q]``. A text token sits at the same position on every axis."""
+    if getattr(rotary, "mrope_section", None) is None:
+        return position_ids
+    return position_ids[None].expand(3, -1, -1)  # [3, B, Q]
 
 
 _SHARED = ("embed_tokens.weight", "shared_head.head.weight")

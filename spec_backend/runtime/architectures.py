@@ -40,6 +40,8 @@ MISSING_FOR_LAYER_TYPE = {
     "chunked_attention": "chunked local attention (each token sees its own chunk only)",
     "dummy": "layers that read another layer's KV cache (KV sharing)",
     "indexed_attention": "sparse attention whose keys an indexer picks (DeepSeek sparse attention)",
+    # transformers 5.17 and earlier name it so
+    "deepseek_sparse_attention": "sparse attention whose keys an indexer picks (DeepSeek sparse attention)",
 }
 
 #: model types that keep recurrent state although transformers reports only attention layers for them
@@ -65,7 +67,10 @@ def resolved_layer_types(config: Any) -> list[str]:
         from transformers.cache_utils import get_layer_types_and_kwargs
 
         layer_types, _ = get_layer_types_and_kwargs(config)
-        return [str(t) for t in layer_types]
+        # transformers 5.17 and earlier drop the layers that share another's cache (Gemma 3n) from the
+        # end of the list instead of naming them "dummy"
+        missing = int(getattr(config, "num_hidden_layers", len(layer_types))) - len(layer_types)
+        return [str(t) for t in layer_types] + ["dummy"] * max(missing, 0)
     except (ImportError, AttributeError, TypeError):  # an older transformers: read the config alone
         types = getattr(config, "layer_types", None)
         if types:

@@ -119,6 +119,8 @@ def layer_windows(config: Any) -> list[int | None]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     types, kwargs = get_layer_types_and_kwargs(config)
+    if isinstance(kwargs, dict):  # transformers 5.17 and earlier: one dict for every layer
+        kwargs = [kwargs] * len(types)
     return [
         int(kw["sliding_window"]) if t == "sliding_attention" and kw.get("sliding_window") else None
         for t, kw in zip(types, kwargs, strict=True)

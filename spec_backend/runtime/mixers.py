@@ -48,7 +48,10 @@ def is_mamba2_module(module: object) -> bool:
     return _has(module, names + sizes)
 
 
-def _state_layer(cache: Any, layer_idx: int) -> RecurrentState:
+def _state_layer(cache: Any, kwargs: dict[str, Any], layer_idx: int) -> RecurrentState:
+    """The layer's state in the engine's cache. transformers hands the cache to a mixer as ``cache``
+    (5.18 and later) or ``cache_params`` (5.17 and earlier)."""
+    cache = kwargs.get("cache_params") if cache is None else cache
     layer = cache.layers[layer_idx] if cache is not None else None
     if not isinstance(layer, RecurrentState):
         raise RuntimeError(
@@ -86,9 +89,8 @@ class RaggedGatedDeltaNet(_Mixer):
         return m.in_proj_qkv(hidden), z, m.in_proj_b(hidden), m.in_proj_a(hidden)
 
     def forward(self, hidden_states: torch.Tensor, cache: Any = None, **kwargs: Any) -> torch.Tensor:
-        del kwargs  # the attention mask: padding columns are masked from the step plan instead
-        m: Any = self.inner
-        layer = _state_layer(cache, self.layer_idx)
+        m: Any = self.inner  # kwargs' attention mask is unread: the step plan masks padding columns
+        layer = _state_layer(cache, kwargs, self.layer_idx)
         bsz, q_len = hidden_states.shape[:2]
         mixed, z, b, a = self._project(hidden_states)
         full, conved = layer.convolve(mixed, m.conv1d, self.act)  # [B, C, w-1+Q], [B, Q, C]
@@ -115,9 +117,8 @@ class RaggedMamba2Mixer(_Mixer):
     """A Mamba-2 mixer (transformers' module ``inner``) on the engine's cache."""
 
     def forward(self, hidden_states: torch.Tensor, cache: Any = None, **kwargs: Any) -> torch.Tensor:
-        del kwargs  # the attention mask: padding columns are masked from the step plan instead
-        m: Any = self.inner
-        layer = _state_layer(cache, self.layer_idx)
+        m: Any = self.inner  # kwargs' attention mask is unread: the step plan masks padding columns
+        layer = _state_layer(cache, kwargs, self.layer_idx)
         bsz, q_len = hidden_states.shape[:2]
         sizes = [m.intermediate_size, m.conv_dim, m.num_heads]
         gate, xbc, dt = m.in_proj(hidden_states).split(sizes, dim=-1)  # [B, Q, I], [B, Q, C], [B, Q, H]

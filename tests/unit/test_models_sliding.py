@@ -214,7 +214,7 @@ def test_cpu_backend_packed_windowed_model_speculates_losslessly(
         ("jamba", {}, ["linear_attention"]),
         ("falcon_h1", {}, ["hybrid", "recurrent state beside the KV cache"]),
         ("gemma3n_text", {}, ["dummy", "KV sharing"]),
-        ("deepseek_v32", {}, ["indexed_attention", "indexer"]),
+        ("deepseek_v32", {}, ["sparse attention whose keys an indexer picks"]),
         ("lfm2", {}, ["short-convolution state"]),
         ("rwkv", {}, ["RWKV's recurrent state"]),
         ("gemma3_text", {"use_bidirectional_attention": True}, ["bidirectional"]),
