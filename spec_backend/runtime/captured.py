@@ -158,7 +158,18 @@ def maybe_capture(
     if not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
-    return CapturedDecode(runner, backend, q, max_num_seqs, tree)
+    try:
+        return CapturedDecode(runner, backend, q, max_num_seqs, tree)
+    except Exception as exc:  # an op of the model that cannot be captured: say so, and the way out
+        raise GraphCaptureError(
+            f"capturing the decode step of {type(runner.model).__name__} as graphs on the {backend.name} "
+            f"backend failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
+        ) from exc
 
 
-__all__ = ["CapturedDecode", "maybe_capture"]
+class GraphCaptureError(RuntimeError):
+    """A model's decode step could not be captured as graphs (e.g. an op that copies from the host, such
+    as torch's float32 ``grouped_mm`` behind transformers' mixture-of-experts layers on CUDA)."""
+
+
+__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture"]

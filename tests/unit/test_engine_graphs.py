@@ -147,6 +147,29 @@ def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
     assert llm.engine.captured is None
 
 
+class _HostCopyDriver(SimulatedGraphDriver):
+    """A driver whose capture fails as CUDA's does on an op that copies from pageable host memory."""
+
+    def capture(self, call: Any, pool: Any) -> Any:
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+
+class _UncapturableBackend(SimulatedGraphBackend):
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        return PaddedGraphRunner(fn, capture_sizes, _HostCopyDriver(), progress=False)
+
+
+def test_a_step_that_cannot_be_captured_is_refused_with_the_way_out(llama_dir: str) -> None:
+    """A model op that graphs cannot hold fails LLM(...) with what failed and ``enforce_eager=True``,
+    which then runs it."""
+    from spec_backend.runtime.captured import GraphCaptureError
+
+    with pytest.raises(GraphCaptureError, match=r"LlamaForCausalLM .* Cannot copy .* enforce_eager=True"):
+        LLM(llama_dir, speculative_config=NGRAM, backend=_UncapturableBackend())
+    llm = LLM(llama_dir, speculative_config=NGRAM, backend=_UncapturableBackend(), enforce_eager=True)
+    assert llm.engine.captured is None and len(_ids(llm, GREEDY)[0]) == GREEDY.max_tokens
+
+
 def test_reference_backend_runs_eagerly(llama_dir: str) -> None:
     llm = LLM(llama_dir, speculative_config=NGRAM)
     assert llm.engine.captured is None  # CapturePolicy.enabled is False on the reference backend
