@@ -15,15 +15,15 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
   vocabulary, K draft forwards per step) at the same synthetic acceptance: what a model-based drafter
   costs per step (random weights would accept nothing, so the acceptance is set, not measured).
 
-Tokens/s = generated tokens / wall time of ``generate`` (after one warm-up call). Ratios: each mode vs
-``plain`` at the same model, batch and graph setting, and graphs vs eager. ``ms/step``: wall time of the
-engine's decode steps in the timed wave over their count (prefills excluded); ``syncs/step``: the most
-tensor-to-host reads one decode step made (each waits for the GPU), counted in a separate untimed pass
-(``spec_backend.testing.host_reads``). A row says "graphs on" only
-when the engine captured graphs (``llm.engine.captured``); a run that asked for graphs and captured none
-is reported as such, never timed as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model
-predicts at the measured acceptance length L for a free drafter (c = 0) whose K+1-token verify costs one
-plain step: L itself; ``efficiency`` = measured vs plain / L.
+Tokens/s = generated tokens / wall time of ``generate`` (after the same call once, as a warm-up). Ratios:
+each mode vs ``plain`` at the same model, batch and graph setting, and graphs vs eager. ``ms/step``: wall
+time of the engine's decode steps in the timed wave over their count (prefills excluded); ``syncs/step``:
+the most tensor-to-host reads one decode step made (each waits for the GPU), counted in a separate untimed
+pass (``spec_backend.testing.host_reads``). A row says "graphs on" only when the engine captured graphs
+(``llm.engine.captured``); a run that asked for graphs and captured none is reported as such, never timed
+as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model predicts at the measured acceptance
+length L for a free drafter (c = 0) whose K+1-token verify costs one plain step: L itself; ``efficiency``
+= measured vs plain / L.
 
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
 left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
@@ -199,7 +199,9 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
     batch = row.batch
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.engine.max_num_seqs = batch
-    llm.generate(prompts[: min(2, batch)], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    # warm-up: the very wave timed below, so that every graph size, kernel and allocation it meets has
+    # been met once (a shorter warm-up left ~0.5 s of first-use work in the timed batch-1 plain wave)
+    llm.generate(prompts[:batch], params)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens

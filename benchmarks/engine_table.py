@@ -1,7 +1,7 @@
 """The result table of ``bench_engine_gpu.py``: one ``Row`` per measured configuration, with tokens/s,
 acceptance length, ratios to plain decoding and to the eager engine, Leviathan's prediction and the
-efficiency against it, decode-step time and host reads per step; and the fastest row per batch against
-the transformers peer."""
+efficiency against it, decode-step time, the wave's time outside its decode steps (prefill, admission,
+outputs) and host reads per step; and the fastest row per batch against the transformers peer."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ HEADER = (
     "Leviathan",
     "efficiency",
     "ms/step",
+    "other ms",
     "syncs/step",
 )
 
@@ -50,7 +51,7 @@ def table_row(r: Row, plain: float | None, no_graph: float | None) -> tuple[str,
     """One row of the table (``plain``: the tok/s it is compared with; ``no_graph``: its eager twin)."""
     graphs = "on" if r.graphs else "off"
     if not r.tokens:
-        return (r.model, str(r.batch), r.mode, graphs, "-", "-", "-", "-", r.note, "", "", "", "")
+        return (r.model, str(r.batch), r.mode, graphs, "-", "-", "-", "-", r.note, "", "", "", "", "")
     acc = r.acceptance_length
     return (
         r.model,
@@ -65,6 +66,7 @@ def table_row(r: Row, plain: float | None, no_graph: float | None) -> tuple[str,
         "-" if acc is None else f"{acc:.2f}x",
         f"{r.tokens_per_s / plain / acc:.2f}" if plain and acc and not r.mode.startswith("hf") else "-",
         f"{1e3 * r.step_seconds / r.steps:.2f}" if r.steps else "-",
+        f"{1e3 * (r.seconds - r.step_seconds):.1f}" if r.steps else "-",
         "-" if r.syncs is None else str(r.syncs),
     )
 
