@@ -82,6 +82,7 @@ class EngineCore:
         slots.join(self.pending)
         slots.join(self.sampling_state)
         self.captured: CapturedDecode | None = None  # set by the LLM when graphs are captured
+        self.captured_plain: CapturedDecode | None = None  # a chain engine's one-token step (no drafts)
         self.prefix = prefix  # automatic prefix caching (engine/prefix.py), None when off
         self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
         self.confidence = confidence if self.k else None  # drafts verified per request (confidence.py)

@@ -216,6 +216,8 @@ class LLM:
         # the verify step (K+1 tokens per request; a tree's root and nodes), or plain decoding's one token
         q = 1 + tree.max_nodes if tree is not None else k + 1
         engine.captured = maybe_capture(runner, self.backend, q, engine.max_num_seqs, eager, tree is not None)
+        if engine.captured is not None and tree is None and q > 1:  # steps without drafts replay this one
+            engine.captured_plain = maybe_capture(runner, self.backend, 1, engine.max_num_seqs, eager)
         return engine
 
     def _drafter_context(

@@ -46,6 +46,7 @@ class StepEngine(Protocol):
     pending: PendingDrafts
     sampling_state: SamplingState
     captured: CapturedDecode | None
+    captured_plain: CapturedDecode | None
     prefix: PrefixHits | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
@@ -134,9 +135,11 @@ class Stepper:
         if engine.tree is not None and not last_only:
             return self._run_tree(start, requests, inputs)
         captured = engine.captured if not last_only and start == 0 else None
-        if captured is not None:  # every request q tokens: placeholders where drafts are missing (all of
-            # them in a step without drafts: the verify graph's replay costs a K+1-row forward, an eager
-            # step the host's launches of every layer, 10-20x more on a GPU)
+        if captured is not None and engine.captured_plain is not None and not any(inputs.counts):
+            captured = engine.captured_plain  # no drafts: the one-token step, a plain step's cost
+            inputs = replace(inputs, tokens=inputs.tokens[:, :1])  # [B, 1]
+        if captured is not None:  # every request q tokens: placeholders where drafts are missing (an
+            # eager step costs the host's launches of every layer, 10-20x a replay on a GPU)
             inputs = _widen(inputs, captured.q - 1)
             query_lens, drafts = [captured.q] * len(requests), [captured.q - 1] * len(requests)
         elif last_only:

@@ -66,8 +66,9 @@ def test_captured_verify_forward_equals_eager(llama_dir: str) -> None:
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=4)
     assert llm.engine.captured is not None
-    (runner,) = backend.runners
+    runner, plain = backend.runners  # the verify step, then the one-token step of steps without drafts
     assert runner.captured_sizes == (K + 1, 2 * (K + 1))  # multiples of K+1, capped by the policy
+    assert plain.captured_sizes == (1, 2, 4)  # multiples of 1 up to max_num_seqs
     assert _ids(llm, GREEDY) == eager
     assert runner.replays > 0  # steps replayed a captured graph
     assert runner.eager_calls > 0  # 3 requests = 12 tokens: above the largest size (8) runs eagerly
@@ -86,7 +87,7 @@ def test_padding_to_a_captured_size_gives_the_eager_output(llama_dir: str) -> No
     eager = LLM(llama_dir, dtype="float64", speculative_config=NGRAM)
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=2)
-    (runner,) = backend.runners
+    runner, _ = backend.runners
     for prompts in ([PROMPTS[0]], PROMPTS[:2]):
         want = [o.outputs[0].token_ids for o in eager.generate(prompts, GREEDY)]
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
@@ -106,7 +107,7 @@ def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
     assert _ids(llm, params) == eager
-    draft_step, verify = backend.runners  # captured in this order: the drafter is built first
+    draft_step, verify, _ = backend.runners  # captured in this order: the drafter is built first
     assert verify.captured_sizes == (K + 1, 2 * (K + 1)) and draft_step.captured_sizes == (1, 2)
     assert verify.replays > 0 and draft_step.replays > 0
 
@@ -123,10 +124,12 @@ def test_plain_decoding_replays_a_one_token_step(llama_dir: str) -> None:
     assert runner.replays > 0 and runner.eager_calls == 0  # max_num_seqs=2: every batch fits a graph
 
 
-def test_steps_without_drafts_replay_the_verify_step(llama_dir: str) -> None:
+def test_steps_without_drafts_replay_the_one_token_step(llama_dir: str) -> None:
     """``set_speculation(False)`` on an engine whose verify step (K+1 tokens) was captured: steps without
-    drafts replay it with placeholders (they failed with "this captured step needs 4 token(s) per
-    request", then ran eagerly: on an H100 a 1B model's no-draft steps took ~100 ms instead of ~5 ms)."""
+    drafts replay the one-token step captured beside it, a plain step's cost (they first ran eagerly: on
+    an H100 a 1B model's no-draft steps took ~100 ms instead of ~5 ms; then they replayed the verify step
+    with placeholders, which made K = 0 cost a verify step, so adaptive drafting could not fall back to
+    plain decoding: 0.42x plain on the H200 at batch 64)."""
     eager = _ids(LLM(llama_dir, dtype="float64"), GREEDY)
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=2)
@@ -134,8 +137,11 @@ def test_steps_without_drafts_replay_the_verify_step(llama_dir: str) -> None:
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].error for o in outs] == [None] * len(PROMPTS)
     assert [o.outputs[0].token_ids for o in outs] == eager
-    runner = backend.runners[0]
-    assert runner.replays > 0 and runner.eager_calls == 0  # max_num_seqs=2: every step replayed
+    verify, plain = backend.runners
+    assert verify.replays == 0 and verify.eager_calls == 0
+    assert plain.replays > 0 and plain.eager_calls == 0  # max_num_seqs=2: every step replayed
+    llm.set_speculation(True)  # steps with drafts replay the verify step again
+    assert _ids(llm, GREEDY) == eager and verify.replays > 0
 
 
 def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
