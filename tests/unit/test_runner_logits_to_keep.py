@@ -37,9 +37,10 @@ def test_old_transformers_slicing_gives_the_same_tokens(
     import transformers.modeling_utils as modeling_utils
     import transformers.models.llama.modeling_llama as modeling_llama
 
+    if not boolean_logits_to_keep():  # make test-transformers-min: the release runs the old slicing itself
+        pytest.skip("this transformers release (5.17 or earlier) slices the old way: nothing to simulate")
     model = make_tiny_model(str(tmp_path), "llama")
     expected = [o.outputs[0].token_ids for o in LLM(model, speculative_config=spec).generate(PROMPTS, GREEDY)]
-    assert boolean_logits_to_keep()
     monkeypatch.delattr(modeling_utils, "slice_logits_to_keep")
     monkeypatch.setattr(modeling_llama, "slice_logits_to_keep", _old_slice)
     assert not boolean_logits_to_keep()
