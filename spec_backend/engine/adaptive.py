@@ -7,10 +7,14 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
 
 * ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the engine's
   running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean;
-* ``E_i(k)`` counts the drafts a request verified on average in the steps measured at ``k`` (``n(B, k)``),
-  not ``k``: a drafter may propose fewer than its budget (suffix and n-gram drafters often propose none
-  on open chat), and a budget whose drafts never come must not look as if it paid. Unmeasured lengths
-  take ``min(k, n(B, K))``;
+* ``E_i(k)`` counts the drafts requests verified in the steps measured at ``k``, not ``k``: a drafter may
+  propose fewer than its budget (suffix and n-gram drafters often propose none on open chat), and a
+  budget whose drafts never come must not look as if it paid. What counts is how often a request reached
+  each draft: with ``R_j(B, k)`` the share of requests that verified at least ``j`` drafts,
+  ``E_i(k) = sum_{j=0..k} a_i^j R_j(B, k)`` (``R_0 = 1``). The mean number of drafts alone would not do:
+  two drafts in a quarter of the steps are worth ``1 + (a + a^2) / 4``, far less than half a draft in
+  every step, ``(1 - a^1.5) / (1 - a)``, at a small ``a``. Unmeasured lengths take ``R_j(B, K)`` for
+  ``j <= k`` (a budget of ``k`` cuts the drafts a budget of ``K`` gets);
 * ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
   requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
   in turn, values between them are interpolated linearly, and every ``EXPLORE_EVERY`` steps the extreme
@@ -50,11 +54,29 @@ def expected_tokens(acceptance: float, k: float) -> float:
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def reached_tokens(acceptance: float, reach: Sequence[float]) -> float:
+    """Tokens a step emits on average when ``reach[j - 1]`` of the requests verify at least ``j`` drafts,
+    each accepted with probability ``acceptance``: ``1 + sum_j acceptance^j reach[j - 1]``."""
+    a = min(max(acceptance, 0.0), 1.0)
+    return 1.0 + sum(a ** (j + 1) * r for j, r in enumerate(reach))
+
+
+def reach_of(drafts: Sequence[int], k: int) -> list[float]:
+    """``[k]``: the share of requests whose verified drafts (``drafts``, one count per request) reach 1..k."""
+    n = max(len(drafts), 1)
+    return [sum(1 for d in drafts if d >= j) / n for j in range(1, k + 1)]
+
+
 @dataclass
 class _Timing:
     seconds: float
-    drafts: float  # drafts verified per request in these steps (moving average)
+    reach: list[float]  # [k] share of requests verifying at least 1..k drafts in these steps (moving average)
     samples: int = 1
+
+    @property
+    def drafts(self) -> float:
+        """Drafts verified per request on average (the sum of the shares)."""
+        return sum(self.reach)
 
 
 @dataclass
@@ -94,21 +116,21 @@ class AdaptiveDraftLength:
 
     def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
         """Expected tokens per second of the greedy requests with draft length ``k``."""
-        drafts = self._drafts(batch, k)
-        return sum(expected_tokens(a, drafts) for a in acceptances) / self._time(batch, k)
+        reach = self._reach(batch, k)
+        return sum(reached_tokens(a, reach) for a in acceptances) / self._time(batch, k)
 
-    def observe(self, batch: int, k: int, seconds: float, drafted: int, accepted: int) -> None:
+    def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
         """A decode step of ``batch`` requests with draft length ``k`` took ``seconds``; its requests
-        verified ``drafted`` drafts and accepted ``accepted``."""
-        self.drafted += drafted
+        verified ``drafts`` drafts (one count per request) and accepted ``accepted`` in all."""
+        self.drafted += sum(drafts)
         self.accepted += accepted
-        per_request = drafted / batch if batch else 0.0
+        reach = reach_of(drafts, k)
         timing = self.times.get((batch, k))
         if timing is None:
-            self.times[(batch, k)] = _Timing(seconds, per_request)
+            self.times[(batch, k)] = _Timing(seconds, reach)
         else:
             timing.seconds += EMA_WEIGHT * (seconds - timing.seconds)
-            timing.drafts += EMA_WEIGHT * (per_request - timing.drafts)
+            timing.reach = [r + EMA_WEIGHT * (n - r) for r, n in zip(timing.reach, reach, strict=True)]
             timing.samples += 1
 
     def _time(self, batch: int, k: int) -> float:
@@ -118,16 +140,16 @@ class AdaptiveDraftLength:
         low, high = self.times[(batch, 0)].seconds, self.times[(batch, self.k)].seconds
         return low + (high - low) * k / self.k
 
-    def _drafts(self, batch: int, k: int) -> float:
-        """Drafts a request verifies on average with draft length ``k`` (module docstring)."""
+    def _reach(self, batch: int, k: int) -> list[float]:
+        """``R_1 .. R_k`` of draft length ``k`` (module docstring): measured, else cut from ``K``'s."""
         measured = self.times.get((batch, k))
         if measured is not None and measured.samples >= MIN_SAMPLES:
-            return min(measured.drafts, float(k))
-        return min(float(k), self.times[(batch, self.k)].drafts)
+            return measured.reach
+        return self.times[(batch, self.k)].reach[:k]
 
     def _chose(self, k: int) -> int:
         self.chosen.append(k)
         return k
 
 
-__all__ = ["AdaptiveDraftLength", "expected_tokens"]
+__all__ = ["AdaptiveDraftLength", "expected_tokens", "reach_of", "reached_tokens"]

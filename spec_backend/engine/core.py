@@ -156,14 +156,15 @@ class EngineCore:
         if self.adaptive is None:
             self.stepper.decode(list(self.running))
             return
-        verified_k, total = self._next_k, self.metrics.total
-        drafted, accepted = total.num_draft_tokens, total.num_accepted_tokens
+        verified_k, running, total = self._next_k, list(self.running), self.metrics.total
+        accepted, drafted = total.num_accepted_tokens, [r.stats.num_draft_tokens for r in running]
         start = self.adaptive.clock()
-        self.stepper.decode(list(self.running))
+        self.stepper.decode(running)
         seconds = self.adaptive.clock() - start
         if verified_k == self._next_k:
-            drafted, accepted = total.num_draft_tokens - drafted, total.num_accepted_tokens - accepted
-            self.adaptive.observe(len(self.running), verified_k, seconds, drafted, accepted)
+            drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
+            accepted = total.num_accepted_tokens - accepted
+            self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
 
     def plan_draft_length(self, requests: list[Request]) -> None:
         """Before a decode step's draft-next: the draft length of its greedy requests (``K`` without

@@ -18,6 +18,8 @@ from spec_backend.engine.adaptive import (
     MIN_SAMPLES,
     AdaptiveDraftLength,
     expected_tokens,
+    reach_of,
+    reached_tokens,
 )
 from spec_backend.proposers.contract import DraftOutput
 from spec_backend.tools.tiny import make_tiny_model
@@ -39,15 +41,15 @@ def _measured(
     unless given: the drafter filled its budget); acceptance counts are left to ``acceptance_of``."""
     for k, seconds in times.items():
         for _ in range(MIN_SAMPLES):
-            policy.observe(batch, k, seconds, batch * (drafts or {}).get(k, k), 0)
+            policy.observe(batch, k, seconds, [(drafts or {}).get(k, k)] * batch, 0)
 
 
 def test_both_extremes_are_measured_first() -> None:
     policy = AdaptiveDraftLength(K)
     assert policy.choose(1, [0.5]) == K
-    policy.observe(1, K, 2.0, 0, 0)
+    policy.observe(1, K, 2.0, [0], 0)
     assert policy.choose(1, [0.5]) == K  # one sample is not enough
-    policy.observe(1, K, 2.0, 0, 0)
+    policy.observe(1, K, 2.0, [0], 0)
     assert policy.choose(1, [0.5]) == 0
     assert policy.choose(3, [0.5]) == K  # another batch size is measured on its own
 
@@ -83,6 +85,27 @@ def test_a_budget_the_drafter_does_not_fill_is_valued_at_the_drafts_it_gets() ->
     assert short.rate(1, K, [0.6]) == pytest.approx(expected_tokens(0.6, 1) / 1.7)
 
 
+def test_drafts_are_valued_by_how_often_each_one_comes_not_by_their_mean() -> None:
+    """Steps at K where one request in four verifies K drafts and the others none (a suffix drafter
+    that finds a match now and then) have a mean of one draft per request, like steps where every request
+    verifies one. At acceptance 0.6 the first are worth 1 + (0.6 + 0.36 + 0.216 + 0.13) / 4 = 1.33 tokens
+    per step at K and 1.15 at k = 1, the second 1.6 at every k >= 1. With a step at k = 1 costing 1.25
+    of a plain one (interpolated), only the second pays: the first chooses plain decoding, the second
+    k = 1 (negative control). Failed before: the mean alone (1.6 for both) chose k = 1 for both."""
+    rare, steady = AdaptiveDraftLength(K), AdaptiveDraftLength(K)
+    for policy, drafts in ((rare, [K, 0, 0, 0]), (steady, [1, 1, 1, 1])):
+        for _ in range(MIN_SAMPLES):
+            policy.observe(4, 0, 1.0, [0] * 4, 0)
+            policy.observe(4, K, 2.0, drafts, 0)
+    assert rare.times[(4, K)].drafts == steady.times[(4, K)].drafts == 1.0
+    assert rare.choose(4, [0.6] * 4) == 0
+    assert steady.choose(4, [0.6] * 4) == 1
+    assert rare.rate(4, 1, [0.6]) == pytest.approx(1.15 / 1.25)
+    assert reach_of([K, 0, 0, 0], K) == [0.25] * K
+    assert reached_tokens(0.6, [0.25] * K) == pytest.approx(1 + 0.25 * (0.6 + 0.36 + 0.216 + 0.1296))
+    assert reached_tokens(0.6, [1.0, 1.0]) == pytest.approx(expected_tokens(0.6, 2))
+
+
 def test_the_extreme_not_chosen_is_measured_again() -> None:
     """Every ``EXPLORE_EVERY`` steps, for ``EXPLORE_HOLD`` consecutive steps (one is never a sample)."""
     policy = AdaptiveDraftLength(K)
@@ -101,7 +124,7 @@ def test_without_greedy_requests_nothing_adapts() -> None:
 
 def test_a_request_starts_at_the_engines_mean_and_moves_with_its_own_counts() -> None:
     policy = AdaptiveDraftLength(K)
-    policy.observe(1, K, 1.0, 100, 80)
+    policy.observe(1, K, 1.0, [100], 80)
     assert policy.acceptance_of(0, 0) == pytest.approx(81 / 102)
     assert policy.acceptance_of(40, 0) < 0.2 < policy.acceptance_of(40, 40)
 
