@@ -17,8 +17,14 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
   ``j <= k`` (a budget of ``k`` cuts the drafts a budget of ``K`` gets);
 * ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
   requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
-  in turn, values between them are interpolated linearly, and every ``EXPLORE_EVERY`` steps the extreme
-  not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed.
+  in turn, values between them are interpolated linearly, and now and then the extreme not chosen is
+  measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed: first after
+  ``EXPLORE_EVERY`` steps, then twice as long after each re-measurement that left the choice as it was
+  (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it. On open chat, where
+  drafts rarely pay, a fixed period spent 3 steps in 32 verifying K drafts for nothing (~5 % of the time).
+* Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: step times are
+  moving averages over steps at different context lengths, on machines whose step times vary by more
+  than that, and a draft length chosen on noise loses what plain decoding would have kept.
 
 Only **greedy** requests adapt: their output is the target's argmax whatever is drafted, so the choice
 cannot change it. Sampled requests keep ``K``: which drafts are verified changes which random numbers a
@@ -37,6 +43,10 @@ from dataclasses import dataclass, field
 PRIOR_DRAFTS = 8
 #: steps between two measurements of the extreme not chosen
 EXPLORE_EVERY = 32
+#: the longest period between two re-measurements (module docstring)
+EXPLORE_MAX = 1024
+#: how much faster than plain decoding (k = 0) drafting must be predicted to be before it is chosen
+MARGIN = 1.05
 #: weight of a new measurement in the moving average
 EMA_WEIGHT = 0.25
 #: measurements of an extreme before it is trusted
@@ -89,6 +99,10 @@ class AdaptiveDraftLength:
     accepted: int = 0
     steps: int = 0
     chosen: list[int] = field(default_factory=list)  # the k of each step that adapted (for tests, logs)
+    period: int = EXPLORE_EVERY  # steps from the end of one re-measurement to the start of the next
+    next_explore: int = EXPLORE_EVERY  # the step at which the next re-measurement starts
+    explored_from: int | None = None  # during a re-measurement: the choice it started from
+    explore_end: int = 0  # during a re-measurement: its first step after it
     clock: Callable[[], float] = time.perf_counter  # what a step's time is read from (tests pass their own)
 
     @property
@@ -110,9 +124,22 @@ class AdaptiveDraftLength:
             if timing is None or timing.samples < MIN_SAMPLES:
                 return self._chose(extreme)
         best = max(range(self.k + 1), key=lambda k: self.rate(batch, k, acceptances))
-        if self.steps >= EXPLORE_EVERY and self.steps % EXPLORE_EVERY < EXPLORE_HOLD:
-            best = 0 if best else self.k
-        return self._chose(best)
+        if self.rate(batch, best, acceptances) < MARGIN * self.rate(batch, 0, acceptances):
+            best = 0  # a predicted gain inside the noise of the measurements
+        return self._chose(self._explored(best))
+
+    def _explored(self, best: int) -> int:
+        """``best``, or the extreme not chosen during a re-measurement (module docstring)."""
+        if self.explored_from is None and self.steps >= self.next_explore:
+            self.explored_from, self.explore_end = best, self.steps + EXPLORE_HOLD
+        if self.explored_from is None:
+            return best
+        if self.steps < self.explore_end:
+            return 0 if self.explored_from else self.k
+        same = best == self.explored_from
+        self.period = min(2 * self.period, EXPLORE_MAX) if same else EXPLORE_EVERY
+        self.next_explore, self.explored_from = self.steps + self.period, None
+        return best
 
     def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
         """Expected tokens per second of the greedy requests with draft length ``k``."""
