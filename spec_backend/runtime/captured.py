@@ -155,7 +155,13 @@ def maybe_capture(
     unless ``enforce_eager``, no backend is given, or the backend does not capture graphs."""
     if enforce_eager or backend is None:
         return None
-    if not backend.capture_policy(num_decoder_layers(runner.model.config)).enabled:
+    policy = backend.capture_policy(num_decoder_layers(runner.model.config))
+    if not policy.enabled:
+        return None
+    if policy.graph_budget == 0:  # earlier runners (a drafter's, the verify step's) took every graph
+        logger.warning(
+            "the %s backend has no graphs left to capture a %d-token step: it runs eagerly", backend.name, q
+        )
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
     try:

@@ -144,6 +144,35 @@ def test_steps_without_drafts_replay_the_one_token_step(llama_dir: str) -> None:
     assert _ids(llm, GREEDY) == eager and verify.replays > 0
 
 
+class _BudgetBackend(SimulatedGraphBackend):
+    """A backend with a graph budget shared by its runners (as Ascend's streams are)."""
+
+    def __init__(self, graphs: int) -> None:
+        super().__init__()
+        self.left = graphs
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        return CapturePolicy(max_capture_size=2 * (K + 1), graph_budget=self.left, enabled=True)
+
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        self.left -= len(capture_sizes)
+        return super().graph_runner(fn, capture_sizes)
+
+
+def test_without_graphs_left_the_one_token_step_runs_eagerly(llama_dir: str) -> None:
+    """The verify step's sizes take the whole budget: the one-token step is not captured (its capture
+    failed LLM(...) before: a budget of 0 graphs), and steps without drafts run eagerly."""
+    eager = _ids(LLM(llama_dir, dtype="float64"), GREEDY)
+    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=_BudgetBackend(2), max_num_seqs=2)
+    assert llm.engine.captured is not None and llm.engine.captured_plain is None
+    llm.set_speculation(False)
+    assert _ids(llm, GREEDY) == eager
+    roomy = LLM(
+        llama_dir, dtype="float64", speculative_config=NGRAM, backend=_BudgetBackend(4), max_num_seqs=2
+    )
+    assert roomy.engine.captured_plain is not None  # negative control: 2 graphs left, (1, 2) captured
+
+
 def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, speculative_config=NGRAM, backend=backend, enforce_eager=True)
