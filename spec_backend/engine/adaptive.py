@@ -17,11 +17,14 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
   ``j <= k`` (a budget of ``k`` cuts the drafts a budget of ``K`` gets);
 * ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
   requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
-  in turn, values between them are interpolated linearly, and now and then the extreme not chosen is
+  in turn, unmeasured values between them are interpolated linearly — or, on an engine whose verify
+  step is a captured graph of K+1 rows per request (``fixed_width``), taken as ``t(B, K)``, which any
+  step with drafts costs there — and now and then the extreme not chosen is
   measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed: first after
   ``EXPLORE_EVERY`` steps, then twice as long after each re-measurement that left the choice as it was
-  (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it. On open chat, where
-  drafts rarely pay, a fixed period spent 3 steps in 32 verifying K drafts for nothing (~5 % of the time).
+  (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the
+  batch size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period
+  spent 3 steps in 32 verifying K drafts for nothing (~5 % of the time).
 * Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: step times are
   moving averages over steps at different context lengths, on machines whose step times vary by more
   than that, and a draft length chosen on noise loses what plain decoding would have kept.
@@ -103,6 +106,8 @@ class AdaptiveDraftLength:
     next_explore: int = EXPLORE_EVERY  # the step at which the next re-measurement starts
     explored_from: int | None = None  # during a re-measurement: the choice it started from
     explore_end: int = 0  # during a re-measurement: its first step after it
+    explored_batch: int = 0  # during a re-measurement: the batch size it started at
+    fixed_width: bool = False  # every step with drafts replays a K+1-rows-per-request graph
     clock: Callable[[], float] = time.perf_counter  # what a step's time is read from (tests pass their own)
 
     @property
@@ -126,18 +131,20 @@ class AdaptiveDraftLength:
         best = max(range(self.k + 1), key=lambda k: self.rate(batch, k, acceptances))
         if self.rate(batch, best, acceptances) < MARGIN * self.rate(batch, 0, acceptances):
             best = 0  # a predicted gain inside the noise of the measurements
-        return self._chose(self._explored(best))
+        return self._chose(self._explored(batch, best))
 
-    def _explored(self, best: int) -> int:
+    def _explored(self, batch: int, best: int) -> int:
         """``best``, or the extreme not chosen during a re-measurement (module docstring)."""
         if self.explored_from is None and self.steps >= self.next_explore:
             self.explored_from, self.explore_end = best, self.steps + EXPLORE_HOLD
+            self.explored_batch = batch
         if self.explored_from is None:
             return best
         if self.steps < self.explore_end:
             return 0 if self.explored_from else self.k
-        same = best == self.explored_from
-        self.period = min(2 * self.period, EXPLORE_MAX) if same else EXPLORE_EVERY
+        if batch == self.explored_batch:  # else the two choices are of different batch sizes
+            same = best == self.explored_from
+            self.period = min(2 * self.period, EXPLORE_MAX) if same else EXPLORE_EVERY
         self.next_explore, self.explored_from = self.steps + self.period, None
         return best
 
@@ -165,7 +172,7 @@ class AdaptiveDraftLength:
         if measured is not None and measured.samples >= MIN_SAMPLES:
             return measured.seconds
         low, high = self.times[(batch, 0)].seconds, self.times[(batch, self.k)].seconds
-        return low + (high - low) * k / self.k
+        return high if self.fixed_width and k else low + (high - low) * k / self.k
 
     def _reach(self, batch: int, k: int) -> list[float]:
         """``R_1 .. R_k`` of draft length ``k`` (module docstring): measured, else cut from ``K``'s."""

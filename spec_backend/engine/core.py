@@ -153,7 +153,7 @@ class EngineCore:
             self.stepper.decode(list(self.running))
             self.confidence.observe(tokens, self.confidence.clock() - start)
             return
-        if self.adaptive is None:
+        if self.adaptive is None or self.speculation_disabled:  # a step without speculation is no sample
             self.stepper.decode(list(self.running))
             return
         verified_k, running, total = self._next_k, list(self.running), self.metrics.total

@@ -218,6 +218,8 @@ class LLM:
         engine.captured = maybe_capture(runner, self.backend, q, engine.max_num_seqs, eager, tree is not None)
         if engine.captured is not None and tree is None and q > 1:  # steps without drafts replay this one
             engine.captured_plain = maybe_capture(runner, self.backend, 1, engine.max_num_seqs, eager)
+            if engine.adaptive is not None:  # a step with any drafts replays the K+1-token graph
+                engine.adaptive.fixed_width = True
         return engine
 
     def _drafter_context(

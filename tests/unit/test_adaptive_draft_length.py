@@ -136,18 +136,57 @@ def test_the_extreme_not_chosen_is_measured_again_ever_less_often_while_it_chang
     assert explored == [s + h for s in starts for h in hold]
 
 
+def _explore_unchanged(policy: AdaptiveDraftLength, batch: int = 1) -> None:
+    """Steps at plain decoding up to and through one re-measurement that leaves the choice as it was."""
+    while policy.explored_from is None:
+        assert policy.choose(batch, [0.1]) in (0, K)
+    while policy.explored_from is not None:
+        policy.choose(batch, [0.1])
+
+
 def test_a_re_measurement_that_changes_the_choice_resets_the_period() -> None:
-    """Drafting became cheap while it was off (the load fell): the re-measurement finds K faster and
-    chooses it, and the next re-measurement comes ``EXPLORE_EVERY`` steps later again."""
+    """Two re-measurements that change nothing double the period twice (128); then drafting has become
+    cheap (the load fell): the third finds K faster, chooses it, and the period is ``EXPLORE_EVERY``
+    again. Keeping the period instead of resetting it fails this."""
     policy = AdaptiveDraftLength(K)
     _measured(policy, 1, {0: 1.0, K: 9.0})
-    choices = [policy.choose(1, [0.9]) for _ in range(EXPLORE_EVERY - 1)]
-    assert set(choices) == {0}
+    _explore_unchanged(policy)
+    _explore_unchanged(policy)
+    assert policy.period == 4 * EXPLORE_EVERY
+    while policy.steps + 1 < policy.next_explore:
+        assert policy.choose(1, [0.9]) == 0
     for _ in range(EXPLORE_HOLD):
         assert policy.choose(1, [0.9]) == K
         policy.observe(1, K, 0.1, [K], 0)  # K drafts now cost less than a plain step did
     assert policy.choose(1, [0.9]) != 0 and policy.period == EXPLORE_EVERY
-    assert policy.next_explore == EXPLORE_EVERY + EXPLORE_HOLD + EXPLORE_EVERY
+    assert policy.next_explore == policy.steps + EXPLORE_EVERY
+
+
+def test_a_re_measurement_across_batch_sizes_leaves_the_period() -> None:
+    """A request left during the re-measurement: its choice before and after are of different batch
+    sizes, so neither a doubling nor a reset follows from comparing them."""
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, {0: 1.0, K: 9.0})
+    _measured(policy, 2, {0: 1.0, K: 1.0})  # at two requests drafting pays
+    _explore_unchanged(policy)
+    assert policy.period == 2 * EXPLORE_EVERY
+    while policy.explored_from is None:
+        policy.choose(1, [0.1])
+    while policy.explored_from is not None:
+        policy.choose(2, [0.9, 0.9])  # ends choosing K at two requests, from 0 at one
+    assert policy.chosen[-1] != 0 and policy.period == 2 * EXPLORE_EVERY
+
+
+def test_a_captured_verify_step_costs_the_same_for_every_draft_length() -> None:
+    """With ``fixed_width`` (a captured K+1-token verify graph) an unmeasured k in 1..K-1 costs t(K), not
+    a share of it: at acceptance 0.35 one draft is worth 1.35 tokens, 1.08x plain at the interpolated
+    1.25 but 0.68x at K's 2.0 — plain decoding is chosen (negative control: interpolating chooses 1)."""
+    flat, sloped = AdaptiveDraftLength(K, fixed_width=True), AdaptiveDraftLength(K)
+    for policy in (flat, sloped):
+        _measured(policy, 1, {0: 1.0, K: 2.0})
+    assert flat.choose(1, [0.35]) == 0
+    assert sloped.choose(1, [0.35]) == 1
+    assert flat.rate(1, 1, [0.35]) == pytest.approx(1.35 / 2.0)
 
 
 def test_without_greedy_requests_nothing_adapts() -> None:
@@ -296,3 +335,23 @@ def test_sampled_requests_keep_k(target: str) -> None:
         outputs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params)])
         assert all(b[1] == K for b in budgets[1:30])  # the sampled request (slot 1), far from its end
     assert outputs[0][1] == outputs[1][1]
+
+
+def test_steps_without_speculation_are_no_samples(target: str) -> None:
+    """``set_speculation(False)`` (or ``disable_by_batch_size``): the steps draft nothing and, on a graph
+    engine, replay the one-token step; recorded under the last planned length, they corrupted its time and
+    drafts (failed before: 7 samples)."""
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": K,
+        "prompt_lookup_min": 1,
+        "adaptive_draft_length": True,
+    }
+    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm.set_speculation(False)
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
+    adaptive = llm.engine.adaptive
+    assert adaptive is not None and adaptive.times == {}
+    llm.set_speculation(True)  # negative control: speculative steps are samples
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
+    assert sum(t.samples for t in adaptive.times.values()) > 0
