@@ -90,6 +90,14 @@ def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
     return replace(inputs, tokens=tokens, probs=probs)
 
 
+def _fewer_rows(plain: CapturedDecode | None, verify: CapturedDecode, requests: list[Request]) -> bool:
+    """Whether the one-token graph replays fewer rows than the verify graph for these requests (a backend
+    short of graphs may have captured only its largest size)."""
+    rows = plain.padded_tokens(len(requests)) if plain is not None else None
+    widest = verify.padded_tokens(len(requests))
+    return rows is not None and (widest is None or rows <= widest)
+
+
 class Stepper:
     """Runs the prefill and decode stages of ``EngineCore.step`` (see the module docstring)."""
 
@@ -135,7 +143,11 @@ class Stepper:
         if engine.tree is not None and not last_only:
             return self._run_tree(start, requests, inputs)
         captured = engine.captured if not last_only and start == 0 else None
-        if captured is not None and engine.captured_plain is not None and not any(inputs.counts):
+        if (
+            captured is not None
+            and not any(inputs.counts)
+            and _fewer_rows(engine.captured_plain, captured, requests)
+        ):
             captured = engine.captured_plain  # no drafts: the one-token step, a plain step's cost
             inputs = replace(inputs, tokens=inputs.tokens[:, :1])  # [B, 1]
         if captured is not None:  # every request q tokens: placeholders where drafts are missing (an

@@ -20,7 +20,7 @@ import logging
 import torch
 
 from spec_backend.backends.base import Backend, GraphRunner
-from spec_backend.graphs import plan_capture_sizes
+from spec_backend.graphs import padded_size, plan_capture_sizes
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
 from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput
@@ -56,6 +56,10 @@ class CapturedDecode:
             example |= {"tree": eye, "depths": torch.zeros(largest, dtype=torch.int64, device=device)}
         self.graph.capture(example)
         logger.info("captured a %d-token-per-request step for %s tokens", q, self.capture_sizes)
+
+    def padded_tokens(self, num_requests: int) -> int | None:
+        """The captured size a step of ``num_requests`` requests replays (``None``: it runs eagerly)."""
+        return padded_size(num_requests * self.q, self.graph.capture_sizes)
 
     def _forward(
         self,
@@ -160,12 +164,14 @@ def maybe_capture(
         return None
     if policy.graph_budget == 0:  # earlier runners (a drafter's, the verify step's) took every graph
         logger.warning(
-            "the %s backend has no graphs left to capture a %d-token step: it runs eagerly", backend.name, q
+            "the %s backend has no graphs left: the %d-token step is not captured", backend.name, q
         )
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
     try:
         return CapturedDecode(runner, backend, q, max_num_seqs, tree)
+    except torch.OutOfMemoryError:
+        raise  # the way out is memory (max_num_seqs, the KV cache's share), not enforce_eager alone
     except Exception as exc:  # an op of the model that cannot be captured: say so, and the way out
         raise GraphCaptureError(
             f"capturing the decode step of {type(runner.model).__name__} as graphs on the {backend.name} "

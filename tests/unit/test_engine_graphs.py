@@ -159,18 +159,36 @@ class _BudgetBackend(SimulatedGraphBackend):
         return super().graph_runner(fn, capture_sizes)
 
 
-def test_without_graphs_left_the_one_token_step_runs_eagerly(llama_dir: str) -> None:
+def test_without_graphs_left_the_one_token_step_is_not_captured(llama_dir: str) -> None:
     """The verify step's sizes take the whole budget: the one-token step is not captured (its capture
-    failed LLM(...) before: a budget of 0 graphs), and steps without drafts run eagerly."""
+    failed LLM(...) before: a budget of 0 graphs), and steps without drafts replay the verify step."""
     eager = _ids(LLM(llama_dir, dtype="float64"), GREEDY)
-    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=_BudgetBackend(2), max_num_seqs=2)
+    backend = _BudgetBackend(2)
+    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=2)
     assert llm.engine.captured is not None and llm.engine.captured_plain is None
     llm.set_speculation(False)
     assert _ids(llm, GREEDY) == eager
+    (verify,) = backend.runners
+    assert verify.replays > 0 and verify.eager_calls == 0
     roomy = LLM(
         llama_dir, dtype="float64", speculative_config=NGRAM, backend=_BudgetBackend(4), max_num_seqs=2
     )
     assert roomy.engine.captured_plain is not None  # negative control: 2 graphs left, (1, 2) captured
+
+
+def test_the_one_token_step_is_replayed_only_where_it_has_fewer_rows(llama_dir: str) -> None:
+    """One graph left for the one-token step: only its largest size (8 rows) is captured. A lone
+    request's no-draft step replays the verify graph (4 rows) instead; three requests (12 verify rows,
+    above the largest verify size) replay the one-token graph."""
+    backend = _BudgetBackend(3)
+    llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=8)
+    verify, plain = backend.runners
+    assert verify.captured_sizes == (K + 1, 2 * (K + 1)) and plain.captured_sizes == (8,)
+    llm.set_speculation(False)
+    one = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:1], GREEDY)]
+    assert plain.replays == 0 and verify.replays > 0
+    every = _ids(llm, GREEDY)
+    assert plain.replays > 0 and every[0] == one[0]
 
 
 def test_enforce_eager_turns_capture_off(llama_dir: str) -> None:
