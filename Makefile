@@ -29,14 +29,15 @@ test: $(STAMP)
 # written against one release broke on the other. Installed beside .venv, first on PYTHONPATH.
 TF_MIN := .venv-tfmin
 TF_MIN_PINS := transformers==5.17.0 huggingface_hub==1.33.0
+TF_MIN_STAMP := $(TF_MIN)/.installed-$(subst ==,-,$(subst $() ,_,$(TF_MIN_PINS)))
 TF_MIN_TESTS := tests/unit/test_models_hybrid.py tests/unit/test_models_sliding.py \
 	tests/unit/test_models_deepseek.py tests/unit/test_window_cache.py tests/unit/test_recurrent_rollback.py \
 	tests/unit/test_drafter_mtp.py tests/unit/test_drafter_mtp_layouts.py tests/unit/test_engine_graphs.py \
 	tests/unit/test_drafter_eagle3.py tests/unit/test_drafter_dflash.py tests/unit/test_engine_trees.py \
 	backends/cuda/tests/test_cuda_engine_cpu.py
 test-transformers-min: $(STAMP)
-	test -f $(TF_MIN)/.installed || ($(PY) -m pip install -q --no-deps --target $(TF_MIN) $(TF_MIN_PINS) \
-		&& touch $(TF_MIN)/.installed)
+	test -f $(TF_MIN_STAMP) || (rm -rf $(TF_MIN) && $(PY) -m pip install -q --no-deps --target $(TF_MIN) \
+		$(TF_MIN_PINS) && touch $(TF_MIN_STAMP))
 	PYTHONPATH=$(TF_MIN) $(PY) -c "import transformers as t; assert t.__version__ == '5.17.0', t.__version__"
 	PYTHONPATH=$(TF_MIN) $(PY) -m pytest -q -p no:cacheprovider $(TF_MIN_TESTS)
 

@@ -246,6 +246,7 @@ def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backen
                     max_num_seqs=max(args.batches),
                     dtype=args.dtype,
                     log_stats_interval=None,
+                    enable_prefix_caching=False,  # the warm-up wave would leave the timed one cache hits
                     **kwargs,
                 )
             except Exception as exc:  # e.g. the bundled GGUF is not installed: report, go on

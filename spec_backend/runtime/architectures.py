@@ -69,8 +69,9 @@ def resolved_layer_types(config: Any) -> list[str]:
         layer_types, _ = get_layer_types_and_kwargs(config)
         # transformers 5.17 and earlier drop the layers that share another's cache (Gemma 3n) from the
         # end of the list instead of naming them "dummy"
-        missing = int(getattr(config, "num_hidden_layers", len(layer_types))) - len(layer_types)
-        return [str(t) for t in layer_types] + ["dummy"] * max(missing, 0)
+        shared = int(getattr(config, "num_kv_shared_layers", 0) or 0)
+        dropped = len(layer_types) + shared == int(getattr(config, "num_hidden_layers", -1))
+        return [str(t) for t in layer_types] + ["dummy"] * (shared if dropped else 0)
     except (ImportError, AttributeError, TypeError):  # an older transformers: read the config alone
         types = getattr(config, "layer_types", None)
         if types:
