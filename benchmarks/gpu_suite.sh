@@ -84,7 +84,8 @@ stage trees.txt "${TREES_SECONDS:-120}" $PY benchmarks/bench_trees.py --backend 
     --tokens "${ENGINE_TOKENS:-64}" --runs 3
 # the cuda tier, and the triton sampler's unit tests with compiled kernels (tests/unit run them interpreted)
 stage pytest.log "${PYTEST_SECONDS:-170}" $PY -m pytest -p no:cacheprovider -q -rfEs \
-    ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py}
+    ${PYTEST_TARGETS:-backends/cuda/tests tests/unit/test_triton_sampler.py tests/unit/test_triton_fused_verify.py \
+        tests/unit/test_tree_ops.py}
 [ -n "${ENGINE2_MODELS-}" ] && engine engine-2.txt "${ENGINE2_SECONDS:-$BUDGET}" "$ENGINE2_MODELS" "${ENGINE2_ARGS-}"
 stage sampler.txt "${SAMPLER_SECONDS:-200}" $PY benchmarks/bench_sampler_bandwidth.py --iters "${SAMPLER_ITERS:-30}" \
     --vocab-splits "${SAMPLER_SPLITS:-32}" ${SAMPLER_ARGS---composed}
