@@ -1,15 +1,17 @@
 """Token trees against chains at the same verify budget (#42): acceptance length and tokens per second.
 
-Trained heads do not exist offline, so the head is constructed: the target is SmolLM2-135M-shaped
-(Llama, hidden 576, 30 layers, 9 heads / 3 KV heads) with a 4096-token vocabulary and every layer's
-output projections zeroed, so its next token depends on the current token alone and it still costs a
-full forward; the head is a DeepSpec-format DSpark head whose Markov table holds that target's bigram
-table with the two best tokens swapped after every other token (``--swap-every``), so its first choice is
-wrong there and its second right — where trees are meant to help. Reference backend (``--backend``: the
-cpu backend's packed-layer path picks up the zeroed layers and changes the target). Greedy, batch 1 and 4,
-one prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
-engine (no speculation) measured in the same run as the peer. Each row says whether its steps replayed
-captured graphs (``--backend cuda``: the tree verify step is captured at 1 + nodes tokens per request).
+Trained heads do not exist offline, so the head is constructed: the target is SmolLM2-135M-shaped (Llama,
+hidden 576, 30 layers, 9 heads / 3 KV heads) with a 4096-token vocabulary and every layer's output
+projections zeroed, so its next token depends on the current token alone and it still costs a full
+forward; the head is a DeepSpec-format DSpark head whose Markov table holds that target's bigram table
+with the two best tokens swapped after every other token (``--swap-every``), so its first choice is wrong
+there and its second right — where trees are meant to help. Reference backend (``--backend``: the cpu
+backend's packed-layer path picks up the zeroed layers and changes the target). Greedy, batch 1 and 4, one
+prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
+engine (no speculation) measured in the same run as the peer; ``ms/step``, the median over the runs of the
+decode steps' mean wall time, reads the step's cost apart from prefill and the wave's start. Each row says
+whether its steps replayed captured graphs (``--backend cuda``: the tree verify step is captured at 1 +
+nodes tokens per request).
 
 Rows: plain decoding; the chain of K=3 and of K=6 (the tree's verify budget); the 6-node tree
 ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3). Run: ``python benchmarks/bench_trees.py``.
@@ -62,23 +64,40 @@ def _sizes() -> dict[str, Any]:
 
 def measure(
     target: str, spec: dict[str, Any] | None, batch: int, tokens: int, runs: int, backend: str
-) -> tuple[float, float, float, str]:
-    """(median tokens/s, mean acceptance length, verified draft tokens per step, graphs on or eager)."""
+) -> tuple[float, float, float, float, str]:
+    """(median tokens/s, mean acceptance length, verified draft tokens per step, median ms per decode
+    step, graphs on or eager). The warm-up is the timed wave itself (every graph size and kernel met)."""
     from spec_backend import LLM, SamplingParams
+    from spec_backend.testing.host_reads import wrapped_decode
 
     llm = LLM(target, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, backend=backend)
     graphs = "graphs on" if llm.engine.captured is not None else "eager"
     prompts = [[(7 * b + 3 * i) % SHAPE["vocab_size"] for i in range(32)] for b in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
-    rates = []
+    llm.generate(prompts, params)  # warm-up
+    rates, step_ms = [], []
     for _ in range(runs):
+        steps: list[float] = []
+
+        def timed(step: Any, out: list[float] = steps) -> None:
+            t0 = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - t0)
+
         start = time.perf_counter()
-        llm.generate(prompts, params)
+        with wrapped_decode(llm, timed):
+            llm.generate(prompts, params)
         rates.append(batch * tokens / (time.perf_counter() - start))
+        step_ms.append(1e3 * sum(steps) / max(len(steps), 1))
     total = llm.metrics.total
     per_step = total.num_draft_tokens / total.num_drafts if total.num_drafts else 0.0
-    return statistics.median(rates), total.mean_acceptance_length, per_step, graphs
+    return (
+        statistics.median(rates),
+        total.mean_acceptance_length,
+        per_step,
+        statistics.median(step_ms),
+        graphs,
+    )
 
 
 def main() -> None:
@@ -112,17 +131,17 @@ def main() -> None:
         )
         print(
             f"{'batch':>5} {'row':<24} {'tok/s':>8} {'x plain':>8} {'accept len':>11} {'verified/step':>14}"
-            "  step"
+            f" {'ms/step':>8}  step"
         )
         for batch in args.batches:
             plain = None
             for name, spec in rows.items():
-                rate, length, per_step, graphs = measure(
+                rate, length, per_step, ms, graphs = measure(
                     target, spec, batch, args.tokens, args.runs, args.backend
                 )
                 plain = rate if plain is None else plain
                 ratio = rate / plain
-                cells = f"{rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f}"
+                cells = f"{rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f} {ms:>8.2f}"
                 print(f"{batch:>5} {name:<24} {cells}  {graphs}")
 
 
