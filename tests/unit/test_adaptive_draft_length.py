@@ -250,15 +250,18 @@ def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
     drafter.propose = charged
 
 
+#: ngram with adaptive drafting, every suffix of one token or more looked up
+ADAPTIVE_NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": K,
+    "prompt_lookup_min": 1,
+    "adaptive_draft_length": True,
+}
+
+
 def _costly_adaptive_ngram(target: str) -> LLM:
     """An adaptive ngram engine whose drafts cost 0.2 of a step each and are never accepted."""
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": K,
-        "prompt_lookup_min": 1,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
     _charged(llm, 0.2, wrong=True)
     return llm
 
@@ -341,13 +344,7 @@ def test_steps_without_speculation_are_no_samples(target: str) -> None:
     """``set_speculation(False)`` (or ``disable_by_batch_size``): the steps draft nothing and, on a graph
     engine, replay the one-token step; recorded under the last planned length, they corrupted its time and
     drafts (failed before: 7 samples)."""
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": K,
-        "prompt_lookup_min": 1,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
     llm.set_speculation(False)
     llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
     adaptive = llm.engine.adaptive
