@@ -43,7 +43,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,7 @@ from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
 from engine_table import Row, format_table, vs_peer  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
-from spec_backend.testing.host_reads import reads_per_decode_step, wrapped_decode  # noqa: E402
+from spec_backend.testing.host_reads import decode_step_seconds, reads_per_decode_step  # noqa: E402
 
 #: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
 LLAMA_1B = {
@@ -205,15 +204,8 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens
-    steps: list[float] = []
-
-    def timed(step: Callable[[], None]) -> None:
-        t0 = time.perf_counter()
-        step()
-        steps.append(time.perf_counter() - t0)
-
     start = time.perf_counter()
-    with wrapped_decode(llm, timed):
+    with decode_step_seconds(llm) as steps:
         outs = llm.generate(prompts[:batch], params)
     seconds = time.perf_counter() - start
     drafts = llm.metrics.total.num_drafts - before[0]

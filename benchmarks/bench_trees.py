@@ -68,7 +68,7 @@ def measure(
     """(median tokens/s, mean acceptance length, verified draft tokens per step, median ms per decode
     step, graphs on or eager). The warm-up is the timed wave itself (every graph size and kernel met)."""
     from spec_backend import LLM, SamplingParams
-    from spec_backend.testing.host_reads import wrapped_decode
+    from spec_backend.testing.host_reads import decode_step_seconds
 
     llm = LLM(target, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, backend=backend)
     graphs = "graphs on" if llm.engine.captured is not None else "eager"
@@ -77,15 +77,8 @@ def measure(
     llm.generate(prompts, params)  # warm-up
     rates, step_ms = [], []
     for _ in range(runs):
-        steps: list[float] = []
-
-        def timed(step: Any, out: list[float] = steps) -> None:
-            t0 = time.perf_counter()
-            step()
-            out.append(time.perf_counter() - t0)
-
         start = time.perf_counter()
-        with wrapped_decode(llm, timed):
+        with decode_step_seconds(llm) as steps:
             llm.generate(prompts, params)
         rates.append(batch * tokens / (time.perf_counter() - start))
         step_ms.append(1e3 * sum(steps) / max(len(steps), 1))

@@ -5,12 +5,13 @@ the device. ``HostReads`` counts the calls that turn a tensor into host values (
 ``cpu``, ``numpy``, ``bool``, ``int``, ``float``, ``index``) while it is active (``CallCounter`` counts
 any other set of torch functions the same way); ``reads_per_decode_step`` applies it to every decode step
 of a ``generate`` call, through ``wrapped_decode``, which runs a callback around each decode step (the
-benchmarks time steps with it). Used by the step-sync and plugin tests and by ``benchmarks/`` (syncs and
-time per step on the GPU).
+benchmarks time steps with it, ``decode_step_seconds``). Used by the step-sync and plugin tests and by
+``benchmarks/`` (syncs and time per step on the GPU).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -65,6 +66,20 @@ def wrapped_decode(llm: Any, around: Callable[[Callable[[], None]], None]) -> It
         yield
     finally:
         del stepper.decode  # the class's method again
+
+
+@contextmanager
+def decode_step_seconds(llm: Any) -> Iterator[list[float]]:
+    """While active, the wall time of each decode step of ``llm`` is appended to the list it yields."""
+    seconds: list[float] = []
+
+    def timed(step: Callable[[], None]) -> None:
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+
+    with wrapped_decode(llm, timed):
+        yield seconds
 
 
 def reads_per_decode_step(llm: Any, prompts: Any, params: Any) -> list[int]:
