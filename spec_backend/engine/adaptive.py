@@ -60,9 +60,9 @@ MIN_SAMPLES = 2
 EXPLORE_HOLD = MIN_SAMPLES + 1
 
 
-def expected_tokens(acceptance: float, k: float) -> float:
+def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``
-    (``k`` may be a mean number of drafts: the formula is smooth in it)."""
+    (exactly ``k`` every step; ``reached_tokens`` when the number of drafts varies)."""
     a = min(max(acceptance, 0.0), 1.0)
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
