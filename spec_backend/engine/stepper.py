@@ -254,6 +254,8 @@ class Stepper:
             requests=requests,
             budgets=budgets,
         )
+        if not any(budgets) and self._followed(requests, drafter.follow(inputs)):
+            return  # no drafts: ``pending.take`` left every count of these slots at 0
         try:
             if engine.tree is not None:  # the tree's nodes within each budget's depth
                 out = engine.tree.draft(drafter, inputs)
@@ -266,11 +268,17 @@ class Stepper:
                 if not request.finished:
                     request.fail(f"drafter failed: {_error_text(exc)}")
             return
-        for request, error in zip(requests, out.errors, strict=False):
-            if error is not None and not request.finished:
-                request.fail(error)
+        self._followed(requests, out.errors)
         lengths = engine.verify_lengths(requests, out, budgets)
         engine.pending.store(result.batch.start, out, lengths, engine.runner.vocab_size)
+
+    @staticmethod
+    def _followed(requests: list[Request], errors: tuple[str | None, ...] | None) -> bool:
+        """Fail the requests the drafter reported failing; whether it reported at all."""
+        for request, error in zip(requests, errors or (), strict=False):
+            if error is not None and not request.finished:
+                request.fail(error)
+        return errors is not None
 
 
 __all__ = ["Stepper"]

@@ -164,6 +164,15 @@ class Drafter(ABC):
         del request
         return None
 
+    def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
+        """A step that drafts for no request (every budget is 0: adaptive drafting chose plain decoding,
+        or speculation is off for the batch): take in the accepted tokens without drafting and return the
+        per-request failures (``None``: none), so the step costs what a plain step does. ``None`` instead
+        (the default) has the engine call ``propose`` as usual: a drafter whose state advances with its
+        own forward or the target's hidden states (a draft model's KV cache) cannot skip it."""
+        del inputs
+        return None
+
     @abstractmethod
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         """Drafts for the next step of ``inputs.requests`` (see the module docstring)."""
@@ -236,6 +245,11 @@ class HostDrafter(Drafter):
             except Exception as exc:
                 errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
         return ids, errors
+
+    def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
+        """The proposer sees each request's appended tokens; nothing is looked up or packed (a host
+        proposer's state is its requests' tokens, and ``propose`` only reads it)."""
+        return tuple(self._update(inputs)[1])
 
     def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
         """Each request's subtree of the static tree that its proposer finds (``Proposer.propose_tree``);

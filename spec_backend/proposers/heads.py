@@ -44,6 +44,10 @@ class HeadDrafter(Drafter):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head ``i`` on ``state`` and the previous tokens ``[B]`` -> (next state, logits ``[B, V]``)."""
 
+    def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
+        """Nothing to keep up with: the heads read only the step's hidden states."""
+        return (None,) * len(inputs.requests)
+
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         final = inputs.target.final  # [N, H]
