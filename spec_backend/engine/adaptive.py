@@ -2,8 +2,8 @@
 
 Speculation pays when the tokens a step emits grow faster than its time. For a request whose drafts are
 accepted with probability ``a`` each, ``k`` drafts emit ``E(k) = (1 - a^(k+1)) / (1 - a)`` tokens per step
-on average; a step of ``B`` requests with ``k`` drafts each takes ``t(B, k)`` seconds. Each step this module
-picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
+on average; a step of ``B`` requests with ``k`` drafts each takes ``rho(B, k)`` times a plain step. Each
+step this module picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / rho(B, k)``:
 
 * ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the engine's
   running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean;
@@ -15,25 +15,33 @@ picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / t(B, k)``:
   two drafts in a quarter of the steps are worth ``1 + (a + a^2) / 4``, far less than half a draft in
   every step, ``(1 - a^1.5) / (1 - a)``, at a small ``a``. Unmeasured lengths take ``R_j(B, K)`` for
   ``j <= k`` (a budget of ``k`` cuts the drafts a budget of ``K`` gets);
-* ``t(B, k)`` is measured: an exponential moving average of the wall time of decode steps of ``B``
-  requests that drafted ``k``; until ``k = 0`` and ``k = K`` have been measured at ``B`` they are tried
-  in turn, unmeasured values between them are interpolated linearly — or, on an engine whose verify
-  step is a captured graph of K+1 rows per request (``fixed_width``), taken as ``t(B, K)``, which any
+* a step's time is measured **against plain decoding's at the same moment**: ``rho(B, k)``, the time of a
+  step of ``B`` requests that drafted ``k`` over that of the plain steps (``k = 0``) of the last
+  ``REFERENCE_AGE`` steps, is a moving average of such ratios, and a step with no plain step that recent
+  is no sample of it. Absolute times would not do: a decode step's time grows with the context (on the
+  AVX2 demo from 6.3 ms at a short prompt to 11-12 ms at a code edit's) and drifts with the machine's
+  load, so the times of two lengths measured during different prompts compared prompts, not lengths
+  (plain decoding once measured 18 ms during code edits against 11 ms for one draft during chat, and one
+  draft was chosen where it verified almost none). Plain decoding is measured first, then ``K`` right
+  after it; unmeasured values between them are interpolated linearly — or, on an engine whose verify
+  step is a captured graph of K+1 rows per request (``fixed_width``), taken as ``rho(B, K)``, which any
   step with drafts costs there — and now and then the extreme not chosen is
-  measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed: first after
+  measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed (and, while
+  drafting is chosen, plain decoding is measured anew for the ratios): first after
   ``EXPLORE_EVERY`` steps, then twice as long after each re-measurement that left the choice as it was
   (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the
   batch size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period
   spent 3 steps in 32 verifying K drafts for nothing (~5 % of the time).
-* Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: step times are
-  moving averages over steps at different context lengths, on machines whose step times vary by more
-  than that, and a draft length chosen on noise loses what plain decoding would have kept.
+* Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: the ratios are
+  moving averages of single steps, on machines whose step times vary by more than that from one step to
+  the next, and a draft length chosen on noise loses what plain decoding would have kept.
 
 Only **greedy** requests adapt: their output is the target's argmax whatever is drafted, so the choice
 cannot change it. Sampled requests keep ``K``: which drafts are verified changes which random numbers a
 seeded request uses, and a time-based choice would make its tokens depend on the machine's load.
 
-Glossary: *draft length* — drafts budgeted to a request for one step (``k``; the drafter may propose fewer).
+Glossary: *draft length* — drafts budgeted to a request for one step (``k``; the drafter may propose fewer);
+*plain step* — a decode step that verified no drafts (``k = 0``), the unit step times are measured in.
 """
 
 from __future__ import annotations
@@ -54,6 +62,10 @@ MARGIN = 1.05
 EMA_WEIGHT = 0.25
 #: measurements of an extreme before it is trusted
 MIN_SAMPLES = 2
+#: steps after a plain step during which a drafting step's time is compared with it (module docstring)
+REFERENCE_AGE = 8
+#: weight of a new plain step in the reference (recent plain steps count: the context and the load drift)
+REFERENCE_WEIGHT = 0.5
 #: consecutive steps one re-measurement lasts: the step that switches verifies the drafts planned at the
 #: old length and is no sample (the engine attributes a step only when it verifies and drafts one length),
 #: so a one-step exploration was never measured and the extremes kept their first, warm-up times
@@ -82,9 +94,10 @@ def reach_of(drafts: Sequence[int], k: int) -> list[float]:
 
 @dataclass
 class _Timing:
-    seconds: float
+    ratio: float  # the step's time over a plain step's at the same moment (moving average; 1 at k = 0)
     reach: list[float]  # [k] share of requests verifying at least 1..k drafts in these steps (moving average)
-    samples: int = 1
+    samples: int = 0  # steps timed against a recent plain step
+    reached: int = 1  # steps whose drafts ``reach`` counts (every attributed step)
 
     @property
     def drafts(self) -> float:
@@ -93,11 +106,18 @@ class _Timing:
 
 
 @dataclass
+class _Reference:
+    seconds: float  # a plain step's time now (moving average over recent plain steps)
+    step: int  # the step that measured it last
+
+
+@dataclass
 class AdaptiveDraftLength:
     """The draft-length policy of one engine (module docstring)."""
 
     k: int
-    times: dict[tuple[int, int], _Timing] = field(default_factory=dict)  # (batch, k) -> step time
+    times: dict[tuple[int, int], _Timing] = field(default_factory=dict)  # (batch, k) -> relative step time
+    references: dict[int, _Reference] = field(default_factory=dict)  # batch -> the latest plain steps' time
     drafted: int = 0  # every verified draft so far
     accepted: int = 0
     steps: int = 0
@@ -124,7 +144,7 @@ class AdaptiveDraftLength:
         self.steps += 1
         if not acceptances or self.k == 0:
             return self.k
-        for extreme in (self.k, 0):  # measure both extremes first
+        for extreme in (0, self.k):  # plain decoding first: drafting is timed against it
             timing = self.times.get((batch, extreme))
             if timing is None or timing.samples < MIN_SAMPLES:
                 return self._chose(extreme)
@@ -149,35 +169,43 @@ class AdaptiveDraftLength:
         return best
 
     def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
-        """Expected tokens per second of the greedy requests with draft length ``k``."""
+        """Expected tokens of the greedy requests per plain step's time with draft length ``k``."""
         reach = self._reach(batch, k)
-        return sum(reached_tokens(a, reach) for a in acceptances) / self._time(batch, k)
+        return sum(reached_tokens(a, reach) for a in acceptances) / self._ratio(batch, k)
 
     def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
         """A decode step of ``batch`` requests with draft length ``k`` took ``seconds``; its requests
         verified ``drafts`` drafts (one count per request) and accepted ``accepted`` in all."""
         self.drafted += sum(drafts)
         self.accepted += accepted
-        reach = reach_of(drafts, k)
-        timing = self.times.get((batch, k))
-        if timing is None:
-            self.times[(batch, k)] = _Timing(seconds, reach)
-        else:
-            timing.seconds += EMA_WEIGHT * (seconds - timing.seconds)
-            timing.reach = [r + EMA_WEIGHT * (n - r) for r, n in zip(timing.reach, reach, strict=True)]
+        reference = self.references.get(batch)
+        if reference is not None and self.steps - reference.step > REFERENCE_AGE:
+            reference = None  # too old to compare with (module docstring)
+        if k == 0:
+            now = seconds if reference is None else reference.seconds
+            self.references[batch] = _Reference(now + REFERENCE_WEIGHT * (seconds - now), self.steps)
+        ratio = 1.0 if k == 0 else None if reference is None else seconds / reference.seconds
+        timing = self.times.setdefault((batch, k), _Timing(1.0, reach_of(drafts, k), 0, 0))
+        if timing.reached:
+            timing.reach = [
+                r + EMA_WEIGHT * (n - r) for r, n in zip(timing.reach, reach_of(drafts, k), strict=True)
+            ]
+        timing.reached += 1
+        if ratio is not None:
+            timing.ratio = timing.ratio + EMA_WEIGHT * (ratio - timing.ratio) if timing.samples else ratio
             timing.samples += 1
 
-    def _time(self, batch: int, k: int) -> float:
+    def _ratio(self, batch: int, k: int) -> float:
         measured = self.times.get((batch, k))
         if measured is not None and measured.samples >= MIN_SAMPLES:
-            return measured.seconds
-        low, high = self.times[(batch, 0)].seconds, self.times[(batch, self.k)].seconds
-        return high if self.fixed_width and k else low + (high - low) * k / self.k
+            return measured.ratio
+        high = self.times[(batch, self.k)].ratio
+        return high if self.fixed_width and k else 1.0 + (high - 1.0) * k / self.k
 
     def _reach(self, batch: int, k: int) -> list[float]:
         """``R_1 .. R_k`` of draft length ``k`` (module docstring): measured, else cut from ``K``'s."""
         measured = self.times.get((batch, k))
-        if measured is not None and measured.samples >= MIN_SAMPLES:
+        if measured is not None and measured.reached >= MIN_SAMPLES:
             return measured.reach
         return self.times[(batch, self.k)].reach[:k]
 

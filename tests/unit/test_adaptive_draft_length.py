@@ -17,6 +17,7 @@ from spec_backend.engine.adaptive import (
     EXPLORE_HOLD,
     MARGIN,
     MIN_SAMPLES,
+    REFERENCE_AGE,
     AdaptiveDraftLength,
     expected_tokens,
     reach_of,
@@ -46,13 +47,60 @@ def _measured(
 
 
 def test_both_extremes_are_measured_first() -> None:
+    """Plain decoding first, then ``K``: a drafting step's time is a ratio to the plain steps before it."""
     policy = AdaptiveDraftLength(K)
-    assert policy.choose(1, [0.5]) == K
-    policy.observe(1, K, 2.0, [0], 0)
-    assert policy.choose(1, [0.5]) == K  # one sample is not enough
-    policy.observe(1, K, 2.0, [0], 0)
     assert policy.choose(1, [0.5]) == 0
-    assert policy.choose(3, [0.5]) == K  # another batch size is measured on its own
+    policy.observe(1, 0, 2.0, [0], 0)
+    assert policy.choose(1, [0.5]) == 0  # one sample is not enough
+    policy.observe(1, 0, 2.0, [0], 0)
+    assert policy.choose(1, [0.5]) == K
+    policy.observe(1, K, 3.0, [K], 0)
+    assert policy.choose(1, [0.5]) == K
+    policy.observe(1, K, 3.0, [K], 0)
+    assert policy.times[(1, K)].ratio == pytest.approx(1.5) and policy.times[(1, K)].samples == MIN_SAMPLES
+    assert policy.choose(3, [0.5]) == 0  # another batch size is measured on its own
+
+
+def _drifting(
+    policy: AdaptiveDraftLength, steps: int, ratios: dict[int, float], acceptance: float
+) -> list[int]:
+    """``steps`` choose-and-observe rounds on a machine whose plain step grows from 1 s by 2 % a step (a
+    growing context, a load coming on); a step at ``k`` takes ``ratios[k]`` (``k`` in 0 and ``K``,
+    linear between) times it, and its requests verify ``k`` drafts. The choices."""
+    for step in range(steps):
+        k = policy.choose(1, [acceptance])
+        ratio = 1.0 + (ratios[K] - 1.0) * k / K
+        policy.observe(1, k, (1.0 + 0.02 * step) * ratio, [k], 0)
+    return policy.chosen
+
+
+@pytest.mark.parametrize(("ratio", "drafting"), [(1.2, True), (3.0, False)])
+def test_lengths_are_timed_against_plain_steps_of_the_same_moment(ratio: float, drafting: bool) -> None:
+    """Drafts accepted at 0.6 (K of them emit 2.31 tokens a step): at 1.2 plain steps per K step, K pays
+    1.9x and is kept while the plain step's time grows fourfold; at 3.0 (negative control) drafting never
+    pays. Failed before, when each length kept its absolute time from whenever it was last measured: the
+    drift made lengths measured earlier look cheaper, and the choice wandered over 1..K (K in 40 % of the
+    steps where it pays; some drafting in 69 % of those where none pays)."""
+    chosen = _drifting(AdaptiveDraftLength(K), 160, {0: 1.0, K: ratio}, 0.6)
+    late = chosen[20:]
+    if drafting:
+        assert late.count(K) / len(late) > 0.9
+    else:
+        assert sum(1 for k in late if k) / len(late) < 0.1
+
+
+def test_a_drafting_step_long_after_the_last_plain_step_is_no_sample() -> None:
+    """Its time is compared with nothing as recent (``REFERENCE_AGE`` steps): a plain step then would
+    have been slower or faster by the drift since."""
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, {0: 1.0, K: 1.2})
+    for _ in range(REFERENCE_AGE + 1):
+        policy.choose(1, [0.6])
+    policy.observe(1, K, 9.0, [K], 0)
+    assert policy.times[(1, K)].samples == MIN_SAMPLES and policy.times[(1, K)].ratio == pytest.approx(1.2)
+    policy.observe(1, 0, 1.0, [0], 0)  # negative control: after a plain step, it is
+    policy.observe(1, K, 9.0, [K], 0)
+    assert policy.times[(1, K)].samples == MIN_SAMPLES + 1 and policy.times[(1, K)].ratio > 1.2
 
 
 @pytest.mark.parametrize(
@@ -138,10 +186,18 @@ def test_the_extreme_not_chosen_is_measured_again_ever_less_often_while_it_chang
 
 def _explore_unchanged(policy: AdaptiveDraftLength, batch: int = 1) -> None:
     """Steps at plain decoding up to and through one re-measurement that leaves the choice as it was."""
-    while policy.explored_from is None:
-        assert policy.choose(batch, [0.1]) in (0, K)
-    while policy.explored_from is not None:
-        policy.choose(batch, [0.1])
+    while True:
+        k = policy.choose(batch, [0.1])
+        assert k in (0, K)
+        policy.observe(batch, k, 1.0 if k == 0 else 9.0, [k] * batch, 0)
+        if policy.explored_from is None and k == 0 and policy.chosen[-2:-1] == [K]:
+            return
+
+
+def _plain_step(policy: AdaptiveDraftLength, batch: int = 1, acceptance: float = 0.1) -> None:
+    """A step that chooses plain decoding, timed at 1 s."""
+    assert policy.choose(batch, [acceptance] * batch) == 0
+    policy.observe(batch, 0, 1.0, [0] * batch, 0)
 
 
 def test_a_re_measurement_that_changes_the_choice_resets_the_period() -> None:
@@ -154,7 +210,7 @@ def test_a_re_measurement_that_changes_the_choice_resets_the_period() -> None:
     _explore_unchanged(policy)
     assert policy.period == 4 * EXPLORE_EVERY
     while policy.steps + 1 < policy.next_explore:
-        assert policy.choose(1, [0.9]) == 0
+        _plain_step(policy, acceptance=0.9)
     for _ in range(EXPLORE_HOLD):
         assert policy.choose(1, [0.9]) == K
         policy.observe(1, K, 0.1, [K], 0)  # K drafts now cost less than a plain step did
@@ -259,6 +315,11 @@ ADAPTIVE_NGRAM = {
 }
 
 
+#: an engine's first choices: plain decoding, then K, each one step more than ``MIN_SAMPLES`` (the step that
+#: switches verifies the drafts planned at the length before, so it is not a sample)
+MEASURED = [0] * (MIN_SAMPLES + 1) + [K] * (MIN_SAMPLES + 1)
+
+
 def _costly_adaptive_ngram(target: str) -> LLM:
     """An adaptive ngram engine whose drafts cost 0.2 of a step each and are never accepted."""
     llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
@@ -273,7 +334,8 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
     plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     assert got == plain  # greedy: the output does not depend on the draft length
     adaptive = llm.engine.adaptive
-    assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES].count(K) == MIN_SAMPLES
+    # plain decoding first, then K (the first step of each verifies the length before it: no sample)
+    assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES + 2] == MEASURED
     assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
 
 
@@ -308,10 +370,8 @@ def test_drafts_that_pay_are_kept(target: str) -> None:
     _charged(llm, 0.05, wrong=False)  # a step with K drafts takes 1.2 times one without
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
     adaptive = llm.engine.adaptive
-    # K twice, then 0 three times (the step that switches verifies K drafts, so it is not a sample of 0)
-    measured = [K] * MIN_SAMPLES + [0] * (MIN_SAMPLES + 1)
-    assert adaptive is not None and adaptive.chosen[: len(measured)] == measured
-    assert set(adaptive.chosen[len(measured) :]) == {K}, adaptive.chosen
+    assert adaptive is not None and adaptive.chosen[: len(MEASURED)] == MEASURED
+    assert set(adaptive.chosen[len(MEASURED) :]) == {K}, adaptive.chosen
 
 
 def test_sampled_requests_keep_k(target: str) -> None:
