@@ -1,38 +1,41 @@
 """Adaptive draft length: how many drafts greedy requests get each step, chosen by measured cost.
 
-Speculation pays when the tokens a step emits grow faster than its time. For a request whose drafts are
-accepted with probability ``a`` each, ``k`` drafts emit ``E(k) = (1 - a^(k+1)) / (1 - a)`` tokens per step
-on average; a step of ``B`` requests with ``k`` drafts each takes ``rho(B, k)`` times a plain step. Each
-step this module picks the ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / rho(B, k)``:
+Speculation pays when the tokens a step emits grow faster than its time. Each step this module picks the
+draft length ``k`` in ``0..K`` that maximises ``sum_i E_i(k) / C(B, k)`` over the greedy requests ``i`` of a
+batch of ``B``: the tokens a step emits over its cost, in plain steps.
 
-* ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the engine's
-  running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean;
-* ``E_i(k)`` counts the drafts requests verified in the steps measured at ``k``, not ``k``: a drafter may
-  propose fewer than its budget (suffix and n-gram drafters often propose none on open chat), and a
-  budget whose drafts never come must not look as if it paid. What counts is how often a request reached
-  each draft: with ``R_j(B, k)`` the share of requests that verified at least ``j`` drafts,
-  ``E_i(k) = sum_{j=0..k} a_i^j R_j(B, k)`` (``R_0 = 1``). The mean number of drafts alone would not do:
-  two drafts in a quarter of the steps are worth ``1 + (a + a^2) / 4``, far less than half a draft in
-  every step, ``(1 - a^1.5) / (1 - a)``, at a small ``a``. Unmeasured lengths take ``R_j(B, K)`` for
-  ``j <= k`` (a budget of ``k`` cuts the drafts a budget of ``K`` gets);
-* a step's time is measured **against plain decoding's at the same moment**: ``rho(B, k)``, the time of a
-  step of ``B`` requests that drafted ``k`` over that of the plain steps (``k = 0``) of the last
-  ``REFERENCE_AGE`` steps, is a moving average of such ratios, and a step with no plain step that recent
-  is no sample of it. Absolute times would not do: a decode step's time grows with the context (on the
-  AVX2 demo from 6.3 ms at a short prompt to 11-12 ms at a code edit's) and drifts with the machine's
-  load, so the times of two lengths measured during different prompts compared prompts, not lengths
+* **Acceptance.** ``a_i`` is the request's own acceptance so far (accepted / drafted), pulled towards the
+  engine's running mean by ``PRIOR_DRAFTS`` pseudo-drafts, so a new request starts at the engine's mean.
+  While plain decoding is chosen nothing is verified, so a host drafter is still asked now and then and its
+  drafts are checked against the tokens the request then emits (``shadow_drafts``): a greedy request's
+  tokens do not depend on its drafts, so that count is what a verify step would have found.
+* **Reach.** A drafter may propose fewer drafts than its budget (suffix and n-gram drafters often none on
+  open chat). ``R_j(B)`` is the share of requests whose drafter proposed at least ``j`` drafts (a moving
+  average per ``j``, from verify steps whose budget reached ``j`` and from shadows), and
+  ``E_i(k) = sum_{j=0..k} a_i^j R_j`` (``R_0 = 1``). The mean number of drafts alone would not do: two
+  drafts in a quarter of the steps are worth ``1 + (a + a^2) / 4``, far less than half a draft in every
+  step, ``(1 - a^1.5) / (1 - a)``, at a small ``a``.
+* **Cost.** What a step costs depends on the drafts it verifies, not on its budget: an eager step computes
+  one row per query token, so ``C(B, k) = 1 + s(B) * sum_{j<=k} R_j`` with ``s`` the extra time of one
+  draft row per request; on an engine whose verify step is a captured graph of K+1 rows per request
+  (``fixed_width``) any step with a draft replays it and one without replays the one-token step, so
+  ``C(B, k) = 1 + s(B) * (1 - (1 - R_1)^B)`` with ``s`` the verify graph's extra. ``s`` is measured
+  **against plain steps of the same moment**: a step that verified ``x > 0`` drafts and took ``t``
+  against ``t_0``, the plain steps' time over the last ``REFERENCE_AGE`` steps (every step verifying no
+  draft is one), gives ``(t / t_0 - 1) * B / x`` (flat: ``t / t_0 - 1``), and ``s`` is their moving
+  average; a step with no plain step that recent is no sample. Absolute times would not do: a decode
+  step's time grows with the context (on the AVX2 demo from 6.3 ms at a short prompt to 11-12 ms at a
+  code edit's) and drifts with the load, so lengths timed during different prompts compared prompts
   (plain decoding once measured 18 ms during code edits against 11 ms for one draft during chat, and one
-  draft was chosen where it verified almost none). Plain decoding is measured first, then ``K`` right
-  after it; unmeasured values between them are interpolated linearly — or, on an engine whose verify
-  step is a captured graph of K+1 rows per request (``fixed_width``), taken as ``rho(B, K)``, which any
-  step with drafts costs there — and now and then the extreme not chosen is
-  measured again for ``EXPLORE_HOLD`` steps, so a change of load or acceptance is noticed (and, while
-  drafting is chosen, plain decoding is measured anew for the ratios): first after
-  ``EXPLORE_EVERY`` steps, then twice as long after each re-measurement that left the choice as it was
-  (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the
-  batch size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period
-  spent 3 steps in 32 verifying K drafts for nothing (~5 % of the time).
-* Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: the ratios are
+  draft was chosen where it verified almost none).
+* **Measuring.** Plain decoding is measured first, then ``K`` until its drafts have been timed; now and
+  then the extreme not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load is
+  noticed (and, while drafting is chosen, plain decoding is timed anew): first after ``EXPLORE_EVERY``
+  steps, then twice as long after each re-measurement that left the choice as it was (up to
+  ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the batch
+  size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period spent
+  3 steps in 32 verifying K drafts for nothing (~5 % of the time).
+* Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: the costs are
   moving averages of single steps, on machines whose step times vary by more than that from one step to
   the next, and a draft length chosen on noise loses what plain decoding would have kept.
 
@@ -41,7 +44,8 @@ cannot change it. Sampled requests keep ``K``: which drafts are verified changes
 seeded request uses, and a time-based choice would make its tokens depend on the machine's load.
 
 Glossary: *draft length* — drafts budgeted to a request for one step (``k``; the drafter may propose fewer);
-*plain step* — a decode step that verified no drafts (``k = 0``), the unit step times are measured in.
+*plain step* — a decode step that verified no draft, the unit costs are measured in; *draft row* — a
+query row a verify step adds for one draft.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from spec_backend.engine.shadow_drafts import ShadowDrafts, ShadowRequest
 
 #: pseudo-drafts at the engine's mean acceptance added to each request's own counts
 PRIOR_DRAFTS = 8
@@ -58,17 +64,16 @@ EXPLORE_EVERY = 32
 EXPLORE_MAX = 1024
 #: how much faster than plain decoding (k = 0) drafting must be predicted to be before it is chosen
 MARGIN = 1.05
-#: weight of a new measurement in the moving average
+#: weight of a new measurement in the moving averages
 EMA_WEIGHT = 0.25
-#: measurements of an extreme before it is trusted
+#: measurements (plain steps, drafting steps) before they are trusted
 MIN_SAMPLES = 2
 #: steps after a plain step during which a drafting step's time is compared with it (module docstring)
 REFERENCE_AGE = 8
 #: weight of a new plain step in the reference (recent plain steps count: the context and the load drift)
 REFERENCE_WEIGHT = 0.5
-#: consecutive steps one re-measurement lasts: the step that switches verifies the drafts planned at the
-#: old length and is no sample (the engine attributes a step only when it verifies and drafts one length),
-#: so a one-step exploration was never measured and the extremes kept their first, warm-up times
+#: consecutive steps one re-measurement lasts: the drafts of the step that switches are verified by the
+#: next one, so a one-step exploration timed nothing
 EXPLORE_HOLD = MIN_SAMPLES + 1
 
 
@@ -87,28 +92,36 @@ def reached_tokens(acceptance: float, reach: Sequence[float]) -> float:
 
 
 def reach_of(drafts: Sequence[int], k: int) -> list[float]:
-    """``[k]``: the share of requests whose verified drafts (``drafts``, one count per request) reach 1..k."""
+    """``[k]``: the share of requests whose drafts (``drafts``, one count per request) reach 1..k."""
     n = max(len(drafts), 1)
     return [sum(1 for d in drafts if d >= j) / n for j in range(1, k + 1)]
 
 
 @dataclass
-class _Timing:
-    ratio: float  # the step's time over a plain step's at the same moment (moving average; 1 at k = 0)
-    reach: list[float]  # [k] share of requests verifying at least 1..k drafts in these steps (moving average)
-    samples: int = 0  # steps timed against a recent plain step
-    reached: int = 1  # steps whose drafts ``reach`` counts (every attributed step)
+class _Batch:
+    """What is measured at one batch size (module docstring)."""
+
+    reach: list[float]  # [K] R_j: share of requests proposed at least j drafts (moving averages)
+    reached: list[int]  # [K] samples of each R_j
+    slope: float = (
+        0.0  # s: extra time of a draft row per request (fixed_width: of a verify step), plain steps
+    )
+    samples: int = 0  # drafting steps timed against a recent plain step
+    plain: int = 0  # plain steps timed
+    reference: float = 0.0  # a plain step's time now (moving average over recent plain steps)
+    reference_step: int = -(2**62)  # the step that timed it last
 
     @property
     def drafts(self) -> float:
-        """Drafts verified per request on average (the sum of the shares)."""
+        """Drafts proposed per request on average at ``K`` (the sum of the shares)."""
         return sum(self.reach)
 
-
-@dataclass
-class _Reference:
-    seconds: float  # a plain step's time now (moving average over recent plain steps)
-    step: int  # the step that measured it last
+    def add_reach(self, drafts: Sequence[int], k: int) -> None:
+        """Requests were proposed ``drafts`` drafts (one count each) under a budget of ``k``: R_1..R_k."""
+        for j, share in enumerate(reach_of(drafts, k)):
+            old = self.reach[j]
+            self.reach[j] = old + EMA_WEIGHT * (share - old) if self.reached[j] else share
+            self.reached[j] += 1
 
 
 @dataclass
@@ -116,9 +129,8 @@ class AdaptiveDraftLength:
     """The draft-length policy of one engine (module docstring)."""
 
     k: int
-    times: dict[tuple[int, int], _Timing] = field(default_factory=dict)  # (batch, k) -> relative step time
-    references: dict[int, _Reference] = field(default_factory=dict)  # batch -> the latest plain steps' time
-    drafted: int = 0  # every verified draft so far
+    batches: dict[int, _Batch] = field(default_factory=dict)  # batch size -> its measurements
+    drafted: int = 0  # every verified (or shadow) draft so far
     accepted: int = 0
     steps: int = 0
     chosen: list[int] = field(default_factory=list)  # the k of each step that adapted (for tests, logs)
@@ -129,14 +141,27 @@ class AdaptiveDraftLength:
     explored_batch: int = 0  # during a re-measurement: the batch size it started at
     fixed_width: bool = False  # every step with drafts replays a K+1-rows-per-request graph
     clock: Callable[[], float] = time.perf_counter  # what a step's time is read from (tests pass their own)
+    shadows: ShadowDrafts = field(
+        default_factory=ShadowDrafts
+    )  # drafts not verified, checked (shadow_drafts)
 
     @property
     def mean_acceptance(self) -> float:
         return (self.accepted + 1) / (self.drafted + 2)  # Laplace: 0.5 before any draft
 
-    def acceptance_of(self, drafted: int, accepted: int) -> float:
-        """A request's acceptance estimate from its own counts and the engine's mean."""
+    def acceptance_of(self, drafted: int, accepted: int, request_id: str | None = None) -> float:
+        """A request's acceptance estimate from its own counts (and its resolved shadows') and the
+        engine's mean."""
+        shadow_drafted, shadow_accepted = self.shadows.counts_of(request_id) if request_id else (0, 0)
+        drafted, accepted = drafted + shadow_drafted, accepted + shadow_accepted
         return (accepted + PRIOR_DRAFTS * self.mean_acceptance) / (drafted + PRIOR_DRAFTS)
+
+    def batch(self, batch: int) -> _Batch:
+        """The measurements at ``batch`` requests (empty at first)."""
+        found = self.batches.get(batch)
+        if found is None:
+            found = self.batches[batch] = _Batch([0.0] * self.k, [0] * self.k)
+        return found
 
     def choose(self, batch: int, acceptances: Sequence[float]) -> int:
         """The draft length of the next step for a batch of ``batch`` requests, ``acceptances`` those of
@@ -144,12 +169,15 @@ class AdaptiveDraftLength:
         self.steps += 1
         if not acceptances or self.k == 0:
             return self.k
-        for extreme in (0, self.k):  # plain decoding first: drafting is timed against it
-            timing = self.times.get((batch, extreme))
-            if timing is None or timing.samples < MIN_SAMPLES:
-                return self._chose(extreme)
-        best = max(range(self.k + 1), key=lambda k: self.rate(batch, k, acceptances))
-        if self.rate(batch, best, acceptances) < MARGIN * self.rate(batch, 0, acceptances):
+        measured = self.batch(batch)
+        fresh = self.steps - measured.reference_step <= REFERENCE_AGE
+        if measured.plain < MIN_SAMPLES or (measured.samples < MIN_SAMPLES and not fresh):
+            return self._chose(0)  # plain decoding first: drafting is timed against it
+        if measured.samples < MIN_SAMPLES:
+            return self._chose(self.k)
+        rates = self.rates(batch, acceptances)
+        best = max(range(self.k + 1), key=rates.__getitem__)
+        if rates[best] < MARGIN * rates[0]:
             best = 0  # a predicted gain inside the noise of the measurements
         return self._chose(self._explored(batch, best))
 
@@ -170,44 +198,66 @@ class AdaptiveDraftLength:
 
     def rate(self, batch: int, k: int, acceptances: Sequence[float]) -> float:
         """Expected tokens of the greedy requests per plain step's time with draft length ``k``."""
-        reach = self._reach(batch, k)
-        return sum(reached_tokens(a, reach) for a in acceptances) / self._ratio(batch, k)
+        return self.rates(batch, acceptances)[k]
+
+    def rates(self, batch: int, acceptances: Sequence[float]) -> list[float]:
+        """``[K + 1]``: ``rate`` of every draft length, in one pass over the requests (each step)."""
+        reach = self.batch(batch).reach
+        tokens = [float(len(acceptances))] * (self.k + 1)  # sum_i E_i(k)
+        for acceptance in acceptances:
+            a = min(max(acceptance, 0.0), 1.0)
+            power, gained = 1.0, 0.0
+            for j, share in enumerate(reach):
+                power *= a
+                gained += power * share
+                tokens[j + 1] += gained
+        return [t / self.cost(batch, k) for k, t in enumerate(tokens)]
+
+    def cost(self, batch: int, k: int) -> float:
+        """``C(B, k)``: a step's expected time with draft length ``k``, in plain steps (module docstring)."""
+        measured = self.batch(batch)
+        if k == 0:
+            return 1.0
+        if self.fixed_width:
+            return 1.0 + measured.slope * (1.0 - (1.0 - measured.reach[0]) ** batch)
+        return 1.0 + measured.slope * sum(measured.reach[:k])
 
     def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
-        """A decode step of ``batch`` requests with draft length ``k`` took ``seconds``; its requests
-        verified ``drafts`` drafts (one count per request) and accepted ``accepted`` in all."""
+        """A decode step of ``batch`` requests that verified ``drafts`` drafts (one count per request,
+        under draft length ``k``) and accepted ``accepted`` in all took ``seconds``."""
         self.drafted += sum(drafts)
         self.accepted += accepted
-        reference = self.references.get(batch)
-        if reference is not None and self.steps - reference.step > REFERENCE_AGE:
-            reference = None  # too old to compare with (module docstring)
-        if k == 0:
-            now = seconds if reference is None else reference.seconds
-            self.references[batch] = _Reference(now + REFERENCE_WEIGHT * (seconds - now), self.steps)
-        ratio = 1.0 if k == 0 else None if reference is None else seconds / reference.seconds
-        timing = self.times.setdefault((batch, k), _Timing(1.0, reach_of(drafts, k), 0, 0))
-        if timing.reached:
-            timing.reach = [
-                r + EMA_WEIGHT * (n - r) for r, n in zip(timing.reach, reach_of(drafts, k), strict=True)
-            ]
-        timing.reached += 1
-        if ratio is not None:
-            timing.ratio = timing.ratio + EMA_WEIGHT * (ratio - timing.ratio) if timing.samples else ratio
-            timing.samples += 1
+        measured = self.batch(batch)
+        measured.add_reach(drafts, k)
+        rows = sum(drafts)
+        fresh = self.steps - measured.reference_step <= REFERENCE_AGE
+        if not rows:  # a plain step: the reference
+            now = measured.reference if fresh else seconds
+            measured.reference = now + REFERENCE_WEIGHT * (seconds - now)
+            measured.reference_step, measured.plain = self.steps, measured.plain + 1
+            return
+        if not fresh:
+            return  # too long after a plain step to compare with it (module docstring)
+        extra = seconds / measured.reference - 1.0
+        slope = extra if self.fixed_width else extra * batch / rows
+        measured.slope = measured.slope + EMA_WEIGHT * (slope - measured.slope) if measured.samples else slope
+        measured.samples += 1
 
-    def _ratio(self, batch: int, k: int) -> float:
-        measured = self.times.get((batch, k))
-        if measured is not None and measured.samples >= MIN_SAMPLES:
-            return measured.ratio
-        high = self.times[(batch, self.k)].ratio
-        return high if self.fixed_width and k else 1.0 + (high - 1.0) * k / self.k
+    def resolve_shadows(self, requests: Sequence[ShadowRequest]) -> None:
+        """Count the shadows of ``requests`` that their tokens since decide (``shadow_drafts``)."""
+        drafted, accepted = self.shadows.resolve(requests)
+        self.drafted += drafted
+        self.accepted += accepted
 
-    def _reach(self, batch: int, k: int) -> list[float]:
-        """``R_1 .. R_k`` of draft length ``k`` (module docstring): measured, else cut from ``K``'s."""
-        measured = self.times.get((batch, k))
-        if measured is not None and measured.reached >= MIN_SAMPLES:
-            return measured.reach
-        return self.times[(batch, self.k)].reach[:k]
+    def observe_shadows(
+        self, batch: int, requests: Sequence[ShadowRequest], drafts: Sequence[Sequence[int]]
+    ) -> None:
+        """A step of ``batch`` requests drafted ``drafts`` for ``requests`` (their budgets were 0) without
+        verifying them: kept as shadows, and their numbers are how far a budget of ``K`` reaches."""
+        for request, draft in zip(requests, drafts, strict=True):
+            self.shadows.record(request, draft, self.steps)
+        if requests:
+            self.batch(batch).add_reach([len(d) for d in drafts], self.k)
 
     def _chose(self, k: int) -> int:
         self.chosen.append(k)

@@ -145,8 +145,7 @@ class EngineCore:
         return finished
 
     def _timed_decode(self) -> None:
-        """One decode step; with adaptive drafting, its time is measured for the draft length it verified
-        (steps that verify one length and draft another are not attributed)."""
+        """One decode step; with adaptive drafting, its time is measured with the drafts it verified."""
         if self.confidence is not None and self.confidence.timed:
             tokens = len(self.running) + self.pending.total
             start = self.confidence.clock()
@@ -161,10 +160,9 @@ class EngineCore:
         start = self.adaptive.clock()
         self.stepper.decode(running)
         seconds = self.adaptive.clock() - start
-        if verified_k == self._next_k:
-            drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
-            accepted = total.num_accepted_tokens - accepted
-            self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
+        drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
+        accepted = total.num_accepted_tokens - accepted
+        self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
 
     def plan_draft_length(self, requests: list[Request]) -> None:
         """Before a decode step's draft-next: the draft length of its greedy requests (``K`` without
@@ -172,9 +170,36 @@ class EngineCore:
         if self.adaptive is None:
             return
         greedy = [r for r in requests if not r.finished and r.params.temperature == 0]
+        self.adaptive.resolve_shadows(greedy)
         estimate = self.adaptive.acceptance_of
-        acceptances = [estimate(r.stats.num_draft_tokens, r.stats.num_accepted_tokens) for r in greedy]
+        acceptances = [
+            estimate(r.stats.num_draft_tokens, r.stats.num_accepted_tokens, r.request_id) for r in greedy
+        ]
         self._next_k = self.adaptive.choose(len(requests), acceptances)
+
+    def shadow_budgets(self, requests: list[Request]) -> tuple[int, ...] | None:
+        """For a step that drafts for no request: ``K`` for the greedy requests due a shadow, 0 for the
+        others (``shadow_drafts.py``); ``None`` when none is due or nothing adapts."""
+        adaptive = self.adaptive
+        if adaptive is None or self.tree is not None or self.speculation_disabled:
+            return None
+        budgets = tuple(
+            self._budget(r, self.k)
+            if r.params.temperature == 0 and adaptive.shadows.due(r, adaptive.steps)
+            else 0
+            for r in requests
+        )
+        return budgets if any(budgets) else None
+
+    def record_shadows(
+        self, requests: list[Request], budgets: tuple[int, ...], drafts: list[list[int]]
+    ) -> None:
+        """The drafts of a step's shadows (``shadow_budgets``), kept for the adaptive policy."""
+        assert self.adaptive is not None
+        shadowed = [b for b, budget in enumerate(budgets) if budget]
+        self.adaptive.observe_shadows(
+            len(requests), [requests[b] for b in shadowed], [drafts[b] for b in shadowed]
+        )
 
     def _admit(self, requests: list[Request]) -> None:
         for request in requests:
@@ -206,10 +231,13 @@ class EngineCore:
         """Drafts worth proposing: a step verifying ``b`` drafts emits up to ``b + 1`` tokens (the accepted
         drafts, then the bonus token), and neither ``max_tokens`` nor ``max_model_len`` may be passed, so
         ``b + 1`` is at most what is left of each."""
+        k = self._next_k if self.adaptive is not None and request.params.temperature == 0 else self.k
+        return self._budget(request, k)
+
+    def _budget(self, request: Request, k: int) -> int:
         if request.finished:
             return 0
         room = self.max_model_len - request.num_tokens
-        k = self._next_k if self.adaptive is not None and request.params.temperature == 0 else self.k
         return max(0, min(k, request.remaining - 1, room - 1))
 
     @property
@@ -237,6 +265,8 @@ class EngineCore:
     def _forget(self, request: Request, report: bool) -> None:
         if self.prefix is not None:
             self.prefix.forget(request.request_id)
+        if self.adaptive is not None:
+            self.adaptive.shadows.forget(request.request_id)
         if self.drafter is None:
             return
         try:

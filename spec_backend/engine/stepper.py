@@ -66,6 +66,12 @@ class StepEngine(Protocol):
         self, requests: list[Request], out: DraftOutput, budgets: tuple[int, ...]
     ) -> tuple[int, ...]: ...
 
+    def shadow_budgets(self, requests: list[Request]) -> tuple[int, ...] | None: ...
+
+    def record_shadows(
+        self, requests: list[Request], budgets: tuple[int, ...], drafts: list[list[int]]
+    ) -> None: ...
+
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
@@ -254,7 +260,7 @@ class Stepper:
             requests=requests,
             budgets=budgets,
         )
-        if not any(budgets) and self._followed(requests, drafter.follow(inputs)):
+        if not any(budgets) and self._idle(requests, inputs, drafter):
             return  # no drafts: ``pending.take`` left every count of these slots at 0
         try:
             if engine.tree is not None:  # the tree's nodes within each budget's depth
@@ -270,7 +276,21 @@ class Stepper:
             return
         self._followed(requests, out.errors)
         lengths = engine.verify_lengths(requests, out, budgets)
-        engine.pending.store(result.batch.start, out, lengths, engine.runner.vocab_size)
+        if any(lengths):  # else every count stays 0 (``pending.take``) and the ids are never read
+            engine.pending.store(result.batch.start, out, lengths, engine.runner.vocab_size)
+
+    def _idle(self, requests: list[Request], inputs: DraftInputs, drafter: Drafter) -> bool:
+        """A step that drafts for no request: the drafter shadows the requests due (``shadow_drafts``) or
+        only takes in the tokens (``Drafter.follow``). Whether it could (else it is asked to propose)."""
+        shadow = self.engine.shadow_budgets(requests)
+        if shadow is not None:
+            got = drafter.shadow(replace(inputs, budgets=shadow))
+            if got is not None:
+                drafts, errors = got
+                self._followed(requests, errors)
+                self.engine.record_shadows(requests, shadow, drafts)
+                return True
+        return self._followed(requests, drafter.follow(inputs))
 
     @staticmethod
     def _followed(requests: list[Request], errors: tuple[str | None, ...] | None) -> bool:

@@ -173,6 +173,13 @@ class Drafter(ABC):
         del inputs
         return None
 
+    def shadow(self, inputs: DraftInputs) -> tuple[list[list[int]], tuple[str | None, ...]] | None:
+        """Like ``follow``, and drafts within ``inputs.budgets`` as host lists that will not be verified,
+        with the per-request failures (``engine/shadow_drafts.py``). ``None`` (the default): the drafter
+        cannot draft for little (only a host lookup can), and the engine calls ``follow``."""
+        del inputs
+        return None
+
     @abstractmethod
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         """Drafts for the next step of ``inputs.requests`` (see the module docstring)."""
@@ -274,11 +281,28 @@ class HostDrafter(Drafter):
             tree_parents=tuple(shapes),
         )
 
+    def shadow(self, inputs: DraftInputs) -> tuple[list[list[int]], tuple[str | None, ...]] | None:
+        """The proposer's lookups, on the host and unpacked; ``None`` for a proposer that drafts on the
+        device (each shadow would cost a copy to the host)."""
+        if type(self.proposer).propose_on_device is not Proposer.propose_on_device:
+            return None
+        ids, errors = self._update(inputs)
+        return self._lookup(inputs, ids, errors), tuple(errors)
+
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         ids, errors = self._update(inputs)
         on_device = self._on_device(inputs, ids, errors)
         if on_device is not None:
             return on_device
+        drafts = self._lookup(inputs, ids, errors)
+        return DraftOutput(
+            token_ids=pack_drafts(drafts, self.num_speculative_tokens, self.device),
+            num_draft_tokens=tuple(len(d) for d in drafts),
+            errors=tuple(errors),
+        )
+
+    def _lookup(self, inputs: DraftInputs, ids: list[str], errors: list[str | None]) -> list[list[int]]:
+        """Each request's drafts within its budget (a failing request's error is written to ``errors``)."""
         live = [b for b in range(len(ids)) if errors[b] is None and inputs.budgets[b] > 0]
         drafts: list[list[int]] = [[] for _ in ids]
         try:
@@ -291,12 +315,7 @@ class HostDrafter(Drafter):
                     drafts[b] = list(self.proposer.propose([ids[b]], max_tokens=[inputs.budgets[b]])[0])
                 except Exception as exc:
                     errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
-        drafts = [[int(t) for t in d[: inputs.budgets[b]]] for b, d in enumerate(drafts)]
-        return DraftOutput(
-            token_ids=pack_drafts(drafts, self.num_speculative_tokens, self.device),
-            num_draft_tokens=tuple(len(d) for d in drafts),
-            errors=tuple(errors),
-        )
+        return [[int(t) for t in d[: inputs.budgets[b]]] for b, d in enumerate(drafts)]
 
     def _on_device(self, inputs: DraftInputs, ids: list[str], errors: list[str | None]) -> DraftOutput | None:
         """A device proposer's drafts without a host copy: each request gets its budget of draft rows,
