@@ -276,7 +276,8 @@ class Stepper:
             return
         self._followed(requests, out.errors)
         lengths = engine.verify_lengths(requests, out, budgets)
-        if any(lengths):  # else every count stays 0 (``pending.take``) and the ids are never read
+        if any(min(n, b) for n, b in zip(out.num_draft_tokens, lengths, strict=False)):
+            # else every count stays 0 (``pending.take``) and the ids are never read
             engine.pending.store(result.batch.start, out, lengths, engine.runner.vocab_size)
 
     def _idle(self, requests: list[Request], inputs: DraftInputs, drafter: Drafter) -> bool:

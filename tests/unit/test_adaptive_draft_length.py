@@ -327,7 +327,7 @@ def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
     drafter.shadow = shadowed
 
     def charged(inputs: Any) -> DraftOutput:
-        out = propose(inputs)
+        out: DraftOutput = propose(inputs)
         clock.charge(tuple(inputs.budgets))
         if not wrong:
             return out
