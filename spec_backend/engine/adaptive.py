@@ -34,7 +34,9 @@ batch of ``B``: the tokens a step emits over its cost, in plain steps.
   steps, then twice as long after each re-measurement that left the choice as it was (up to
   ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the batch
   size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period spent
-  3 steps in 32 verifying K drafts for nothing (~5 % of the time).
+  3 steps in 32 verifying K drafts for nothing (~5 % of the time); and no re-measurement starts from
+  plain decoding while the acceptance (which shadows keep measured) says drafting would not pay even if
+  draft rows cost nothing: its cost could not change the choice.
 * Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: the costs are
   moving averages of single steps, on machines whose step times vary by more than that from one step to
   the next, and a draft length chosen on noise loses what plain decoding would have kept.
@@ -175,15 +177,23 @@ class AdaptiveDraftLength:
             return self._chose(0)  # plain decoding first: drafting is timed against it
         if measured.samples < MIN_SAMPLES:
             return self._chose(self.k)
-        rates = self.rates(batch, acceptances)
+        tokens = self.tokens(batch, acceptances)
+        rates = [t / self.cost(batch, k) for k, t in enumerate(tokens)]
         best = max(range(self.k + 1), key=rates.__getitem__)
         if rates[best] < MARGIN * rates[0]:
             best = 0  # a predicted gain inside the noise of the measurements
-        return self._chose(self._explored(batch, best))
+        free = max(tokens) >= MARGIN * tokens[0]  # whether drafting would pay were draft rows free
+        return self._chose(self._explored(batch, best, free))
 
-    def _explored(self, batch: int, best: int) -> int:
-        """``best``, or the extreme not chosen during a re-measurement (module docstring)."""
+    def _explored(self, batch: int, best: int, free: bool) -> int:
+        """``best``, or the extreme not chosen during a re-measurement (module docstring); none from plain
+        decoding while drafting would not pay even at no cost (``free`` false): measuring its cost
+        again could not change the choice, and it verifies K drafts for nothing."""
         if self.explored_from is None and self.steps >= self.next_explore:
+            if not best and not free:
+                self.period = min(2 * self.period, EXPLORE_MAX)
+                self.next_explore = self.steps + self.period
+                return best
             self.explored_from, self.explore_end = best, self.steps + EXPLORE_HOLD
             self.explored_batch = batch
         if self.explored_from is None:
@@ -201,7 +211,11 @@ class AdaptiveDraftLength:
         return self.rates(batch, acceptances)[k]
 
     def rates(self, batch: int, acceptances: Sequence[float]) -> list[float]:
-        """``[K + 1]``: ``rate`` of every draft length, in one pass over the requests (each step)."""
+        """``[K + 1]``: ``rate`` of every draft length."""
+        return [t / self.cost(batch, k) for k, t in enumerate(self.tokens(batch, acceptances))]
+
+    def tokens(self, batch: int, acceptances: Sequence[float]) -> list[float]:
+        """``[K + 1]``: ``sum_i E_i(k)`` of every draft length, in one pass over the requests."""
         reach = self.batch(batch).reach
         tokens = [float(len(acceptances))] * (self.k + 1)  # sum_i E_i(k)
         for acceptance in acceptances:
@@ -211,7 +225,7 @@ class AdaptiveDraftLength:
                 power *= a
                 gained += power * share
                 tokens[j + 1] += gained
-        return [t / self.cost(batch, k) for k, t in enumerate(tokens)]
+        return tokens
 
     def cost(self, batch: int, k: int) -> float:
         """``C(B, k)``: a step's expected time with draft length ``k``, in plain steps (module docstring)."""

@@ -201,6 +201,17 @@ def test_the_extreme_not_chosen_is_measured_again_ever_less_often_while_it_chang
     assert explored == [s + h for s in starts for h in hold]
 
 
+@pytest.mark.parametrize(("acceptance", "explored"), [(0.01, False), (0.1, True)])
+def test_no_re_measurement_when_drafts_would_not_pay_even_for_free(acceptance: float, explored: bool) -> None:
+    """At acceptance 0.01, K drafts emit 1.01 tokens a step: below the margin whatever a draft row costs,
+    so timing K again cannot change the choice and it is not done (before, 3 steps in every period
+    verified K drafts for nothing); at 0.1 (1.11 tokens, negative control) it is, as above."""
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, 9.0)
+    choices = [policy.choose(1, [acceptance]) for _ in range(400)]
+    assert (K in choices) == explored
+
+
 def _explore_unchanged(policy: AdaptiveDraftLength, batch: int = 1) -> None:
     """Steps at plain decoding up to and through one re-measurement that leaves the choice as it was."""
     while True:

@@ -1,0 +1,106 @@
+"""Adaptive drafting against plain decoding and fixed drafting on the demo's prompt sets, in one run.
+
+    .venv/bin/python benchmarks/bench_adaptive.py [--isa avx2] [--passes 3] [--max-tokens 96] [--k 4]
+
+Per pass, a fresh engine per method (suffix's response cache would otherwise see each answer again) runs
+every prompt alone (batch 1, greedy), the methods interleaved prompt by prompt so a change of load hits
+them alike: plain decoding; ``ngram, off``, the n-gram engine with speculation off (``set_speculation``:
+every step drafts for no request, the step adaptive drafting takes when it chooses plain decoding); ngram
+and suffix at ``K``; and both with ``adaptive_draft_length``. The demo's two kinds of prompt are reported
+apart: code edits (answers that copy from the question) and open chat (answers that do not). Each cell is
+the median over passes of the decode rate (tokens after the first over the time after the first), and
+the median, min and max over passes of its ratio to plain decoding's rate in the same pass (engines built
+anew differ by a few percent from one another on a VM: their memory lands elsewhere, so the ratios of one
+pass are noisy and their median over passes is what to quote). Greedy speculation is lossless, so every
+text must equal plain decoding's (the script fails otherwise). The CPU's ISA flags are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Any
+
+
+def methods(k: int) -> dict[str, tuple[dict[str, Any] | None, bool]]:
+    """name -> (speculative_config, speculation on)."""
+    from spec_backend.tools.demo import drafter_specs
+
+    specs = drafter_specs(k, adaptive=True)
+    return {
+        "plain": (None, True),
+        "ngram, off": (specs["ngram"], False),
+        **{name: (specs[name], True) for name in ("ngram", "ngram+adaptive", "suffix", "suffix+adaptive")},
+    }
+
+
+def one_pass(prompt_sets: dict[str, list[str]], k: int, max_tokens: int) -> dict[str, dict[str, float]]:
+    """Fresh engines, each prompt on each in turn: name -> kind -> decode tokens per second."""
+    from spec_backend.engine import LLM, SamplingParams
+    from spec_backend.tools.demo import Tally
+
+    engines = {}
+    for name, (spec, on) in methods(k).items():
+        engines[name] = LLM("smollm2", speculative_config=spec, log_stats_interval=None)
+        if spec is not None:
+            engines[name].set_speculation(on)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    warm = SamplingParams(temperature=0.0, max_tokens=4)
+    texts: dict[str, list[str]] = {name: [] for name in engines}
+    tallies = {name: {kind: Tally() for kind in prompt_sets} for name in engines}
+    for llm in engines.values():
+        llm.generate([next(iter(prompt_sets.values()))[0]], warm)
+    for kind, prompts in prompt_sets.items():
+        for prompt in prompts:
+            for name, llm in engines.items():
+                out = llm.generate([prompt], params)[0]
+                texts[name].append(out.outputs[0].text)
+                tallies[name][kind].add(out)
+    wrong = [name for name, t in texts.items() if t != texts["plain"]]
+    if wrong:
+        raise SystemExit(f"greedy texts differ from plain decoding's: {wrong}")
+    return {name: {kind: t.rate for kind, t in by_kind.items()} for name, by_kind in tallies.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--isa", choices=("avx2", "avx512", "native"), default="native")
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--code-prompts", type=int, default=4)
+    args = p.parse_args(argv)
+    if args.isa != "native":
+        os.environ["SPEC_BACKEND_ISA"] = args.isa
+    from spec_backend.cpu.isa import cpu_flags
+    from spec_backend.engine import LLM
+    from spec_backend.tools.demo import CHAT_PROMPTS
+    from spec_backend.tools.prompts import code_edit_prompts
+
+    chat_template = LLM("smollm2", log_stats_interval=None).chat_prompt
+    prompt_sets = {
+        "code edit": [chat_template(m) for m in code_edit_prompts(args.code_prompts)],
+        "open chat": [chat_template(m) for m in CHAT_PROMPTS],
+    }
+    passes = [one_pass(prompt_sets, args.k, args.max_tokens) for _ in range(args.passes)]
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
+    print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
+    print(f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes: the median rate")
+    print("(tokens/s) and the median, min and max over passes of the ratio to plain decoding in that pass")
+    kinds = list(prompt_sets)
+    print(f"{'method':<16} | " + " | ".join(f"{kind:>30}" for kind in kinds))
+    for name in passes[0]:
+        cells = []
+        for kind in kinds:
+            ratios = [r[name][kind] / r["plain"][kind] for r in passes]
+            rate = statistics.median(r[name][kind] for r in passes)
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            cells.append(f"{rate:7.2f} {statistics.median(ratios):.3f}x ({spread})")
+        print(f"{name:<16} | " + " | ".join(f"{c:>30}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
