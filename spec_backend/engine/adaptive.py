@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spec_backend.engine.shadow_drafts import ShadowDrafts, ShadowRequest
+from spec_backend.engine.shadow_drafts import SHADOW_EVERY, ShadowDrafts, ShadowRequest
 
 #: pseudo-drafts at the engine's mean acceptance added to each request's own counts
 PRIOR_DRAFTS = 8
@@ -143,9 +143,9 @@ class AdaptiveDraftLength:
     explored_batch: int = 0  # during a re-measurement: the batch size it started at
     fixed_width: bool = False  # every step with drafts replays a K+1-rows-per-request graph
     clock: Callable[[], float] = time.perf_counter  # what a step's time is read from (tests pass their own)
-    shadows: ShadowDrafts = field(
-        default_factory=ShadowDrafts
-    )  # drafts not verified, checked (shadow_drafts)
+    #: drafts proposed and not verified, checked against the tokens that follow (shadow_drafts)
+    shadows: ShadowDrafts = field(default_factory=ShadowDrafts)
+    last_shadow: int = -(2**62)  # the step that recorded shadows last
 
     @property
     def mean_acceptance(self) -> float:
@@ -165,11 +165,13 @@ class AdaptiveDraftLength:
             found = self.batches[batch] = _Batch([0.0] * self.k, [0] * self.k)
         return found
 
-    def choose(self, batch: int, acceptances: Sequence[float]) -> int:
+    def choose(self, batch: int, acceptances: Sequence[float], mixed: bool = False) -> int:
         """The draft length of the next step for a batch of ``batch`` requests, ``acceptances`` those of
-        its greedy requests (empty: nothing adapts, ``K``)."""
+        its greedy requests (empty: nothing adapts, ``K``). ``mixed``: the batch also holds a sampled
+        request, whose drafts are verified every step, so none of its steps is a plain step to time
+        drafting against: everyone keeps ``K`` (before, its greedy requests were held at 0 for good)."""
         self.steps += 1
-        if not acceptances or self.k == 0:
+        if not acceptances or mixed or self.k == 0:
             return self.k
         measured = self.batch(batch)
         fresh = self.steps - measured.reference_step <= REFERENCE_AGE
@@ -187,10 +189,12 @@ class AdaptiveDraftLength:
 
     def _explored(self, batch: int, best: int, free: bool) -> int:
         """``best``, or the extreme not chosen during a re-measurement (module docstring); none from plain
-        decoding while drafting would not pay even at no cost (``free`` false): measuring its cost
-        again could not change the choice, and it verifies K drafts for nothing."""
+        decoding while drafting would not pay even at no cost (``free`` false) by acceptances that
+        shadows keep measured: measuring its cost again could not change the choice, and it verifies K
+        drafts for nothing. Without recent shadows (a drafter that cannot shadow) the acceptance stands
+        still while nothing is verified, and only a re-measurement can see it change."""
         if self.explored_from is None and self.steps >= self.next_explore:
-            if not best and not free:
+            if not best and not free and self.steps - self.last_shadow <= 2 * SHADOW_EVERY:
                 self.period = min(2 * self.period, EXPLORE_MAX)
                 self.next_explore = self.steps + self.period
                 return best
@@ -232,9 +236,10 @@ class AdaptiveDraftLength:
         measured = self.batch(batch)
         if k == 0:
             return 1.0
+        slope = max(measured.slope, 0.0)  # a draft row costs something: a faster step was noise
         if self.fixed_width:
-            return 1.0 + measured.slope * (1.0 - (1.0 - measured.reach[0]) ** batch)
-        return 1.0 + measured.slope * sum(measured.reach[:k])
+            return 1.0 + slope * (1.0 - (1.0 - measured.reach[0]) ** batch)
+        return 1.0 + slope * sum(measured.reach[:k])
 
     def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
         """A decode step of ``batch`` requests that verified ``drafts`` drafts (one count per request,
@@ -250,7 +255,7 @@ class AdaptiveDraftLength:
             measured.reference = now + REFERENCE_WEIGHT * (seconds - now)
             measured.reference_step, measured.plain = self.steps, measured.plain + 1
             return
-        if not fresh:
+        if not fresh or measured.reference <= 0.0:
             return  # too long after a plain step to compare with it (module docstring)
         extra = seconds / measured.reference - 1.0
         slope = extra if self.fixed_width else extra * batch / rows
@@ -270,6 +275,7 @@ class AdaptiveDraftLength:
         verifying them: kept as shadows, and their numbers are how far a budget of ``K`` reaches."""
         for request, draft in zip(requests, drafts, strict=True):
             self.shadows.record(request, draft, self.steps)
+        self.last_shadow = self.steps
         if requests:
             self.batch(batch).add_reach([len(d) for d in drafts], self.k)
 

@@ -145,7 +145,9 @@ class EngineCore:
         return finished
 
     def _timed_decode(self) -> None:
-        """One decode step; with adaptive drafting, its time is measured with the drafts it verified."""
+        """One decode step; with adaptive drafting, its time is measured with the drafts it verified. A
+        step that verifies one draft length and drafts another is not: its time holds the next length's
+        proposal (K forwards of a draft model), and a switch to K would pass for a plain step."""
         if self.confidence is not None and self.confidence.timed:
             tokens = len(self.running) + self.pending.total
             start = self.confidence.clock()
@@ -160,9 +162,10 @@ class EngineCore:
         start = self.adaptive.clock()
         self.stepper.decode(running)
         seconds = self.adaptive.clock() - start
-        drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
-        accepted = total.num_accepted_tokens - accepted
-        self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
+        if verified_k == self._next_k:
+            drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
+            accepted = total.num_accepted_tokens - accepted
+            self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
 
     def plan_draft_length(self, requests: list[Request]) -> None:
         """Before a decode step's draft-next: the draft length of its greedy requests (``K`` without
@@ -175,7 +178,8 @@ class EngineCore:
         acceptances = [
             estimate(r.stats.num_draft_tokens, r.stats.num_accepted_tokens, r.request_id) for r in greedy
         ]
-        self._next_k = self.adaptive.choose(len(requests), acceptances)
+        mixed = any(not r.finished and r.params.temperature != 0 for r in requests)
+        self._next_k = self.adaptive.choose(len(requests), acceptances, mixed)
 
     def shadow_budgets(self, requests: list[Request]) -> tuple[int, ...] | None:
         """For a step that drafts for no request: ``K`` for the greedy requests due a shadow, 0 for the
@@ -197,8 +201,8 @@ class EngineCore:
         """The drafts of a step's shadows (``shadow_budgets``), kept for the adaptive policy."""
         assert self.adaptive is not None
         shadowed = [b for b, budget in enumerate(budgets) if budget]
-        self.adaptive.observe_shadows(
-            len(requests), [requests[b] for b in shadowed], [drafts[b] for b in shadowed]
+        self.adaptive.observe_shadows(  # the running batch's size (a prefill's group is part of it)
+            len(self.running), [requests[b] for b in shadowed], [drafts[b] for b in shadowed]
         )
 
     def _admit(self, requests: list[Request]) -> None:

@@ -260,9 +260,9 @@ class Stepper:
             requests=requests,
             budgets=budgets,
         )
-        if not any(budgets) and self._idle(requests, inputs, drafter):
-            return  # no drafts: ``pending.take`` left every count of these slots at 0
         try:
+            if not any(budgets) and self._idle(requests, inputs, drafter):
+                return  # no drafts: ``pending.take`` left every count of these slots at 0
             if engine.tree is not None:  # the tree's nodes within each budget's depth
                 out = engine.tree.draft(drafter, inputs)
                 assert out.tree_parents is not None

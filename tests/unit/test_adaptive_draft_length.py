@@ -1,17 +1,13 @@
 """Adaptive draft length (``speculative_config["adaptive_draft_length"]``, ``engine/adaptive.py``): the
-expected-tokens formula, the policy's choices on given times and acceptances, and in the engine: greedy
-output unchanged, speculation turned off where drafts cost more than they give and kept where they pay,
-sampled requests always at K."""
+expected-tokens formula and the policy's choices on given times and acceptances. In the engine:
+``test_adaptive_engine.py``."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
 from spec_backend.config import SpeculativeConfig
-from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.adaptive import (
     EXPLORE_EVERY,
     EXPLORE_HOLD,
@@ -23,8 +19,6 @@ from spec_backend.engine.adaptive import (
     reach_of,
     reached_tokens,
 )
-from spec_backend.proposers.contract import DraftOutput
-from spec_backend.tools.tiny import make_tiny_model
 
 K = 4
 
@@ -201,14 +195,24 @@ def test_the_extreme_not_chosen_is_measured_again_ever_less_often_while_it_chang
     assert explored == [s + h for s in starts for h in hold]
 
 
-@pytest.mark.parametrize(("acceptance", "explored"), [(0.01, False), (0.1, True)])
-def test_no_re_measurement_when_drafts_would_not_pay_even_for_free(acceptance: float, explored: bool) -> None:
+@pytest.mark.parametrize(
+    ("acceptance", "shadowed", "explored"), [(0.01, True, False), (0.1, True, True), (0.01, False, True)]
+)
+def test_no_re_measurement_when_drafts_would_not_pay_even_for_free(
+    acceptance: float, shadowed: bool, explored: bool
+) -> None:
     """At acceptance 0.01, K drafts emit 1.01 tokens a step: below the margin whatever a draft row costs,
     so timing K again cannot change the choice and it is not done (before, 3 steps in every period
-    verified K drafts for nothing); at 0.1 (1.11 tokens, negative control) it is, as above."""
+    verified K drafts for nothing); at 0.1 (1.11 tokens, negative control) it is, as above. Only while
+    shadows keep the acceptance measured: without them it stands still while nothing is verified, and a
+    re-measurement is the only way to see drafts start paying (negative control)."""
     policy = AdaptiveDraftLength(K)
     _measured(policy, 1, 9.0)
-    choices = [policy.choose(1, [acceptance]) for _ in range(400)]
+    choices = []
+    for _ in range(400):
+        choices.append(policy.choose(1, [acceptance]))
+        if shadowed:
+            policy.observe_shadows(1, [], [])
     assert (K in choices) == explored
 
 
@@ -293,164 +297,24 @@ def test_the_option_is_off_by_default_and_refuses_non_bools() -> None:
         SpeculativeConfig(method="ngram", num_speculative_tokens=K, adaptive_draft_length=[1])  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_model(tmp_path_factory.mktemp("adaptive"), "llama")
+def test_a_drafting_step_faster_than_plain_makes_rows_free_not_profitable() -> None:
+    """Eight requests, one verifying a draft in 0.9 of a plain step (noise, or a step retried request by
+    request): the slope reads -0.8 per row, which priced a step with drafts at 0.9 of a plain one and
+    chose drafting at acceptance 0. A row's cost is now at least nothing."""
+    policy = AdaptiveDraftLength(K)
+    for _ in range(MIN_SAMPLES):
+        policy.observe(8, 0, 1.0, [0] * 8, 0)
+    for _ in range(MIN_SAMPLES):
+        policy.observe(8, K, 0.9, [1] + [0] * 7, 0)
+    assert policy.batches[8].slope < 0
+    assert policy.cost(8, K) == 1.0
+    assert policy.choose(8, [0.0] * 8) == 0
 
 
-class StepClock:
-    """The policy's clock in these tests, so the choices do not depend on the machine's load: each read
-    advances half a second (a step's two reads are 0.5 s apart: its fixed cost), and each draft budgeted
-    to a proposal within the step adds ``draft_cost`` (``charge``)."""
-
-    def __init__(self, draft_cost: float) -> None:
-        self.now, self.draft_cost = 0.0, draft_cost
-
-    def __call__(self) -> float:
-        self.now += 0.5
-        return self.now
-
-    def charge(self, budgets: tuple[int, ...]) -> None:
-        self.now += self.draft_cost * max(budgets, default=0)
-
-
-def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
-    """Proposals advance the engine's step clock by ``draft_cost`` per draft; ``wrong``: every draft id is
-    shifted by one (a shadow's too: shadows cost a lookup, nothing on this clock), so drafts cost and
-    never pay."""
-    adaptive = llm.engine.adaptive
-    clock = StepClock(draft_cost)
-    if adaptive is not None:
-        adaptive.clock = clock
-    drafter: Any = llm.engine.drafter
-    propose, shadow = drafter.propose, drafter.shadow
-
-    def shadowed(inputs: Any) -> Any:
-        got = shadow(inputs)
-        if got is None or not wrong:
-            return got
-        drafts = [
-            [(t + 1) % 128 for t in d] + [0] * (b - len(d))
-            for d, b in zip(got[0], inputs.budgets, strict=True)
-        ]
-        return drafts, got[1]
-
-    drafter.shadow = shadowed
-
-    def charged(inputs: Any) -> DraftOutput:
-        out: DraftOutput = propose(inputs)
-        clock.charge(tuple(inputs.budgets))
-        if not wrong:
-            return out
-        shifted = (out.token_ids + 1).remainder(128)  # [B, K]
-        return DraftOutput(shifted, tuple(inputs.budgets), out.draft_probs, out.errors)
-
-    drafter.propose = charged
-
-
-#: ngram with adaptive drafting, every suffix of one token or more looked up
-ADAPTIVE_NGRAM = {
-    "method": "ngram",
-    "num_speculative_tokens": K,
-    "prompt_lookup_min": 1,
-    "adaptive_draft_length": True,
-}
-
-
-#: an engine's first choices: plain decoding, then K, each one step more than ``MIN_SAMPLES`` (the step that
-#: switches verifies the drafts planned at the length before, so it is not a sample)
-MEASURED = [0] * (MIN_SAMPLES + 1) + [K] * (MIN_SAMPLES + 1)
-
-
-def _costly_adaptive_ngram(target: str) -> LLM:
-    """An adaptive ngram engine whose drafts cost 0.2 of a step each and are never accepted."""
-    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
-    _charged(llm, 0.2, wrong=True)
-    return llm
-
-
-def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(target: str) -> None:
-    llm = _costly_adaptive_ngram(target)
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    got = llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
-    plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
-    assert got == plain  # greedy: the output does not depend on the draft length
-    adaptive = llm.engine.adaptive
-    # plain decoding first, then K (the first step of each verifies the length before it: no sample)
-    assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES + 2] == MEASURED
-    assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
-
-
-def test_re_measurements_are_measured(target: str) -> None:
-    """The extreme not chosen is timed again in an engine (a one-step re-measurement never was: the step
-    that switches verifies the old length and is not attributed, so the extremes kept their first times)."""
-    llm = _costly_adaptive_ngram(target)  # drafting is off after the first measurements; K is re-measured
-    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=3 * EXPLORE_EVERY, ignore_eos=True))
-    adaptive = llm.engine.adaptive
-    assert adaptive is not None and adaptive.chosen.count(K) > MIN_SAMPLES  # it was re-measured ...
-    assert adaptive.batches[1].samples > MIN_SAMPLES  # ... and those steps were samples
-
-
-def test_without_the_option_drafting_goes_on(target: str) -> None:
-    """Negative control: the same costly drafter, adaptive off: every step drafts K."""
-    llm = LLM(target, dtype="float64", speculative_config={"method": "ngram", "num_speculative_tokens": K})
-    _charged(llm, 0.2, wrong=True)
-    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
-    assert llm.engine.adaptive is None
-    assert llm.metrics.total.num_drafts >= 18
-
-
-def test_drafts_that_pay_are_kept(target: str) -> None:
-    """The target drafting for itself: every draft is accepted, so the longest length stays."""
-    spec = {
-        "method": "draft_model",
-        "model": target,
-        "num_speculative_tokens": K,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
-    _charged(llm, 0.05, wrong=False)  # a step with K drafts takes 1.2 times one without
-    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
-    adaptive = llm.engine.adaptive
-    assert adaptive is not None and adaptive.chosen[: len(MEASURED)] == MEASURED
-    assert set(adaptive.chosen[len(MEASURED) :]) == {K}, adaptive.chosen
-
-
-def test_sampled_requests_keep_k(target: str) -> None:
-    """Beside greedy requests whose drafts are turned off, a sampled request is budgeted K every step,
-    and its seeded tokens are those of the same engine without the option."""
-    spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1}
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
-        SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True),
-    ]
-    outputs = []
-    for adaptive in (False, True):
-        llm = LLM(target, dtype="float64", speculative_config={**spec, "adaptive_draft_length": adaptive})
-        _charged(llm, 0.2, wrong=True)
-        budgets: list[tuple[int, ...]] = []
-        drafter: Any = llm.engine.drafter
-        propose = drafter.propose
-
-        def spy(inputs: Any, propose: Any = propose, budgets: list[tuple[int, ...]] = budgets) -> Any:
-            budgets.append(tuple(inputs.budgets))
-            return propose(inputs)
-
-        drafter.propose = spy
-        outputs.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params)])
-        assert all(b[1] == K for b in budgets[1:30])  # the sampled request (slot 1), far from its end
-    assert outputs[0][1] == outputs[1][1]
-
-
-def test_steps_without_speculation_are_no_samples(target: str) -> None:
-    """``set_speculation(False)`` (or ``disable_by_batch_size``): the steps draft nothing and, on a graph
-    engine, replay the one-token step; recorded under the last planned length, they corrupted its time and
-    drafts (failed before: 7 samples)."""
-    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
-    llm.set_speculation(False)
-    llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
-    adaptive = llm.engine.adaptive
-    assert adaptive is not None and adaptive.batches == {}
-    llm.set_speculation(True)  # negative control: speculative steps are samples
-    llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))
-    assert sum(b.samples + b.plain for b in adaptive.batches.values()) > 0
+def test_a_batch_with_a_sampled_request_keeps_k() -> None:
+    """Its sampled request's drafts are verified every step, so no step is a plain one to time drafting
+    against: the greedy requests beside it keep K instead of waiting at 0 for a plain step that never
+    comes (failed before: 0 for good)."""
+    policy = AdaptiveDraftLength(K)
+    assert [policy.choose(2, [0.9], mixed=True) for _ in range(10)] == [K] * 10
+    assert policy.choose(2, [0.9, 0.9]) == 0  # negative control: all greedy, plain decoding is timed first

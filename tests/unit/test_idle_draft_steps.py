@@ -93,7 +93,7 @@ def test_drafts_after_idle_steps_are_those_of_a_proposer_that_saw_every_step(
     adaptive = llm.engine.adaptive
     assert adaptive is not None
     turn = itertools.count()
-    adaptive.choose = lambda batch, acceptances: K if next(turn) % 4 == 3 else 0  # type: ignore[method-assign]
+    adaptive.choose = lambda batch, acceptances, mixed=False: K if next(turn) % 4 == 3 else 0  # type: ignore[method-assign]
     calls = _proposals(llm)
     assert _tokens(llm) == plain
     decode_calls = [c for c in calls if any(c[0])]
@@ -107,3 +107,23 @@ def test_drafts_after_idle_steps_are_those_of_a_proposer_that_saw_every_step(
             assert out.token_ids[b, : out.num_draft_tokens[b]].tolist() == want
             drafted += len(want)
     assert drafted > 0  # the comparison saw drafts
+
+
+def test_a_drafter_failing_to_follow_fails_its_requests_not_the_engine(target_dir: str) -> None:
+    """``follow`` (and ``shadow``) run where ``propose`` does: an exception ends the step's requests with
+    the drafter's error, and the engine serves the next request (before, it escaped the step, and the
+    engine failed every unfinished request with "engine failed")."""
+    llm = LLM(target_dir, dtype="float64", speculative_config=NGRAM)
+    llm.set_speculation(False)
+    drafter: Any = llm.engine.drafter
+    follow = drafter.follow
+
+    def broken(inputs: Any) -> Any:
+        raise RuntimeError("lost the index")
+
+    drafter.follow = broken
+    result = llm.generate([PROMPTS[0]], PARAMS)[0]
+    assert result.outputs[0].finish_reason == "error"
+    assert result.outputs[0].error == "drafter failed: RuntimeError: lost the index"
+    drafter.follow = follow  # negative control: the same engine, a working drafter
+    assert llm.generate([PROMPTS[0]], PARAMS)[0].outputs[0].finish_reason == "length"

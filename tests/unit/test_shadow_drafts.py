@@ -106,7 +106,7 @@ def _plain_only(llm: LLM) -> tuple[list[Shadow], list[tuple[int, int]]]:
     counts."""
     adaptive: Any = llm.engine.adaptive
 
-    def choose(batch: int, acceptances: Any) -> int:
+    def choose(batch: int, acceptances: Any, mixed: bool = False) -> int:
         adaptive.steps += 1
         return 0
 
