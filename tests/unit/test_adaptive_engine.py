@@ -106,19 +106,24 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
     assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
 
 
-def test_re_measurements_are_measured(target: str) -> None:
-    """The extreme not chosen is timed again in an engine, and those steps are samples (a one-step
-    re-measurement once never was). A draft model cannot shadow, so its acceptance stands still while
-    plain decoding is chosen and only re-measurements can see drafts start paying: with drafts that
-    cost and never pay, K is re-measured after ``EXPLORE_EVERY`` steps (the first measurement alone takes
-    it ``MIN_SAMPLES + 1`` times)."""
+def _self_drafting(target: str) -> LLM:
+    """The target drafting for itself (a draft model: it cannot shadow), with adaptive drafting."""
     spec = {
         "method": "draft_model",
         "model": target,
         "num_speculative_tokens": K,
         "adaptive_draft_length": True,
     }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
+    return LLM(target, dtype="float64", speculative_config=spec)
+
+
+def test_re_measurements_are_measured(target: str) -> None:
+    """The extreme not chosen is timed again in an engine, and those steps are samples (a one-step
+    re-measurement once never was). A draft model cannot shadow, so its acceptance stands still while
+    plain decoding is chosen and only re-measurements can see drafts start paying: with drafts that
+    cost and never pay, K is re-measured after ``EXPLORE_EVERY`` steps (the first measurement alone takes
+    it ``MIN_SAMPLES + 1`` times)."""
+    llm = _self_drafting(target)
     _charged(llm, 0.2, wrong=True)
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=3 * EXPLORE_EVERY, ignore_eos=True))
     adaptive = llm.engine.adaptive
@@ -137,13 +142,7 @@ def test_without_the_option_drafting_goes_on(target: str) -> None:
 
 def test_drafts_that_pay_are_kept(target: str) -> None:
     """The target drafting for itself: every draft is accepted, so the longest length stays."""
-    spec = {
-        "method": "draft_model",
-        "model": target,
-        "num_speculative_tokens": K,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm = _self_drafting(target)
     _charged(llm, 0.05, wrong=False)  # a step with K drafts takes 1.2 times one without
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True))
     adaptive = llm.engine.adaptive
@@ -195,13 +194,7 @@ def test_greedy_requests_beside_a_sampled_one_keep_k(target: str) -> None:
     """The target drafting for itself (every draft accepted) for a greedy and a sampled request: the
     greedy one is budgeted K every step far from its end (failed before: 0 for good, as no step of the
     batch verified no draft)."""
-    spec = {
-        "method": "draft_model",
-        "model": target,
-        "num_speculative_tokens": K,
-        "adaptive_draft_length": True,
-    }
-    llm = LLM(target, dtype="float64", speculative_config=spec)
+    llm = _self_drafting(target)
     budgets: list[tuple[int, ...]] = []
     drafter: Any = llm.engine.drafter
     propose = drafter.propose
