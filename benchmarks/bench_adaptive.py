@@ -28,11 +28,17 @@ def methods(k: int) -> dict[str, tuple[dict[str, Any] | None, bool]]:
     """name -> (speculative_config, speculation on)."""
     from spec_backend.tools.demo import drafter_specs
 
-    specs = drafter_specs(k, adaptive=True)
+    specs = drafter_specs(k, fixed=True)  # "ngram": the default (adaptive); "ngram+fixed": K every step
+    names = {
+        "ngram": "ngram+fixed",
+        "ngram+adaptive": "ngram",
+        "suffix": "suffix+fixed",
+        "suffix+adaptive": "suffix",
+    }
     return {
         "plain": (None, True),
-        "ngram, off": (specs["ngram"], False),
-        **{name: (specs[name], True) for name in ("ngram", "ngram+adaptive", "suffix", "suffix+adaptive")},
+        "ngram, off": (specs["ngram+fixed"], False),
+        **{name: (specs[spec], True) for name, spec in names.items()},
     }
 
 

@@ -204,7 +204,7 @@ def speculative_runners(
         suffix = {"method": "suffix", "num_speculative_tokens": k}
         for adaptive in (False, True) if args.adaptive else (False,):
             tag = " adaptive" if adaptive else ""
-            extra = {"adaptive_draft_length": True} if adaptive else {}
+            extra = {"adaptive_draft_length": adaptive}
             runners[f"engine ngram K={k}{tag}"] = engine_runner(
                 [load_engine({**ngram, **extra}, 1, ids, gguf)], ids, args.max_tokens
             )

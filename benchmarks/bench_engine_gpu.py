@@ -6,11 +6,12 @@ GGUF) and a ~1.2B random-weight Llama-3.2-1B-shaped model (``random-1b``), saved
 Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). Modes, all greedy:
 
 * ``plain`` — no speculation;
-* ``ngram K`` — n-gram prompt lookup, real acceptance;
+* ``ngram K`` — n-gram prompt lookup, real acceptance, ``K`` drafts every step (``adaptive_draft_length``
+  off);
 * ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
   mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance;
-* ``ngram K adaptive`` — the n-gram drafter with ``adaptive_draft_length`` (the draft length chosen per
-  step from measured step times and acceptance, 0 included);
+* ``ngram K adaptive`` — the n-gram drafter with ``adaptive_draft_length`` (the engine's default: the
+  draft length chosen per step from measured step times and acceptance, 0 included);
 * ``draft_model synthetic K`` — a model-based drafter (a 2-layer random model of the target's shape and
   vocabulary, K draft forwards per step) at the same synthetic acceptance: what a model-based drafter
   costs per step (random weights would accept nothing, so the acceptance is set, not measured).
@@ -183,8 +184,7 @@ def speculative_config(
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     }
-    if mode == "adaptive":
-        spec["adaptive_draft_length"] = True
+    spec["adaptive_draft_length"] = mode == "adaptive"  # stated: "ngram" drafts K every step
     if mode == "synthetic":
         spec["prompt_lookup_min"] = 1  # draft as often as possible: acceptance is set, not measured
         spec["rejection_sample_method"] = "synthetic"

@@ -81,16 +81,21 @@ EXPLORE_HOLD = MIN_SAMPLES + 1
 
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``
-    (exactly ``k`` every step; ``reached_tokens`` when the number of drafts varies)."""
+    (exactly ``k`` every step; ``reached_tokens`` when the number of drafts varies). The closed form."""
     a = min(max(acceptance, 0.0), 1.0)
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def reached_tokens(acceptance: float, reach: Sequence[float]) -> float:
-    """Tokens a step emits on average when ``reach[j - 1]`` of the requests verify at least ``j`` drafts,
-    each accepted with probability ``acceptance``: ``1 + sum_j acceptance^j reach[j - 1]``."""
+def reached_tokens(acceptance: float, reach: Sequence[float]) -> list[float]:
+    """``[len(reach) + 1]``: the tokens a step emits on average with draft length ``k`` (entry ``k``)
+    when ``reach[j - 1]`` of the requests are proposed at least ``j`` drafts, each accepted with
+    probability ``acceptance``: ``E(k) = 1 + sum_{j<=k} acceptance^j reach[j - 1]``."""
     a = min(max(acceptance, 0.0), 1.0)
-    return 1.0 + sum(a ** (j + 1) * r for j, r in enumerate(reach))
+    tokens, power = [1.0], 1.0
+    for share in reach:
+        power *= a
+        tokens.append(tokens[-1] + power * share)
+    return tokens
 
 
 def reach_of(drafts: Sequence[int], k: int) -> list[float]:
@@ -112,11 +117,6 @@ class _Batch:
     plain: int = 0  # plain steps timed
     reference: float = 0.0  # a plain step's time now (moving average over recent plain steps)
     reference_step: int = -(2**62)  # the step that timed it last
-
-    @property
-    def drafts(self) -> float:
-        """Drafts proposed per request on average at ``K`` (the sum of the shares)."""
-        return sum(self.reach)
 
     def add_reach(self, drafts: Sequence[int], k: int) -> None:
         """Requests were proposed ``drafts`` drafts (one count each) under a budget of ``k``: R_1..R_k."""
@@ -219,17 +219,10 @@ class AdaptiveDraftLength:
         return [t / self.cost(batch, k) for k, t in enumerate(self.tokens(batch, acceptances))]
 
     def tokens(self, batch: int, acceptances: Sequence[float]) -> list[float]:
-        """``[K + 1]``: ``sum_i E_i(k)`` of every draft length, in one pass over the requests."""
+        """``[K + 1]``: ``sum_i E_i(k)`` of every draft length (``reached_tokens`` per request)."""
         reach = self.batch(batch).reach
-        tokens = [float(len(acceptances))] * (self.k + 1)  # sum_i E_i(k)
-        for acceptance in acceptances:
-            a = min(max(acceptance, 0.0), 1.0)
-            power, gained = 1.0, 0.0
-            for j, share in enumerate(reach):
-                power *= a
-                gained += power * share
-                tokens[j + 1] += gained
-        return tokens
+        per_request = [reached_tokens(a, reach) for a in acceptances]  # [requests][K + 1]
+        return [sum(column) for column in zip(*per_request, strict=True)] or [0.0] * (self.k + 1)
 
     def cost(self, batch: int, k: int) -> float:
         """``C(B, k)``: a step's expected time with draft length ``k``, in plain steps (module docstring)."""

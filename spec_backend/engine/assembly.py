@@ -141,6 +141,17 @@ def assemble(
     return runner, slots, drafter
 
 
+def adaptive_wanted(spec: SpeculativeConfig, tree: bool, confidence: bool) -> bool:
+    """``adaptive_draft_length`` as set; unset, on for a chain verified against the target. Off unset for
+    a token ``tree`` (its cost grows with the nodes of a depth, which the policy does not price), with a
+    ``confidence`` rule (which chooses each request's verify length from the same measured step costs)
+    and for ``rejection_sample_method='synthetic'`` (a benchmark of a drafter at a fixed acceptance and
+    ``K``)."""
+    if spec.adaptive_draft_length is not None:
+        return spec.adaptive_draft_length
+    return not tree and not confidence and spec.rejection_sample_method != "synthetic"
+
+
 def step_policies(
     spec: SpeculativeConfig | None,
     k: int,
@@ -161,7 +172,6 @@ def step_policies(
             f"rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) "
             "cannot apply to it: use rejection_sample_method='strict' and no lossy rejection_sampler_config"
         )
-    adaptive = AdaptiveDraftLength(k) if spec.adaptive_draft_length else None
     reports = drafter is not None and drafter.reports_confidence and tree is None
     if tree is not None and spec.confidence_verification not in (None, "off"):
         raise ValueError(
@@ -171,11 +181,14 @@ def step_policies(
     confidence = build_confidence_verification(
         spec.confidence_verification, spec.confidence_threshold, reports
     )
+    wanted = adaptive_wanted(spec, tree is not None, confidence is not None)
+    adaptive = AdaptiveDraftLength(k) if wanted else None
     return adaptive, confidence
 
 
 __all__ = [
     "QUANTIZABLE_FAMILIES",
+    "adaptive_wanted",
     "assemble",
     "check_embedded_method",
     "draft_loader",

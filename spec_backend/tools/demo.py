@@ -22,9 +22,10 @@ from typing import Any
 CHAT_PROMPTS = ("Give me three tips for writing clear emails.", "Explain what a rainbow is to a child.")
 
 
-def drafter_specs(k: int, adaptive: bool = False) -> dict[str, dict[str, Any] | None]:
-    """``speculative_config`` per method shown (``None``: plain decoding); ``adaptive`` adds each drafter
-    again with ``adaptive_draft_length`` (``<name>+adaptive``)."""
+def drafter_specs(k: int, fixed: bool = False) -> dict[str, dict[str, Any] | None]:
+    """``speculative_config`` per method shown (``None``: plain decoding). Each drafter runs with the
+    engine's default, the draft length chosen per step (``adaptive_draft_length``); ``fixed`` adds it again
+    drafting ``k`` every step (``<name>+fixed``)."""
     drafters: dict[str, dict[str, Any]] = {
         "ngram": {
             "method": "ngram",
@@ -34,8 +35,8 @@ def drafter_specs(k: int, adaptive: bool = False) -> dict[str, dict[str, Any] | 
         },
         "suffix": {"method": "suffix", "num_speculative_tokens": k},
     }
-    if adaptive:
-        drafters |= {f"{n}+adaptive": {**s, "adaptive_draft_length": True} for n, s in list(drafters.items())}
+    if fixed:
+        drafters |= {f"{n}+fixed": {**s, "adaptive_draft_length": False} for n, s in list(drafters.items())}
     return {"plain": None, **drafters}
 
 
@@ -45,9 +46,9 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, draft tokens per step")
     p.add_argument(
-        "--adaptive-draft-length",
+        "--fixed-draft-length",
         action="store_true",
-        help="also each drafter with adaptive_draft_length (the draft length chosen per step by measurement)",
+        help="also each drafter with adaptive_draft_length off (K drafts every step)",
     )
 
 
@@ -108,7 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
     messages = [*code_edit_prompts(args.num_prompts), *CHAT_PROMPTS]
     kinds = [KINDS[0]] * args.num_prompts + [KINDS[1]] * len(CHAT_PROMPTS)
     engines = {}
-    for name, spec in drafter_specs(args.num_speculative_tokens, args.adaptive_draft_length).items():
+    for name, spec in drafter_specs(args.num_speculative_tokens, args.fixed_draft_length).items():
         print(f"loading {args.model} with speculative_config={spec} ...", flush=True)
         try:
             engines[name] = LLM(args.model, speculative_config=spec, log_stats_interval=None)

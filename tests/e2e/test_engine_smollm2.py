@@ -24,7 +24,13 @@ pytestmark = [
     ),
 ]
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 4,
+}
 MAX_TOKENS = 48
 
 
@@ -105,7 +111,10 @@ def test_greedy_identity_ngram_plain_and_transformers(
 
 
 def test_greedy_identity_suffix(prompt_ids: list[list[int]], hf_reference: list[list[int]]) -> None:
-    suffix = LLM("smollm2", speculative_config={"method": "suffix", "num_speculative_tokens": 4})
+    suffix = LLM(
+        "smollm2",
+        speculative_config={"adaptive_draft_length": False, "method": "suffix", "num_speculative_tokens": 4},
+    )
     outs = suffix.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
     assert [o.outputs[0].token_ids for o in outs] == hf_reference
 
@@ -114,7 +123,12 @@ def test_greedy_identity_draft_model_from_gguf(
     prompt_ids: list[list[int]], hf_reference: list[list[int]]
 ) -> None:
     """The bundled GGUF as its own draft model (a GGUF draft path): every draft accepted, output exact."""
-    spec = {"method": "draft_model", "model": "smollm2", "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": "smollm2",
+        "num_speculative_tokens": 3,
+    }
     llm = LLM("smollm2", speculative_config=spec, max_num_seqs=4, log_stats_interval=None)
     outs = llm.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
     assert [o.outputs[0].token_ids for o in outs] == hf_reference

@@ -47,7 +47,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
 @pytest.mark.parametrize("method", ["probabilistic", "block"])
 def test_target_law_is_kept_with_selector_drafts(models: tuple[str, str, str], method: str) -> None:
     target, other, head = models
-    spec = {"method": "dflash", "model": head, "num_speculative_tokens": 3, "rejection_sample_method": method}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "dflash",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "rejection_sample_method": method,
+    }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

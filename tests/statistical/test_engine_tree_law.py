@@ -78,6 +78,7 @@ def test_target_law_is_kept_with_tree_verification(
     else:
         head = write_eagle1(root / "h", target, bias=True, seed=2)
         spec = {
+            "adaptive_draft_length": False,
             "method": "eagle",
             "model": head,
             "num_speculative_tokens": 3,

@@ -1,7 +1,7 @@
 """Adaptive draft length in the engine (``speculative_config["adaptive_draft_length"]``,
-``engine/adaptive.py``): greedy output unchanged, speculation turned off where drafts cost more than they
-give and kept where they pay, re-measurements timed, sampled requests always at K and the greedy requests
-beside them too. The policy alone: ``test_adaptive_draft_length.py``."""
+``engine/adaptive.py``): on by default for chains, greedy output unchanged, speculation turned off where
+drafts cost more than they give and kept where they pay, re-measurements timed, sampled requests always at
+K and the greedy requests beside them too. The policy alone: ``test_adaptive_draft_length.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
+from spec_backend.config.speculative import SpeculativeConfig
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.adaptive import EXPLORE_EVERY, MIN_SAMPLES
+from spec_backend.engine.assembly import adaptive_wanted
 from spec_backend.proposers.contract import DraftOutput
 from spec_backend.tools.tiny import make_tiny_model
 
@@ -131,9 +133,38 @@ def test_re_measurements_are_measured(target: str) -> None:
     assert adaptive.batches[1].samples > MIN_SAMPLES + 1  # ... and those steps were samples
 
 
+def test_on_by_default_for_chains_and_off_where_asked(target: str) -> None:
+    """``adaptive_draft_length`` unset: on for an n-gram chain, off for synthetic acceptance (a benchmark
+    of a drafter at a set acceptance and K); set, as set."""
+    ngram = {"method": "ngram", "num_speculative_tokens": K}
+    assert LLM(target, speculative_config=ngram).engine.adaptive is not None
+    assert LLM(target, speculative_config={**ngram, "adaptive_draft_length": False}).engine.adaptive is None
+    synthetic = {**ngram, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.0}
+    assert LLM(target, speculative_config=synthetic).engine.adaptive is None
+    on = {**synthetic, "adaptive_draft_length": True}
+    assert LLM(target, speculative_config=on).engine.adaptive is not None
+
+
+@pytest.mark.parametrize(
+    ("setting", "tree", "confidence", "wanted"),
+    [
+        (None, False, False, True),
+        (None, True, False, False),  # a tree: the policy prices a chain's rows
+        (None, False, True, False),  # a confidence rule chooses verify lengths itself
+        (True, True, False, True),
+        (True, False, True, True),  # the engine then keeps the confidence rule alone (logged)
+        (False, False, False, False),
+    ],
+)
+def test_adaptive_wanted(setting: bool | None, tree: bool, confidence: bool, wanted: bool) -> None:
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=K, adaptive_draft_length=setting)
+    assert adaptive_wanted(spec, tree, confidence) is wanted
+
+
 def test_without_the_option_drafting_goes_on(target: str) -> None:
     """Negative control: the same costly drafter, adaptive off: every step drafts K."""
-    llm = LLM(target, dtype="float64", speculative_config={"method": "ngram", "num_speculative_tokens": K})
+    spec = {"method": "ngram", "num_speculative_tokens": K, "adaptive_draft_length": False}
+    llm = LLM(target, dtype="float64", speculative_config=spec)
     _charged(llm, 0.2, wrong=True)
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     assert llm.engine.adaptive is None

@@ -29,7 +29,13 @@ def packed(module: Any) -> list[PackedLinear]:
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantized_eagle3_head(target_dir: str, expected: list[list[int]], tmp_path: Path, kind: str) -> None:
     head = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2])
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "quantization": kind}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle3",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "quantization": kind,
+    }
     llm = check_greedy_identity(target_dir, expected, spec, EagleDrafter)
     layers = packed(llm.engine.drafter.head)
     assert len(layers) == 9 and all(type(m) is KINDS[kind] for m in layers)  # fc, q k v o, MLP, lm_head
@@ -38,12 +44,18 @@ def test_quantized_eagle3_head(target_dir: str, expected: list[list[int]], tmp_p
 
 def test_unquantized_head_is_the_default(target_dir: str, expected: list[list[int]], tmp_path: Path) -> None:
     head = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2])
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    spec = {"adaptive_draft_length": False, "method": "eagle3", "model": head, "num_speculative_tokens": 3}
     assert not packed(check_greedy_identity(target_dir, expected, spec, EagleDrafter).engine.drafter.head)
 
 
 def test_quantized_draft_model(target_dir: str, expected: list[list[int]]) -> None:
-    spec = {"method": "draft_model", "model": target_dir, "num_speculative_tokens": 3, "quantization": "int8"}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": target_dir,
+        "num_speculative_tokens": 3,
+        "quantization": "int8",
+    }
     llm = check_greedy_identity(target_dir, expected, spec, DraftModelDrafter)
     layers = packed(llm.engine.drafter.model)
     assert len(layers) == 2 * 7 and all(type(m) is Int8Linear for m in layers)
@@ -67,6 +79,12 @@ def test_unknown_mode_and_unsupported_methods_are_refused(
         model, mode = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2]), "awq"
     else:
         model, mode = draft_checkpoints.write_medusa(tmp_path / "medusa", 32, 128, 2, "vllm"), "int8"
-    spec = {"method": method, "model": model, "num_speculative_tokens": 2, "quantization": mode}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": method,
+        "model": model,
+        "num_speculative_tokens": 2,
+        "quantization": mode,
+    }
     with pytest.raises(ValueError, match=REFUSALS[method]):
         LLM(target_dir, speculative_config=spec)

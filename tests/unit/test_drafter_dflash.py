@@ -37,7 +37,7 @@ def deep_target(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
     head = write_dflash(tmp_path / "dflash", deep_target)
     expected = [o.outputs[0].token_ids for o in LLM(deep_target, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": "dflash", "model": head, "num_speculative_tokens": k}
+    spec = {"adaptive_draft_length": False, "method": "dflash", "model": head, "num_speculative_tokens": k}
     llm = check_greedy_identity(deep_target, expected, spec, DFlashDrafter)
     assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (2, 4)
 
@@ -106,7 +106,12 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
     llm = LLM(
         deep_target,
         dtype="float64",
-        speculative_config={"method": "dflash", "model": head, "num_speculative_tokens": 3},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "dflash",
+            "model": head,
+            "num_speculative_tokens": 3,
+        },
     )
     tokens, seen = draft_history(llm, PROMPTS[2], 12)
     assert len(seen) >= 3 and llm.metrics.total.num_draft_tokens > 0

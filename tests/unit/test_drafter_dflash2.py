@@ -121,7 +121,7 @@ def _select(target: object, w: dict, zlab: dict, out: torch.Tensor, anchor: int,
 def test_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
     head = write_dflash2(tmp_path / "dflash2", deep_target)
     expected = [o.outputs[0].token_ids for o in LLM(deep_target, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": "dflash", "model": head, "num_speculative_tokens": k}
+    spec = {"adaptive_draft_length": False, "method": "dflash", "model": head, "num_speculative_tokens": k}
     llm = check_greedy_identity(deep_target, expected, spec, DFlashDrafter)
     drafter = llm.engine.drafter
     assert isinstance(drafter, DFlashDrafter) and drafter.head.candidate_selector is not None
@@ -130,7 +130,7 @@ def test_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
 @pytest.mark.parametrize("window", [4, 1000])
 def test_every_steps_drafts_match_zlabs_pseudo_code(deep_target: str, tmp_path: Path, window: int) -> None:
     head = write_dflash2(tmp_path / "dflash2", deep_target, seed=3, window=window)
-    spec = {"method": "dflash", "model": head, "num_speculative_tokens": 3}
+    spec = {"adaptive_draft_length": False, "method": "dflash", "model": head, "num_speculative_tokens": 3}
     llm = LLM(deep_target, dtype="float64", speculative_config=spec)
     check_rebuilds(llm, lambda committed: _oracle(deep_target, head, committed, 3), ([40], PROMPTS[2]), 12)
 
@@ -145,7 +145,7 @@ def test_the_checkpoint_alone_selects_dflash(deep_target: str, tmp_path: Path) -
 def test_the_selector_changes_the_drafts(deep_target: str, tmp_path: Path) -> None:
     """Negative control: without the selector's pair scores, drafts are the plain argmax; they differ."""
     head = write_dflash2(tmp_path / "dflash2", deep_target, seed=3)
-    spec = {"method": "dflash", "model": head, "num_speculative_tokens": 3}
+    spec = {"adaptive_draft_length": False, "method": "dflash", "model": head, "num_speculative_tokens": 3}
     with_selector = draft_history(LLM(deep_target, dtype="float64", speculative_config=spec), PROMPTS[2], 12)[
         1
     ]
@@ -164,7 +164,12 @@ def test_bad_dflash2_configs_are_refused(deep_target: str, tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"DFlash2 checkpoint .* group size dividing hidden_size 32"):
         LLM(
             deep_target,
-            speculative_config={"method": "dflash", "model": str(head), "num_speculative_tokens": 2},
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "dflash",
+                "model": str(head),
+                "num_speculative_tokens": 2,
+            },
         )
     config["dflash_config"]["conv_group_size"] = 8
     (head / "config.json").write_text(json.dumps(config))
@@ -174,5 +179,10 @@ def test_bad_dflash2_configs_are_refused(deep_target: str, tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"missing \['candidate_selector.successor_codebook'\]"):
         LLM(
             deep_target,
-            speculative_config={"method": "dflash", "model": str(head), "num_speculative_tokens": 2},
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "dflash",
+                "model": str(head),
+                "num_speculative_tokens": 2,
+            },
         )

@@ -43,7 +43,12 @@ def _ids(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
 def test_greedy_identity_with_a_different_draft(
     target_dir: str, draft_dir: str, expected: list[list[int]], k: int
 ) -> None:
-    spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": k}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": draft_dir,
+        "num_speculative_tokens": k,
+    }
     llm = LLM(target_dir, dtype="float64", speculative_config=spec)
     assert isinstance(llm.engine.drafter, DraftModelDrafter)
     assert _ids(llm) == expected
@@ -63,7 +68,12 @@ def test_target_as_its_own_draft_accepts_every_draft(target_dir: str, expected: 
 
 
 def test_more_requests_than_slots_and_batch_mates_do_not_matter(target_dir: str, draft_dir: str) -> None:
-    spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": draft_dir,
+        "num_speculative_tokens": 3,
+    }
     llm = LLM(target_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
     together = _ids(llm)  # 4 requests through 2 slots: admissions and slot moves in both caches
     alone = [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
@@ -72,6 +82,7 @@ def test_more_requests_than_slots_and_batch_mates_do_not_matter(target_dir: str,
 
 def test_seeded_sampling_is_reproducible_with_probabilistic_drafts(target_dir: str, draft_dir: str) -> None:
     spec = {
+        "adaptive_draft_length": False,
         "method": "draft_model",
         "model": draft_dir,
         "num_speculative_tokens": 3,
@@ -90,7 +101,12 @@ def test_vocabulary_mismatch_names_both(target_dir: str, tmp_path: object) -> No
     with pytest.raises(ValueError, match=r"target vocab_size=128, draft vocab_size=96"):
         LLM(
             target_dir,
-            speculative_config={"method": "draft_model", "model": other, "num_speculative_tokens": 2},
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "draft_model",
+                "model": other,
+                "num_speculative_tokens": 2,
+            },
         )
 
 
@@ -104,13 +120,19 @@ def test_tokenizer_mismatch_is_refused(tmp_path_factory: pytest.TempPathFactory)
     vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # same size, two ids swapped
     with open(vocab_file, "w", encoding="utf-8") as f:
         json.dump(data, f)
-    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": draft,
+        "num_speculative_tokens": 2,
+    }
     with pytest.raises(ValueError, match="has a different tokenizer from the target"):
         LLM(target, speculative_config=spec)
 
 
 def test_draft_tensor_parallel_must_be_one(target_dir: str, draft_dir: str) -> None:
     spec = {
+        "adaptive_draft_length": False,
         "method": "draft_model",
         "model": draft_dir,
         "num_speculative_tokens": 2,
@@ -121,7 +143,12 @@ def test_draft_tensor_parallel_must_be_one(target_dir: str, draft_dir: str) -> N
 
 
 def test_kv_budget_counts_the_draft_cache(target_dir: str, draft_dir: str) -> None:
-    spec = {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": 2}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": draft_dir,
+        "num_speculative_tokens": 2,
+    }
     with pytest.raises(
         ValueError, match=r"kv_cache_memory_bytes=1000 cannot hold one request of max_model_len=64"
     ):

@@ -56,13 +56,19 @@ def _head(tmp: Path, target: str, layout: tuple[str, bool | None, str, int | Non
 def test_greedy_identity(
     deep_target: str, plain: list[list[int]], tmp_path: Path, layout: Any, k: int
 ) -> None:
-    spec = {"method": "dspark", "model": _head(tmp_path, deep_target, layout), "num_speculative_tokens": k}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "dspark",
+        "model": _head(tmp_path, deep_target, layout),
+        "num_speculative_tokens": k,
+    }
     llm = check_greedy_identity(deep_target, plain, spec, DSparkDrafter)
     assert llm.metrics.total.verify_lengths, "the confidences chose no verify length"
 
 
 def test_greedy_identity_on_the_cpu_backend(deep_target: str, plain: list[list[int]], tmp_path: Path) -> None:
     spec = {
+        "adaptive_draft_length": False,
         "method": "dspark",
         "model": _head(tmp_path, deep_target, LAYOUTS[0]),
         "num_speculative_tokens": 4,
@@ -223,7 +229,12 @@ def _refused(target: str, spec: dict[str, Any], match: str) -> None:
 def test_bad_checkpoints_and_options_are_refused(deep_target: str, tmp_path: Path) -> None:
     head = Path(write_dspark(tmp_path / "h", deep_target, block_size=4))
     config = json.loads((head / "config.json").read_text())
-    spec = {"method": "dspark", "model": str(head), "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "dspark",
+        "model": str(head),
+        "num_speculative_tokens": 3,
+    }
     _refused(
         deep_target,
         {**spec, "num_speculative_tokens": 5},
@@ -241,7 +252,12 @@ def test_bad_checkpoints_and_options_are_refused(deep_target: str, tmp_path: Pat
     )
     _refused(
         deep_target,
-        {"method": "ngram", "num_speculative_tokens": 2, "confidence_verification": "off"},
+        {
+            "adaptive_draft_length": False,
+            "method": "ngram",
+            "num_speculative_tokens": 2,
+            "confidence_verification": "off",
+        },
         "needs a drafter with a confidence head",
     )
     for key, value, match in (
@@ -275,6 +291,8 @@ def test_throughput_is_the_one_policy_and_seeded_requests_keep_every_draft(
     spec["rejection_sample_method"] = "probabilistic"
     llm = LLM(deep_target, dtype="float64", speculative_config=spec)
     assert llm.engine.adaptive is None and llm.engine.confidence is not None  # one policy
+    unset = {k: v for k, v in spec.items() if k != "adaptive_draft_length"}
+    assert LLM(deep_target, speculative_config=unset).engine.adaptive is None  # not on by default beside it
     seen: list[tuple[bool, int, int]] = []  # (seeded, verified, available)
     verify = llm.engine.verify_lengths
 

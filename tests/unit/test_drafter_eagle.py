@@ -35,7 +35,7 @@ def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, k: int, bias: bool
 ) -> None:
     head = write_eagle1(tmp_path / "eagle", target_dir, bias)
-    spec = {"method": "eagle", "model": head, "num_speculative_tokens": k}
+    spec = {"adaptive_draft_length": False, "method": "eagle", "model": head, "num_speculative_tokens": k}
     check_greedy_identity(target_dir, expected, spec, EagleDrafter)
 
 
@@ -89,7 +89,12 @@ def test_first_drafts_match_the_pseudo_code(target_dir: str, tmp_path: Path) -> 
     llm = LLM(
         target_dir,
         dtype="float64",
-        speculative_config={"method": "eagle", "model": head, "num_speculative_tokens": 3},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "eagle",
+            "model": head,
+            "num_speculative_tokens": 3,
+        },
     )
     seen = record_drafts(llm)
     out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0]
@@ -101,7 +106,13 @@ def test_every_tree_node_is_ranked_on_its_own_path(target_dir: str, tmp_path: Pa
     are the pseudo-code's after that parent's path (float64, 1e-9; siblings fed in one forward must not
     see each other), and each node is the rank-th token of its parent's."""
     head = write_eagle1(tmp_path / "eagle", target_dir, bias=True, seed=1)
-    spec = {"method": "eagle", "model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": TREE,
+    }
     llm = LLM(target_dir, dtype="float64", speculative_config=spec)
     seen, scored = record_drafts(llm, tree=True), []
     drafter: Any = llm.engine.drafter
@@ -125,7 +136,13 @@ def test_the_dynamic_tree_is_eagle2_on_the_pseudo_code(
     """EAGLE-2 grown by the batched drafter (tree attention per level, frontier and ancestors fed) equals
     the host reference ``dynamic_tree`` over the pseudo-code's distributions after each path."""
     head = write_eagle1(tmp_path / "eagle", target_dir, bias=True, seed=2)
-    spec = {"method": "eagle", "model": head, "num_speculative_tokens": 3, "tree_top_k": top_k}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "tree_top_k": top_k,
+    }
     llm = LLM(target_dir, dtype="float64", speculative_config={**spec, "tree_nodes": nodes})
     drafter: Any = llm.engine.drafter
     grow, seen = drafter.propose_dynamic_tree, []
@@ -149,6 +166,11 @@ def test_bad_checkpoint_is_refused(target_dir: str, tmp_path: Path) -> None:
     del tensors["layers.0.mlp.up_proj.weight"]
     tensors["fc.weight"] = tensors["fc.weight"][:, :10].contiguous()
     save_file(tensors, str(head / "model.safetensors"))
-    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 2}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle",
+        "model": str(head),
+        "num_speculative_tokens": 2,
+    }
     with pytest.raises(ValueError, match=r"missing \['layers.0.mlp.up_proj.weight'\].*fc.weight: \[32, 10\]"):
         LLM(target_dir, speculative_config=spec)

@@ -41,7 +41,7 @@ def greedy_outputs(target: str) -> list[list[int]]:
 @pytest.mark.parametrize("k", [1, 3])
 def test_original_format_greedy_identity(deep_target: str, tmp_path: Path, k: int) -> None:
     head = write_eagle3(tmp_path / "e3", deep_target, "original", draft_vocab=48)
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+    spec = {"adaptive_draft_length": False, "method": "eagle3", "model": head, "num_speculative_tokens": k}
     llm = check_greedy_identity(deep_target, greedy_outputs(deep_target), spec, EagleDrafter)
     assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (2, 3, 3)
 
@@ -52,7 +52,7 @@ def test_speculators_format_greedy_identity(
     head = write_eagle3(
         tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2], norm_before_residual=True
     )
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    spec = {"adaptive_draft_length": False, "method": "eagle3", "model": head, "num_speculative_tokens": 3}
     llm = check_greedy_identity(target_dir, expected, spec, EagleDrafter)
     assert llm.engine.drafter is not None and llm.engine.drafter.hidden_states.aux_layer_ids == (0, 1, 2)
 
@@ -150,7 +150,12 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(
     llm = LLM(
         target,
         dtype="float64",
-        speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": 3,
+        },
     )
     assert getattr(llm.engine.drafter, "mask_token_id", None) == (5 if fmt == "peagle" else None)
     tokens, seen = draft_history(llm, PROMPTS[0], 12)
@@ -174,7 +179,13 @@ def test_parallel_drafting_greedy_identity(
 
 def test_parallel_drafting_needs_a_head_trained_for_it(target_dir: str, tmp_path: Path) -> None:
     head = write_eagle3(tmp_path / "e3", target_dir, "speculators", aux_ids=[0, 1, 2])
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle3",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "parallel_drafting": True,
+    }
     with pytest.raises(
         ValueError, match=r"parallel_drafting=True needs a head trained for it .* has no mask_hidden"
     ):
@@ -187,7 +198,13 @@ def test_drafts_stay_in_the_draft_vocabulary(deep_target: str, tmp_path: Path) -
 
     allowed = set(load_file(os.path.join(head, "model.safetensors"))["t2d"].nonzero().flatten().tolist())
     llm = LLM(
-        deep_target, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+        deep_target,
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": 3,
+        },
     )
     drafter: Any = llm.engine.drafter
     propose, drafted = drafter.propose, set()
@@ -216,7 +233,7 @@ def _edit(head: str, **changes: Any) -> None:
 
 
 def test_bad_checkpoints_are_refused(target_dir: str, tmp_path: Path) -> None:
-    spec: dict[str, Any] = {"method": "eagle3", "num_speculative_tokens": 2}
+    spec: dict[str, Any] = {"adaptive_draft_length": False, "method": "eagle3", "num_speculative_tokens": 2}
     head = write_eagle3(tmp_path / "default_ids", target_dir, "original")
     with pytest.raises(
         ValueError, match=r"3 layer ids in 0\.\.2 \(the target has 2 layers\), got \[2, 1, -1\]"
@@ -249,4 +266,12 @@ def test_an_eagle1_checkpoint_is_not_an_eagle3_one(target_dir: str, tmp_path: Pa
         match=r"EAGLE-3 checkpoint .* missing \[.*'layers.0.hidden_norm.weight'.*"
         r"fc.weight: \[32, 64\] \(expected \[32, 96\]\)",
     ):
-        LLM(target_dir, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 2})
+        LLM(
+            target_dir,
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "eagle3",
+                "model": head,
+                "num_speculative_tokens": 2,
+            },
+        )

@@ -29,7 +29,7 @@ def test_greedy_identity(
     target_dir: str, expected: list[list[int]], tmp_path: Path, layout: str, k: int
 ) -> None:
     heads = write_medusa(tmp_path / "medusa", layout)
-    spec = {"method": "medusa", "model": heads, "num_speculative_tokens": k}
+    spec = {"adaptive_draft_length": False, "method": "medusa", "model": heads, "num_speculative_tokens": k}
     check_greedy_identity(target_dir, expected, spec, MedusaDrafter)
 
 
@@ -51,7 +51,12 @@ def test_first_drafts_are_the_heads_on_the_last_prompt_state(target_dir: str, tm
     llm = LLM(
         target_dir,
         dtype="float64",
-        speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": HEADS},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "medusa",
+            "model": heads,
+            "num_speculative_tokens": HEADS,
+        },
     )
     seen = record_drafts(llm)
     llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))
@@ -61,7 +66,15 @@ def test_first_drafts_are_the_heads_on_the_last_prompt_state(target_dir: str, tm
 def test_errors(target_dir: str, tmp_path: Path) -> None:
     heads = write_medusa(tmp_path / "medusa", "vllm")
     with pytest.raises(ValueError, match=r"num_speculative_tokens=4 exceeds the checkpoint's 3 Medusa heads"):
-        LLM(target_dir, speculative_config={"method": "medusa", "model": heads, "num_speculative_tokens": 4})
+        LLM(
+            target_dir,
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "medusa",
+                "model": heads,
+                "num_speculative_tokens": 4,
+            },
+        )
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     (pickled / "config.json").write_text(json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1}))
@@ -71,5 +84,10 @@ def test_errors(target_dir: str, tmp_path: Path) -> None:
     ):
         LLM(
             target_dir,
-            speculative_config={"method": "medusa", "model": str(pickled), "num_speculative_tokens": 2},
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "medusa",
+                "model": str(pickled),
+                "num_speculative_tokens": 2,
+            },
         )

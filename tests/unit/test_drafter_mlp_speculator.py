@@ -29,7 +29,12 @@ def write_mlp(path: Path, tied: bool, prefix: str = "speculator.", seed: int = 0
 
 
 def _spec(path: str, k: int) -> dict[str, Any]:
-    return {"method": "mlp_speculator", "model": path, "num_speculative_tokens": k}
+    return {
+        "adaptive_draft_length": False,
+        "method": "mlp_speculator",
+        "model": path,
+        "num_speculative_tokens": k,
+    }
 
 
 @pytest.mark.parametrize(("tied", "k"), [(False, 3), (True, 3), (False, 1)])

@@ -90,7 +90,11 @@ def outputs(llm: LLM, params: SamplingParams = GREEDY) -> list[list[int]]:
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_greedy_identity(glm: str, k: int) -> None:
     expected = outputs(LLM(glm, dtype="float64"))
-    llm = LLM(glm, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": k})
+    llm = LLM(
+        glm,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": k},
+    )
     assert isinstance(llm.engine.drafter, EagleDrafter)
     assert outputs(llm) == expected
     assert llm.metrics.total.num_draft_tokens > 0
@@ -100,7 +104,11 @@ def test_greedy_identity(glm: str, k: int) -> None:
 def test_moe_blocks_load_from_per_expert_weights(tmp_path: Path) -> None:
     target = write_glm_with_mtp(tmp_path / "moe", nextn=1, moe=True)
     expected = outputs(LLM(target, dtype="float32"))
-    llm = LLM(target, dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    llm = LLM(
+        target,
+        dtype="float32",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 1},
+    )
     head: Any = llm.engine.drafter.head  # type: ignore[union-attr]
     assert head.mtp[0].block.mlp.experts.gate_up_proj.shape == (4, 32, 32)
     assert outputs(llm) == expected
@@ -144,7 +152,11 @@ def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[i
 
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: Path) -> None:
     target = write_glm_with_mtp(tmp_path / "one", nextn=1, seed=4)
-    llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2},
+    )
     check_rebuilds(llm, lambda committed: _oracle(target, committed, 2, 1))
 
 
@@ -153,25 +165,40 @@ def test_configuration_from_the_checkpoint(glm: str, caplog: pytest.LogCaptureFi
     assert llm.speculative_config is not None and llm.speculative_config.num_speculative_tokens == 2
     with caplog.at_level(logging.WARNING, logger="spec_backend.config"):
         llm = LLM(
-            glm, dtype="float64", speculative_config={"method": "glm4_moe_mtp", "num_speculative_tokens": 2}
+            glm,
+            dtype="float64",
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "glm4_moe_mtp",
+                "num_speculative_tokens": 2,
+            },
         )
     assert llm.speculative_config is not None and llm.speculative_config.method == "mtp"
     assert "deprecated" in caplog.text
     with pytest.raises(
         ValueError, match=r"num_speculative_tokens=3 must be a multiple of the draft model's n_predict=2"
     ):
-        LLM(glm, speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+        LLM(
+            glm,
+            speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 3},
+        )
 
 
 def test_checkpoints_without_mtp_layers_are_refused(target_dir: str, tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"method='mtp' does not match the draft model .* whose model_type is 'llama'"
     ):
-        LLM(target_dir, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        LLM(
+            target_dir,
+            speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 1},
+        )
     broken = Path(write_glm_with_mtp(tmp_path / "broken", nextn=1))
     tensors = load_file(str(broken / "model.safetensors"))
     del tensors[f"model.layers.{L}.eh_proj.weight"]
     tensors[f"model.layers.{L}.hnorm.weight"] = torch.ones(16)
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing \['mtp.0.eh_proj.weight'\].*mtp.0.hnorm.weight: \[16\]"):
-        LLM(str(broken), speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        LLM(
+            str(broken),
+            speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 1},
+        )

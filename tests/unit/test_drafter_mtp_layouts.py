@@ -108,7 +108,11 @@ def test_target_loads_as_qwen2_with_the_transformers_reading(mimo: str) -> None:
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_identity(mimo: str, k: int) -> None:
     expected = outputs(LLM(mimo, dtype="float64"))
-    llm = LLM(mimo, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": k})
+    llm = LLM(
+        mimo,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": k},
+    )
     assert isinstance(llm.engine.drafter, EagleDrafter)
     assert llm.engine.drafter.head.layout.family == "mimo"  # type: ignore[attr-defined]
     assert outputs(llm) == expected
@@ -160,7 +164,11 @@ def _oracle(target_dir: str, committed: list[int], k: int) -> list[int]:
 
 def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: Path) -> None:
     target = write_mimo(tmp_path / "one", nextn=1, seed=4)
-    llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2},
+    )
     check_rebuilds(llm, lambda committed: _oracle(target, committed, 2))
 
 
@@ -196,7 +204,11 @@ def test_a_drafter_that_agrees_with_its_target_is_always_accepted(
     tmp_path_factory: pytest.TempPathFactory, k: int
 ) -> None:
     target = write_agreeing(tmp_path_factory.mktemp("agree"))
-    llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": k})
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": k},
+    )
     expected = outputs(LLM(target, dtype="float64"))
     assert outputs(llm) == expected
     stats = llm.metrics.total
@@ -207,7 +219,11 @@ def test_the_agreement_test_can_fail(tmp_path: Path) -> None:
     """Negative control: the same head with its halves swapped (DeepSeek's order) reads the hidden state
     where it should read the token, and most drafts are rejected."""
     target = write_agreeing(tmp_path / "swapped", hidden_first=False)
-    llm = LLM(target, dtype="float64", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2},
+    )
     outputs(llm)
     assert llm.metrics.total.acceptance_rate < 0.5
 
@@ -224,14 +240,20 @@ def test_missing_mimo_tensors_are_named(tmp_path: Path) -> None:
     del tensors["model.mtp_layers.0.input_proj.weight"]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing \['mtp.0.eh_proj.weight'\]"):
-        LLM(str(broken), speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        LLM(
+            str(broken),
+            speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 1},
+        )
     for name in [n for n in tensors if "mtp_layers" in n]:
         del tensors[name]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(
         ValueError, match=r"has no MTP weights: expected the mimo layout \(model.mtp_layers.0.input_proj"
     ):
-        LLM(str(broken), speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        LLM(
+            str(broken),
+            speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 1},
+        )
 
 
 def write_qwen3_next(path: Path, seed: int = 0) -> str:
@@ -334,7 +356,11 @@ def _qwen3_next_oracle(target_dir: str, committed: list[int], k: int) -> list[in
 def test_qwen3_next_layout(tmp_path: Path) -> None:
     target = write_qwen3_next(tmp_path / "q3n", seed=3)
     expected = outputs(LLM(target, dtype="float32"))
-    llm = LLM(target, dtype="float32", speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    llm = LLM(
+        target,
+        dtype="float32",
+        speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2},
+    )
     assert llm.engine.drafter.head.layout.family == "qwen3_next"  # type: ignore[union-attr]
     assert outputs(llm) == expected and llm.metrics.total.num_draft_tokens > 0
     check_rebuilds(llm, lambda committed: _qwen3_next_oracle(target, committed, 2))

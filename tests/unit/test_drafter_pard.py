@@ -43,7 +43,13 @@ def pard_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _spec(draft: str, k: int) -> dict[str, Any]:
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "parallel_drafting": True}
+    return {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": draft,
+        "num_speculative_tokens": k,
+        "parallel_drafting": True,
+    }
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

@@ -15,8 +15,19 @@ from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.tools.tiny import make_tiny_model
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_min_token_prob": 0.0}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+SUFFIX = {
+    "adaptive_draft_length": False,
+    "method": "suffix",
+    "num_speculative_tokens": 4,
+    "suffix_decoding_min_token_prob": 0.0,
+}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
 

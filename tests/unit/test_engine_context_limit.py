@@ -33,23 +33,25 @@ Spec = Callable[[str, Path], dict[str, Any]]
 
 
 def _model(method: str, path: str) -> dict[str, Any]:
-    return {"method": method, "model": path, "num_speculative_tokens": K}
+    return {"adaptive_draft_length": False, "method": method, "model": path, "num_speculative_tokens": K}
 
 
 SPECS: dict[str, Spec] = {
     "ngram": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "ngram",
         "num_speculative_tokens": K,
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 1,
     },
     "ngram_gpu": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "ngram_gpu",
         "num_speculative_tokens": K,
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 1,
     },
-    "suffix": lambda t, p: {"method": "suffix", "num_speculative_tokens": K},
+    "suffix": lambda t, p: {"adaptive_draft_length": False, "method": "suffix", "num_speculative_tokens": K},
     "draft_model(self)": lambda t, p: _model("draft_model", t),
     "draft_model": lambda t, p: _model("draft_model", make_tiny_model(p / "draft", "qwen2", seed=4)),
     "eagle": lambda t, p: _model("eagle", ckpt.write_eagle1(p / "eagle", t, bias=False)),
@@ -141,7 +143,7 @@ def test_max_model_len_below_the_models_limit_caps_speculation_too(tmp_path: Pat
 def test_mtp_stops_at_max_model_len_like_plain_decoding(tmp_path: Path) -> None:
     glm = write_glm_with_mtp(tmp_path / "glm", nextn=1)
     plain = LLM(glm, dtype="float64", max_model_len=LIMIT).generate(PROMPTS, PARAMS)
-    spec = {"method": "mtp", "num_speculative_tokens": K}
+    spec = {"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": K}
     llm = LLM(glm, dtype="float64", max_model_len=LIMIT, speculative_config=spec)
     _check_stops_where_plain_stops(llm, [o.outputs[0].token_ids for o in plain])
 

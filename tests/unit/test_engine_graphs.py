@@ -29,7 +29,13 @@ PROMPTS = [
     [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
 ]
 K = 3
-NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": K,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
 
 
 class SimulatedGraphBackend(ReferenceBackend):
@@ -97,6 +103,7 @@ def test_padding_to_a_captured_size_gives_the_eager_output(llama_dir: str) -> No
 def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_path: object) -> None:
     draft = make_tiny_model(str(tmp_path), "qwen2", seed=4)
     spec = {
+        "adaptive_draft_length": False,
         "method": "draft_model",
         "model": draft,
         "num_speculative_tokens": K,
@@ -242,7 +249,11 @@ def test_hidden_state_drafters_read_through_the_captured_step(
         from test_drafter_mtp import write_glm_with_mtp
 
         llama_dir = write_glm_with_mtp(tmp_path / "glm", nextn=1)
-        spec: dict[str, object] = {"method": "mtp", "num_speculative_tokens": K}
+        spec: dict[str, object] = {
+            "adaptive_draft_length": False,
+            "method": "mtp",
+            "num_speculative_tokens": K,
+        }
     else:
         head = {
             "eagle": lambda: w.write_eagle1(tmp_path / "h", llama_dir, bias=True),
@@ -256,6 +267,7 @@ def test_hidden_state_drafters_read_through_the_captured_step(
             ),
         }[method]()
         spec = {
+            "adaptive_draft_length": False,
             "method": "eagle3" if method == "peagle" else method,
             "model": head,
             "num_speculative_tokens": K,
@@ -289,10 +301,17 @@ def test_token_tree_steps_replay_a_captured_graph(llama_dir: str, tmp_path: Path
         shape: dict[str, object] = {
             "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
         }
-        spec = {"method": "dspark", "model": head, "num_speculative_tokens": K, **shape}
+        spec = {
+            "adaptive_draft_length": False,
+            "method": "dspark",
+            "model": head,
+            "num_speculative_tokens": K,
+            **shape,
+        }
     else:
         head = w.write_eagle3(tmp_path / "h", llama_dir, "speculators", aux_ids=[0, 1, 2])
         spec = {
+            "adaptive_draft_length": False,
             "method": "eagle3",
             "model": head,
             "num_speculative_tokens": K,

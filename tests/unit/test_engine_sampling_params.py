@@ -37,7 +37,12 @@ def hf_model(target_dir: str) -> Any:
 
 @pytest.fixture(scope="module")
 def llm(target_dir: str) -> LLM:
-    spec = {"method": "draft_model", "model": target_dir, "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": target_dir,
+        "num_speculative_tokens": 3,
+    }
     return LLM(target_dir, dtype="float64", speculative_config=spec)
 
 

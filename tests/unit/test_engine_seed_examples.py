@@ -48,13 +48,23 @@ def test_ngram_offline_example(model_dir: str) -> None:
     llm = LLM(
         model=model_dir,
         tensor_parallel_size=1,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "ngram",
+            "num_speculative_tokens": 5,
+            "prompt_lookup_max": 4,
+        },
     )
     first = _run_example(llm)
     again = LLM(
         model=model_dir,
         tensor_parallel_size=1,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "ngram",
+            "num_speculative_tokens": 5,
+            "prompt_lookup_max": 4,
+        },
     )
     assert _ids(_run_example(again)) == _ids(first)  # the default seed makes the example reproducible
 
@@ -64,7 +74,7 @@ def test_suffix_offline_example(model_dir: str) -> None:
         model=model_dir,
         tensor_parallel_size=1,
         enforce_eager=True,
-        speculative_config={"method": "suffix", "num_speculative_tokens": 15},
+        speculative_config={"adaptive_draft_length": False, "method": "suffix", "num_speculative_tokens": 15},
     )
     _run_example(llm)
 
@@ -95,6 +105,7 @@ def test_eagle_offline_example_of_the_ascend_guide(
         enforce_eager=True,
         async_scheduling=True,
         speculative_config={
+            "adaptive_draft_length": False,
             "method": "eagle",
             "model": head,
             "draft_tensor_parallel_size": 1,
@@ -131,11 +142,22 @@ def test_eagle3_offline_example(model_dir: str, tmp_path_factory: pytest.TempPat
         with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids must be 3 layer ids"):
             LLM(
                 model=model_dir,
-                speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+                speculative_config={
+                    "adaptive_draft_length": False,
+                    "method": "eagle3",
+                    "model": head,
+                    "num_speculative_tokens": 3,
+                },
             )
         return
     llm = LLM(
-        model=model_dir, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+        model=model_dir,
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": 3,
+        },
     )
     _run_example(llm)
     assert llm.metrics.total.num_draft_tokens > 0
@@ -155,7 +177,12 @@ def test_speculators_checkpoint_alone_selects_eagle3_and_k(
     ):
         LLM(
             model=model_dir,
-            speculative_config={"method": "medusa", "model": head, "num_speculative_tokens": 2},
+            speculative_config={
+                "adaptive_draft_length": False,
+                "method": "medusa",
+                "model": head,
+                "num_speculative_tokens": 2,
+            },
         )
 
 

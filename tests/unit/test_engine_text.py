@@ -15,7 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.tools.tiny import make_tiny_model
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
 PROMPT = "def add(a, b):\n    return a + b\ndef add(a, b):\n"
 
 
@@ -145,7 +151,13 @@ def test_chat_applies_the_template_and_get_metrics_matches_the_outputs(tmp_path:
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
     )
     llm = LLM(
-        model, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+        model,
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+        },
     )
     params = SamplingParams(temperature=0, max_tokens=10)
     conversation = [{"role": "user", "content": "abcabc"}]

@@ -51,7 +51,12 @@ def _head(method: str, target: str, tmp: Path) -> str:
 @pytest.mark.parametrize("method", ["dspark", "dflash", "eagle", "eagle3", "medusa"])
 def test_greedy_output_with_a_tree_equals_plain_decoding(target: str, tmp_path: Path, method: str) -> None:
     plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": method, "model": _head(method, target, tmp_path), "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": method,
+        "model": _head(method, target, tmp_path),
+        "num_speculative_tokens": 3,
+    }
     llm = LLM(target, dtype="float64", speculative_config={**spec, "speculative_token_tree": TREE})
     assert llm.engine.tree is not None and llm.engine.captured is None
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
@@ -117,7 +122,12 @@ def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
     target: str, tmp_path: Path, method: str
 ) -> None:
     plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": method, "model": _head(method, target, tmp_path), "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": method,
+        "model": _head(method, target, tmp_path),
+        "num_speculative_tokens": 3,
+    }
     llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 3, "tree_nodes": 8})
     assert isinstance(llm.engine.tree, DynamicTree) and llm.engine.captured is None
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
@@ -129,7 +139,12 @@ def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
 def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_path: Path) -> None:
     """Each node's children come from the block row of its depth: the host EAGLE-2 reference over those
     rows' distributions gives the same tree."""
-    spec = {"method": "dflash", "model": _head("dflash", target, tmp_path), "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "dflash",
+        "model": _head("dflash", target, tmp_path),
+        "num_speculative_tokens": 3,
+    }
     llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 7})
     drafter: Any = llm.engine.drafter
     run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
@@ -146,7 +161,12 @@ def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_pa
 
 
 def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
-    spec = {"method": "eagle", "model": _head("eagle", target, tmp_path), "num_speculative_tokens": 3}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle",
+        "model": _head("eagle", target, tmp_path),
+        "num_speculative_tokens": 3,
+    }
     with pytest.raises(
         ValueError, match=r"needs both tree_top_k and tree_nodes, got tree_top_k=2 and tree_nodes=None"
     ):
@@ -159,6 +179,7 @@ def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
             speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4, "speculative_token_tree": TREE},
         )
     dspark = {
+        "adaptive_draft_length": False,
         "method": "dspark",
         "model": _head("dspark", target, tmp_path / "d"),
         "num_speculative_tokens": 3,
@@ -177,7 +198,7 @@ def test_mtp_trees_need_one_layer_and_equal_plain_decoding(tmp_path: Path) -> No
 
     glm = write_glm_with_mtp(tmp_path / "glm", nextn=1, seed=2)
     plain = [o.outputs[0].token_ids for o in LLM(glm, dtype="float64").generate(PROMPTS, GREEDY)]
-    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    spec = {"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 3}
     for tree in ({"speculative_token_tree": TREE}, {"tree_top_k": 2, "tree_nodes": 6}):
         llm = LLM(glm, dtype="float64", speculative_config={**spec, **tree})
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
@@ -189,7 +210,13 @@ def test_mtp_trees_need_one_layer_and_equal_plain_decoding(tmp_path: Path) -> No
 
 def test_parallel_drafting_cannot_draft_a_tree(target: str, tmp_path: Path) -> None:
     head = w.write_eagle3(tmp_path / "p", target, "peagle", aux_ids=[0, 2, 4])
-    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle3",
+        "model": head,
+        "num_speculative_tokens": 3,
+        "parallel_drafting": True,
+    }
     with pytest.raises(
         ValueError,
         match=r"parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree",

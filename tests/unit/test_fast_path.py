@@ -28,7 +28,12 @@ from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
 
 #: head dim 16, every product a multiple of 16 outputs and 32 inputs (native layers apply)
 WIDE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)

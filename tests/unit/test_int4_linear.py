@@ -164,7 +164,13 @@ def test_the_engine_packs_q4_1_models_and_stays_lossless(
     monkeypatch.setenv(PATH_ENV, "native" if kernel == "native" else "int4-bf16")
     model_dir = make_q4_1_model(tmp_path / "q4", seed=3)
     llm = LLM(
-        model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+        model_dir,
+        speculative_config={
+            "adaptive_draft_length": False,
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+        },
     )
     packed = [m for m in llm.model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers

@@ -75,8 +75,8 @@ def test_periodic_log_line(caplog: pytest.LogCaptureFixture) -> None:
 LOG_SCRIPT = """
 import sys
 from spec_backend.engine import LLM, SamplingParams
-llm = LLM(sys.argv[1], speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-          "prompt_lookup_max": 3}, log_stats_interval=1e-9)
+llm = LLM(sys.argv[1], speculative_config={"adaptive_draft_length": False, "method": "ngram",
+          "num_speculative_tokens": 3, "prompt_lookup_max": 3}, log_stats_interval=1e-9)
 llm.generate(["abcabcabcabc"], SamplingParams(temperature=0, max_tokens=24))
 """
 

@@ -69,9 +69,14 @@ def greedy(llm: LLM) -> list[list[int]]:
 def test_greedy_speculative_equals_plain(method: str, dirs: dict[str, str]) -> None:
     path = dirs["mtp" if method == "mtp" else "target"]
     spec: dict[str, Any] = (
-        {"method": "mtp", "num_speculative_tokens": 2}
+        {"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2}
         if method == "mtp"
-        else {"method": "draft_model", "model": dirs["draft"], "num_speculative_tokens": 3}
+        else {
+            "adaptive_draft_length": False,
+            "method": "draft_model",
+            "model": dirs["draft"],
+            "num_speculative_tokens": 3,
+        }
     )
     plain = greedy(LLM(path, dtype="float32", log_stats_interval=None))
     llm = LLM(path, dtype="float32", speculative_config=spec, log_stats_interval=None)

@@ -31,7 +31,13 @@ WITH_MTP = ["qwen3_next", "qwen3_5"]
 #: the families the embedding-to-logits draft (``make_bigram_draft``) agrees with: Granite-4.0-H's tiny
 #: embeddings are swamped by its first mixer, so its draft model case is Bamba's (the same Mamba-2 code)
 WITH_DRAFT = ["qwen3_next", "qwen3_5", "bamba"]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 2,
+    "prompt_lookup_min": 1,
+}
 #: a prompt longer than CHUNKED_MIN_TOKENS: its prefill takes the chunked form of the recurrence
 LONG = [(7 * i) % 97 + 3 for i in range(CHUNKED_MIN_TOKENS + 9)]
 ALL_PROMPTS = [*PROMPTS, LONG]
@@ -106,8 +112,13 @@ def _spec(method: str, family: str, dirs: dict[str, str]) -> dict[str, Any]:
     if method == "ngram":
         return NGRAM
     if method == "mtp":
-        return {"method": "mtp", "num_speculative_tokens": 2}
-    return {"method": "draft_model", "model": dirs[f"{family}-draft"], "num_speculative_tokens": 3}
+        return {"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2}
+    return {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": dirs[f"{family}-draft"],
+        "num_speculative_tokens": 3,
+    }
 
 
 SPECULATIVE = (
@@ -198,10 +209,15 @@ def test_suffix_and_eagle3_on_hybrids(family: str, method: str, dirs: dict[str, 
     speculators format) draft on hybrid targets: greedy output equals plain output, drafts rejected."""
     from spec_backend.testing.fixtures import draft_checkpoints as ckpt
 
-    spec: dict[str, Any] = {"method": "suffix", "num_speculative_tokens": 3}
+    spec: dict[str, Any] = {"adaptive_draft_length": False, "method": "suffix", "num_speculative_tokens": 3}
     if method == "eagle3":
         head = ckpt.write_eagle3(tmp_path / "e3", dirs[family], "speculators", aux_ids=[0, 1, 2])
-        spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+        spec = {
+            "adaptive_draft_length": False,
+            "method": "eagle3",
+            "model": head,
+            "num_speculative_tokens": 3,
+        }
     plain = greedy(_llm(dirs[family]))
     llm = _llm(dirs[family], spec)
     assert greedy(llm) == plain

@@ -21,7 +21,13 @@ from spec_backend.engine import LLM, SamplingParams
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
 RUNS = ["gemma2", "gemma3", "mistral", "gpt_oss", "qwen3_moe", "deepseek_v3"]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 2,
+    "prompt_lookup_min": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +95,14 @@ def test_greedy_speculative_equals_plain(family: str, method: str, family_dirs: 
     path = family_dirs[family]
     plain = greedy(LLM(path, dtype="float32", log_stats_interval=None))
     spec: dict[str, Any] = (
-        NGRAM if method == "ngram" else {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+        NGRAM
+        if method == "ngram"
+        else {
+            "adaptive_draft_length": False,
+            "method": "draft_model",
+            "model": path,
+            "num_speculative_tokens": 3,
+        }
     )
     llm = LLM(path, dtype="float32", speculative_config=spec, log_stats_interval=None)
     assert greedy(llm) == plain
@@ -268,7 +281,14 @@ def test_captured_steps_slide_like_eager_ones(family: str, method: str, family_d
     sees whole cache slots, give the eager engine's tokens."""
     path = family_dirs[family]
     spec: dict[str, Any] = (
-        NGRAM if method == "ngram" else {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+        NGRAM
+        if method == "ngram"
+        else {
+            "adaptive_draft_length": False,
+            "method": "draft_model",
+            "model": path,
+            "num_speculative_tokens": 3,
+        }
     )
     eager = greedy(LLM(path, dtype="float32", speculative_config=spec, log_stats_interval=None))
     backend = CapturingReference()

@@ -140,7 +140,13 @@ def test_engine_drafts_natively_and_stays_lossless(target_dir: str, tmp_path: Pa
     transformers' modules on the same products (``SPEC_BACKEND_NATIVE_LAYERS=0``), and the output is the
     target's plain greedy output."""
     folder = write_eagle3(tmp_path / "h", target_dir, "speculators", 96, [0, 1, 2], seed=3)
-    spec = {"method": "eagle3", "model": folder, "num_speculative_tokens": 3, "quantization": "int4"}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle3",
+        "model": folder,
+        "num_speculative_tokens": 3,
+        "quantization": "int4",
+    }
     llm = LLM(target_dir, speculative_config=spec)
     drafter: Any = llm.engine.drafter
     assert isinstance(drafter.head.layers[0], NativeEagle3Layer)

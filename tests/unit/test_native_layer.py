@@ -179,7 +179,12 @@ def _rows_reference(model: Any, prompts: list[list[int]], n: int) -> list[list[i
 
 
 def test_the_engine_runs_native_layers_and_stays_lossless(tmp_path: Path, isa: str) -> None:
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    }
     llm = LLM(make_q4_1_model(tmp_path / "wide", seed=5, **WIDE), speculative_config=spec)
     assert all(isinstance(layer, NativeDecoderLayer) for layer in llm.model.model.layers)
     assert {layer.isa for layer in llm.model.model.layers} == {isa}

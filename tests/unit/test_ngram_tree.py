@@ -83,7 +83,12 @@ def test_nodes_past_the_candidates_are_absent() -> None:
 
 
 def _spec(tree: bool) -> dict[str, object]:
-    spec: dict[str, object] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    spec: dict[str, object] = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 2,
+    }
     return {**spec, "prompt_lookup_min": 1, **({"speculative_token_tree": TREE} if tree else {})}
 
 

@@ -108,7 +108,12 @@ def test_the_engine_runs_a_q8_0_head_and_stays_lossless(tmp_path: Path, isa: str
     from transformers import AutoModelForCausalLM
 
     model_dir = make_q8_0_head_model(tmp_path / "q8", seed=5)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    }
     llm = LLM(model_dir, speculative_config=spec)
     head = llm.model.get_output_embeddings()
     assert isinstance(head, q8.Q80Projection)

@@ -42,7 +42,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def spec(model_dir: str) -> dict[str, Any]:
-    return {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    return {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": model_dir,
+        "num_speculative_tokens": 3,
+    }
 
 
 @pytest.fixture(scope="module")

@@ -43,26 +43,45 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 SPECS: dict[str, Callable[[str, Path], dict[str, Any] | None]] = {
     "plain": lambda t, p: None,
-    "ngram": lambda t, p: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
-    "ngram_gpu": lambda t, p: {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
-    "suffix": lambda t, p: {"method": "suffix", "num_speculative_tokens": 3},
-    "draft_model": lambda t, p: {"method": "draft_model", "model": t, "num_speculative_tokens": 3},
+    "ngram": lambda t, p: {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    },
+    "ngram_gpu": lambda t, p: {
+        "adaptive_draft_length": False,
+        "method": "ngram_gpu",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    },
+    "suffix": lambda t, p: {"adaptive_draft_length": False, "method": "suffix", "num_speculative_tokens": 3},
+    "draft_model": lambda t, p: {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": t,
+        "num_speculative_tokens": 3,
+    },
     "medusa": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "medusa",
         "model": write_medusa(p / "medusa", 32, 128, 3, "vllm"),
         "num_speculative_tokens": 3,
     },
     "mlp_speculator": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "mlp_speculator",
         "model": write_mlp_speculator(p / "mlp", 32, 128, 16, 3, tied=False),
         "num_speculative_tokens": 3,
     },
     "dflash": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "dflash",
         "model": write_dflash(p / "dflash", t, layers=1, target_layer_ids=[0]),
         "num_speculative_tokens": 3,
     },
     "eagle3": lambda t, p: {
+        "adaptive_draft_length": False,
         "method": "eagle3",
         "model": write_eagle3(p / "e3", t, "speculators", aux_ids=[0, 1, 2]),
         "num_speculative_tokens": 3,
@@ -102,7 +121,12 @@ def test_the_counter_sees_a_read(target: str) -> None:
 def test_drafts_outside_the_vocabulary_end_where_they_start(target: str) -> None:
     """A drafter whose drafts turn invalid part-way: the output is plain decoding's, and only the drafts
     before the first invalid id are counted as drafted (they are placeholders on the device)."""
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    }
     llm = LLM(target, dtype="float64", speculative_config=spec, backend="reference")
     drafter: Any = llm.engine.drafter
     propose, seen = drafter.propose, collections.Counter()

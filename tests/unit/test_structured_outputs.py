@@ -126,7 +126,13 @@ def test_forbidden_drafts_are_cut_before_verification(target: str) -> None:
     first ``a``: the ``x`` breaks the grammar, so it and what follows become placeholders (-1) before the
     sampler sees them, and are not counted as drafted; at the end the grammar allows only EOS, so the
     draft's ``a`` after ``...abc`` is cut too. Every draft that reaches the sampler is accepted."""
-    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 1,
+    }
     llm = LLM(target, dtype="float64", speculative_config=spec)
     recorder = _Recorder(llm)
     params = SamplingParams(
@@ -151,7 +157,12 @@ def test_an_output_that_ends_inside_a_draft_stops_there(target: str) -> None:
         temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputsParams(regex=regex)
     )
     prompt = "<think>ok</think>yes<think>ok</think>yes<think>"
-    spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 6,
+        "prompt_lookup_min": 2,
+    }
     plain = LLM(target, dtype="float64").generate([prompt], params)[0].outputs[0]
     out = LLM(target, dtype="float64", speculative_config=spec).generate([prompt], params)[0].outputs[0]
     assert out.token_ids == plain.token_ids and out.finish_reason == "stop"
@@ -223,7 +234,12 @@ def test_seeded_samples_with_ngram_drafts_are_plain_decodings_own(target: str) -
     output is one of the choices."""
     prompt = "yes yeah nope maybe no "
     plain = _sampled(LLM(target, dtype="float64", max_num_seqs=64), {"choice": CHOICES}, prompt)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    }
     speculative = LLM(target, dtype="float64", max_num_seqs=64, speculative_config=spec)
     assert _sampled(speculative, {"choice": CHOICES}, prompt) == plain
     assert speculative.metrics.total.num_accepted_tokens > 0
@@ -247,7 +263,12 @@ def test_sampled_outputs_with_probabilistic_drafts_keep_the_law(target: str) -> 
 
     plain_llm = LLM(target, dtype="float64", max_num_seqs=64)
     plain = _sampled(plain_llm, grammar, "abc")
-    spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 2}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "draft_model",
+        "model": target,
+        "num_speculative_tokens": 2,
+    }
     speculative = LLM(target, dtype="float64", max_num_seqs=64, speculative_config=spec)
     got = _sampled(speculative, grammar, "abc")
     stats = speculative.metrics.total

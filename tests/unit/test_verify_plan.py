@@ -18,7 +18,13 @@ from spec_backend.engine.verify import Verifier
 from spec_backend.sampling import RejectionSampler
 from spec_backend.verify_rules import rule_named
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
 
 
 def spec(**kw: object) -> SpeculativeConfig:

@@ -48,7 +48,12 @@ def test_int4_quantization_rounds_to_the_nearest_block_level() -> None:
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_engine_keeps_its_guarantee(tmp_path: Path, kind: str) -> None:
     model = make_tiny_model(tmp_path / "m", "llama", seed=2)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+    }
     llm = LLM(model, speculative_config=spec, quantization=kind)
     replaced = [m for m in llm.model.modules() if isinstance(m, KINDS[kind])]
     assert len(replaced) == 2 * 7  # every decoder linear; the LM head stays float32

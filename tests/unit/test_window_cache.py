@@ -18,7 +18,13 @@ from spec_backend.step import RaggedAttentionMetadata
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
 WINDOWED = ["gemma3", "mistral", "gpt_oss"]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 2,
+    "prompt_lookup_min": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,14 @@ def _llm(path: str, spec: dict[str, Any] | None = None, bounded: bool = True, **
 
 def _spec(method: str, path: str) -> dict[str, Any]:
     return (
-        NGRAM if method == "ngram" else {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+        NGRAM
+        if method == "ngram"
+        else {
+            "adaptive_draft_length": False,
+            "method": "draft_model",
+            "model": path,
+            "num_speculative_tokens": 3,
+        }
     )
 
 

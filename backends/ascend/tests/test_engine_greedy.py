@@ -31,7 +31,13 @@ def test_greedy_generation_matches_reference(fake_npu: ModuleType, tmp_path: Pat
     )
     prompts = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
     params = engine.SamplingParams(temperature=0.0, max_tokens=12)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 2,
+        "prompt_lookup_min": 1,
+    }
     outputs = {}
     for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
         llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
@@ -87,7 +93,13 @@ def test_float16_caches_longer_than_a_page_verify_through_captured_tnd(
     )
     prompts = [[5 + (i % 9) for i in range(n)] for n in (140, 300, 17)]
     params = engine.SamplingParams(temperature=0.0, max_tokens=10)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
     runs: dict[str, list[list[list[int]]]] = {}
     for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
         llm = engine.LLM(
@@ -117,7 +129,13 @@ def test_sliding_window_model_matches_reference_through_captured_steps(
     model = make_family_model(tmp_path / "gemma3", "gemma3")
     prompts = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
     params = engine.SamplingParams(temperature=0.0, max_tokens=12)
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 2,
+        "prompt_lookup_min": 1,
+    }
     outputs = {}
     for name, backend in (("reference", "reference"), ("ascend", CpuEmulatedAscend())):
         prefix = name == "reference" or not rings
@@ -162,6 +180,7 @@ def test_token_trees_run_through_the_fused_op_with_an_explicit_mask(
         else write_eagle3(tmp_path / "eagle3", model, "speculators", aux_ids=[0, 1, 1])
     )
     spec = {
+        "adaptive_draft_length": False,
         "method": method,
         "model": head,
         "num_speculative_tokens": 2,

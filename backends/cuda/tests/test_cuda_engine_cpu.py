@@ -16,7 +16,13 @@ from spec_backend.backends.attention import layer_attention, ragged_metadata
 from spec_backend.backends.base import AttentionFn, Availability
 
 PROMPTS = [[5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 3], [7, 1, 2, 7, 1], [11, 12, 13]]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 2,
+    "prompt_lookup_min": 1,
+}
 
 
 class CpuEmulatedCuda(CudaBackend):
