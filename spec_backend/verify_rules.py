@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     ]
     KernelSelector = Callable[[SamplerOps], DraftVerify]
     #: (parents [B, M], tokens [B, M], target_probs [N, V], target_argmax [N] | None, row_start [B],
-    #: greedy [B], uniforms [B, M + 1] f64) -> (path [B, M], final [B]): ``SamplerOps.tree_verify``
+    #: greedy [B], uniforms [B, M + 1] f64, draft_probs [B, M, V] | None) -> (path [B, M], final [B]):
+    #: ``SamplerOps.tree_verify``
     TreeVerify = Callable[
         [
             torch.Tensor,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
             torch.Tensor,
             torch.Tensor,
             torch.Tensor,
+            torch.Tensor | None,
         ],
         tuple[torch.Tensor, torch.Tensor],
     ]
@@ -221,9 +223,9 @@ def rule_named(name: str) -> VerifyRule:
 class TreeRule:
     """A token-tree verification rule (#42): ``name`` — its name in the float64 law
     (``spec_backend.testing.tree_spec``); ``lossless``; ``draft_probs`` — whether it reads the
-    distributions the siblings were drawn from (else every node is judged as a point mass); ``kernel`` —
-    the ``SamplerOps`` method that runs it for the engine (None: specified only — a rule for sampled
-    siblings the engine does not draft yet, or a lossy negative control the tests must reject)."""
+    distributions the siblings were drawn from (passed to the kernel; else ``None``: every node is judged
+    as a point mass); ``kernel`` — the ``SamplerOps`` method that runs it (None: specified only — a lossy
+    negative control the tests must reject)."""
 
     name: str
     lossless: bool
@@ -231,16 +233,18 @@ class TreeRule:
     kernel: Callable[[SamplerOps], TreeVerify] | None
 
 
-def point_mass_tree(ops: SamplerOps) -> TreeVerify:
-    """``SamplerOps.tree_verify``: recursive rejection sampling over point-mass siblings."""
+def recursive_rejection_tree(ops: SamplerOps) -> TreeVerify:
+    """``SamplerOps.tree_verify``: recursive rejection sampling over the siblings, with their draft
+    distributions (``rrs``) or as point masses (``point_mass``: ``draft_probs`` None)."""
     return ops.tree_verify
 
 
-#: every tree rule: ``rrs`` (recursive rejection sampling with the siblings' draft distributions),
-#: ``point_mass`` (what the engine runs: its trees' nodes are top tokens), and the negative controls
+#: every tree rule: ``rrs`` (recursive rejection sampling with the siblings' draft distributions: sampled
+#: siblings), ``point_mass`` (what the engine's trees run: their nodes are top tokens), and the negative
+#: controls
 TREE_REGISTRY: tuple[TreeRule, ...] = (
-    TreeRule("rrs", True, True, None),
-    TreeRule("point_mass", True, False, point_mass_tree),
+    TreeRule("rrs", True, True, recursive_rejection_tree),
+    TreeRule("point_mass", True, False, recursive_rejection_tree),
     TreeRule("naive_iid", False, True, None),
     TreeRule("no_residual", False, True, None),
 )
@@ -268,7 +272,7 @@ __all__ = [
     "VerifyRule",
     "cumulative_block",
     "lossless_block",
-    "point_mass_tree",
+    "recursive_rejection_tree",
     "rule_named",
     "select_rule",
     "token_level",

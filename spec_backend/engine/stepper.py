@@ -209,7 +209,7 @@ class Stepper:
         out = verify_trees(
             requests, parents, start, inputs.tokens, counts, list(cached), forward,
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
-            width,
+            width, inputs.probs,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

@@ -168,8 +168,9 @@ def _processed(
     )
 
 
-#: the rule the engine verifies trees with (its nodes are point masses: top tokens)
-TREE_RULE = tree_rule("point_mass")
+#: the rules the engine verifies trees with: its nodes are point masses (top tokens), or, for the sampled
+#: requests of a probabilistic drafter's static tree, drawn siblings (``proposers.sibling_draws``)
+TREE_RULE, SAMPLED_TREE_RULE = tree_rule("point_mass"), tree_rule("rrs")
 
 
 def _outcomes(
@@ -180,8 +181,10 @@ def _outcomes(
     loc: list[int],  # [B + 1] where each request's rows start (padding nodes of a captured step included)
     sampling: SamplingMetadata,
     ops: SamplerOps,
+    draft_probs: torch.Tensor | None,  # [B, >= M, V] each node's sibling distribution, or None
 ) -> list[TreeOutcome]:
-    """Each request's verified path and final token, by ``TREE_RULE``'s kernel for the whole batch."""
+    """Each request's verified path and final token, by ``TREE_RULE``'s kernel for the whole batch
+    (``SAMPLED_TREE_RULE``'s with ``draft_probs``)."""
     batch, width = len(counts), max(max(counts, default=0), 1)
     layout = torch.full((batch, width), NO_NODE, dtype=torch.int64)
     for b, n in enumerate(counts):
@@ -209,9 +212,14 @@ def _outcomes(
             sampling.positions[:, None].expand(-1, width + 1).flatten(), counters.flatten(), rng.STREAM_TREE,
         ).view(batch, width + 1)  # fmt: skip
     starts = torch.tensor(loc[:-1], dtype=torch.int64, device=device)  # [B]
-    assert TREE_RULE.kernel is not None
-    path, final = TREE_RULE.kernel(ops)(
-        layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms
+    rule = TREE_RULE if draft_probs is None else SAMPLED_TREE_RULE
+    if draft_probs is not None:
+        draft_probs = draft_probs[:, :width]  # [B, M, V]
+        if draft_probs.shape[1] < width:  # no request has drafts this step: nothing reads them
+            draft_probs = None
+    assert rule.kernel is not None
+    path, final = rule.kernel(ops)(
+        layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms, draft_probs
     )
     return [
         TreeOutcome([i for i in row if i >= 0], last)
@@ -231,6 +239,7 @@ def verify_trees(
     keep_path: Callable[[int, int, Sequence[int]], None],
     ops: SamplerOps,
     width: int | None = None,
+    draft_probs: torch.Tensor | None = None,  # [B, K_max, V] sampled siblings' distributions
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
     (``keep_path(slot, first, columns)``), and return the chain view (module docstring). ``width``: feed
@@ -242,7 +251,7 @@ def verify_trees(
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
     verified = _processed(target.logits, requests, fed, nodes)  # [N, V]
-    outcomes = _outcomes(parents, counts, query, verified, loc, sampling, ops)
+    outcomes = _outcomes(parents, counts, query, verified, loc, sampling, ops, draft_probs)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
     paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]

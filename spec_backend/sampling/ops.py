@@ -154,9 +154,11 @@ class SamplerOps(Protocol):
         row_start: torch.Tensor,  # [B] int64: the root's row; node i's is row_start + 1 + i
         greedy: torch.Tensor,  # [B] bool
         uniforms: torch.Tensor,  # [B, M + 1] float64: per node, then the final token's
+        draft_probs: torch.Tensor | None = None,  # [B, M, V] f32: node i's q given its earlier siblings
     ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
-        """Point-mass token trees (``sampling.tree_ops``): each request's accepted nodes, root to leaf,
-        and the token emitted after them."""
+        """Token trees by recursive rejection sampling (``sampling.tree_ops``): each request's accepted
+        nodes, root to leaf, and the token emitted after them; every node a point mass without
+        ``draft_probs``."""
         ...
 
 

@@ -1,10 +1,13 @@
-"""The token-tree verification op (``SamplerOps.tree_verify``) in torch, for a batch of point-mass trees
-(``verify_rules.TREE_REGISTRY``'s ``point_mass`` rule; the triton op in ``sampling.triton.tree`` matches
-it bit for bit on the same uniforms).
+"""The token-tree verification op (``SamplerOps.tree_verify``) in torch, for a batch of trees
+(``verify_rules.TREE_REGISTRY``'s ``point_mass`` and ``rrs`` rules; the triton op in
+``sampling.triton.tree`` matches it on the same uniforms).
 
 Layout (every request padded to ``M`` nodes): ``parents [B, M]`` (``-1`` the root, ``-2`` past the
 request's nodes), ``tokens [B, M]``, and the target's rows of request ``b`` at ``row_start[b]`` (the
-root) and ``row_start[b] + 1 + i`` (after node ``i``).
+root) and ``row_start[b] + 1 + i`` (after node ``i``); with sampled siblings (``rrs``), ``draft_probs
+[B, M, V]``: the distribution node ``i`` was drawn from given its earlier siblings, and the rule is
+``sampling.tree_verify.verify_tree``'s (accept ``x`` when ``u · q_i(x) < r(x)``, else ``r ←
+norm(max(r − q_i, 0))``). The rest of this docstring is the point-mass rule (no ``draft_probs``).
 
 The rule, per request, from the root: the children of the current node are tried in order; with ``S``
 the target probability of the distinct tokens already rejected there, child ``x`` is accepted when
@@ -18,6 +21,8 @@ target's argmax (``target_argmax``, from the logits) instead.
 from __future__ import annotations
 
 import torch
+
+from spec_backend.sampling.tree_verify import verify_tree
 
 #: ``parents`` entry of a padding node (past a request's count)
 NO_NODE = -2
@@ -42,6 +47,7 @@ class TorchTreeOps:
         row_start: torch.Tensor,  # [B] int64
         greedy: torch.Tensor,  # [B] bool
         uniforms: torch.Tensor,  # [B, M + 1] float64: per node, then the final token's
+        draft_probs: torch.Tensor | None = None,  # [B, M, V]: node i's q given its earlier siblings
     ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
         """Verify every request's tree (module docstring)."""
         batch, m = parents.shape
@@ -58,6 +64,12 @@ class TorchTreeOps:
             if greedy_host[b]:
                 assert argmax is not None, "a greedy request needs target_argmax"
                 nodes, last = _greedy_path(kids, host_tokens[b], argmax, starts[b])
+            elif draft_probs is not None:  # sampled siblings: ``verify_tree``'s rule on this request
+                n = sum(1 for p in host_parents[b] if p != NO_NODE)
+                rows = target_probs[starts[b] : starts[b] + 1 + n]  # [n + 1, V]
+                got = verify_tree(host_parents[b][:n], host_tokens[b][:n], rows, draft_probs[b, :n].cpu(),
+                                  u[b, :n].tolist(), float(u[b, -1]))  # fmt: skip
+                nodes, last = got.path, got.final_token
             else:
                 nodes, last = _sampled_path(kids, host_tokens[b], target_probs, starts[b], u[b])
             path[b, : len(nodes)] = torch.tensor(nodes, dtype=torch.int64)

@@ -63,12 +63,13 @@ def test_every_rule_the_registry_calls_lossy_changes_the_law_for_some_scheme(rul
     assert max(_deviation(SHAPES["2x2"], scheme, rule.name, target, draft) for scheme in SCHEMES) > 1e-3
 
 
-def test_the_rule_the_engine_runs_is_lossless_for_point_mass_trees() -> None:
-    """The registry's rules with a kernel are the engine's; each must keep the law for the trees the
-    engine drafts (point masses), and read no draft probabilities it does not have."""
-    runnable = [r for r in TREE_REGISTRY if r.kernel is not None]
-    assert [r.name for r in runnable] == ["point_mass"]
-    assert all(r.lossless and not r.draft_probs and r.name in LOSSLESS_RULES for r in runnable)
+def test_the_rules_with_a_kernel_are_the_lossless_ones() -> None:
+    """The registry's rules with a kernel (``SamplerOps.tree_verify``) are the lossless ones: ``rrs``
+    reads the siblings' draft distributions, ``point_mass`` judges every node as a point mass (the trees
+    the engine drafts); the lossy negative controls have none."""
+    runnable = {r.name: r.draft_probs for r in TREE_REGISTRY if r.kernel is not None}
+    assert runnable == {"rrs": True, "point_mass": False}
+    assert sorted(runnable) == sorted(LOSSLESS_RULES)
 
 
 def test_greedy_verification_emits_the_target_argmax_path() -> None:

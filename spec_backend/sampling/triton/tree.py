@@ -160,8 +160,16 @@ class TritonTreeOps:
         row_start: torch.Tensor,  # [B] int64
         greedy: torch.Tensor,  # [B] bool
         uniforms: torch.Tensor,  # [B, M + 1] float64
+        draft_probs: torch.Tensor | None = None,  # [B, M, V] float32: sampled siblings (``tree_sampled``)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
-        """See the module docstring."""
+        """See the module docstring; with ``draft_probs``, ``triton.tree_sampled``'s kernel."""
+        if draft_probs is not None:
+            from spec_backend.sampling.triton.tree_sampled import tree_verify_sampled
+
+            return tree_verify_sampled(
+                self.tuning, parents, tokens, draft_probs, target_probs, target_argmax, row_start, greedy,
+                uniforms,
+            )  # fmt: skip
         batch, m = parents.shape
         f64 = self.tuning.device_uniforms
         path = torch.full((batch, m), -1, dtype=torch.int64, device=parents.device)
