@@ -166,11 +166,19 @@ def step_policies(
         return None, None
     if tree is not None and recurrent:
         raise ValueError("token trees need a target of attention layers: this one keeps recurrent state")
-    if tree is not None and (rule != "standard" or spec.uses_draft_probs):
+    if tree is not None and rule != "standard":
         raise ValueError(
-            f"{tree.describe} is verified by recursive rejection sampling over its point-mass nodes; "
-            f"rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) "
-            "cannot apply to it: use rejection_sample_method='strict' and no lossy rejection_sampler_config"
+            f"{tree.describe} is verified by recursive rejection sampling over its nodes; "
+            f"rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) cannot apply to it: "
+            "use 'strict' (top-token nodes) or 'probabilistic' (sampled siblings, a static tree only) "
+            "and no lossy rejection_sampler_config"
+        )
+    if isinstance(tree, DynamicTree) and spec.uses_draft_probs:
+        raise ValueError(
+            f"{tree.describe} keeps nodes by their draft probability, so with sampled siblings "
+            f"(rejection_sample_method={spec.rejection_sample_method!r}) which siblings exist would depend "
+            "on their tokens and verification would be biased: use 'strict' (top-token nodes) or a "
+            "static speculative_token_tree"
         )
     reports = drafter is not None and drafter.reports_confidence and tree is None
     if tree is not None and spec.confidence_verification not in (None, "off"):

@@ -20,6 +20,7 @@ from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_draf
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.head_cache import HeadCacheDrafter
+from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest
 
@@ -121,8 +122,13 @@ class DFlashDrafter(HeadCacheDrafter):
         out = self.run_block(inputs)[0]  # [B, K+1, H]
         logits = self.head.logits(out[:, 1:])  # [B, K, V] row d-1 drafts depth d
         depths = depths_of(parents)
-        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[:, depths[p] if p >= 0 else 0])
-        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
+        siblings = sampled_siblings(inputs.requests, self.probabilistic)
+
+        def row_of(parent: int, _: Sequence[torch.Tensor]) -> torch.Tensor:  # [B, V]
+            return logits[:, depths[parent] if parent >= 0 else 0]
+
+        tokens = fill_static_batch(parents, ranks, row_of, siblings)
+        return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
     def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:

@@ -21,6 +21,7 @@ import torch
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
 if TYPE_CHECKING:
@@ -92,8 +93,9 @@ class DSparkDrafter(DFlashDrafter):
                 logits = logits + bias
             return self.head.to_target(logits)
 
-        tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
-        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
+        siblings = sampled_siblings(inputs.requests, self.probabilistic)
+        tokens = fill_static_batch(parents, ranks, logits_at, siblings)  # [B, n]
+        return static_tree_output(tokens, parents, ranks, siblings)
 
     def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
         """Not inherited from DFlash: a DSpark node's distribution depends on its token (the Markov head)."""

@@ -28,6 +28,7 @@ from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_draf
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.head_cache import HeadCacheDrafter
+from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest, StepBatch, build_tree_batch
 
@@ -94,8 +95,9 @@ class EagleDrafter(HeadCacheDrafter):
                 outs.update({i: out[:, i] for i in range(fed)})
             return self.head.logits(outs[parent], depth).float()
 
-        tokens = fill_static_batch(parents, ranks, logits_at)  # [B, n]
-        return DraftOutput(tokens, (len(parents),) * batch)
+        siblings = sampled_siblings(inputs.requests, self.probabilistic)
+        tokens = fill_static_batch(parents, ranks, logits_at, siblings)  # [B, n]
+        return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
     def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:

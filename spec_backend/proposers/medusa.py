@@ -15,6 +15,7 @@ import torch
 
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, last_committed_rows
 from spec_backend.proposers.heads import HeadDrafter
+from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ class MedusaDrafter(HeadDrafter):
         state = self.start(final[last_committed_rows(inputs)])  # [B, H]
         depths, heads = depths_of(parents), self.heads
         logits = [heads.head_logits(i, state).float() for i in range(max(depths, default=0))]  # each [B, V]
-        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[depths[p] if p >= 0 else 0])
-        return DraftOutput(tokens, (len(parents),) * len(inputs.requests))
+        siblings = sampled_siblings(inputs.requests, self.probabilistic)
+        tokens = fill_static_batch(parents, ranks, lambda p, _: logits[depths[p] if p >= 0 else 0], siblings)
+        return static_tree_output(tokens, parents, ranks, siblings)
 
 
 def build_medusa_drafter(ctx: DrafterContext) -> MedusaDrafter:

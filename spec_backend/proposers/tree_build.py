@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from spec_backend.config.token_tree import TokenTree
+
+if TYPE_CHECKING:
+    from spec_backend.proposers.sibling_draws import SampledSiblings
 
 DistAt = Callable[[int, tuple[int, ...]], torch.Tensor]  # (parent node, path) -> probabilities [V]
 
@@ -108,16 +112,23 @@ def fill_static_batch(
     parents: Sequence[int],
     ranks: Sequence[int],
     logits_at: Callable[[int, Sequence[torch.Tensor]], torch.Tensor],  # (parent, columns) -> [B, V]
+    siblings: SampledSiblings | None = None,
 ) -> torch.Tensor:  # [B, n] int64
     """``fill_static`` for a batch: node ``i`` of every request is the ``ranks[i]``-th most likely token
-    of ``logits_at(parents[i], columns)``, asked once per parent; ``columns`` are the tokens ``[B]`` of
-    the nodes filled so far (every node of the parent's depth, by the breadth-first order)."""
+    of ``logits_at(parents[i], columns)`` (with ``siblings``: its ``ranks[i]``-th draw, for the requests
+    that sample), asked once per parent; ``columns`` are the tokens ``[B]`` of the nodes filled so far
+    (every node of the parent's depth, by the breadth-first order)."""
     columns: list[torch.Tensor] = []
-    best: dict[int, torch.Tensor] = {}  # parent -> its top tokens [B, k]
+    best: dict[int, torch.Tensor] = {}  # parent -> its children's tokens by rank [B, k]
     for parent, rank in zip(parents, ranks, strict=True):
         if parent not in best:
             need = 1 + max(r for p, r in zip(parents, ranks, strict=True) if p == parent)
-            best[parent] = torch.topk(logits_at(parent, columns), need, dim=-1).indices  # [B, need]
+            logits = logits_at(parent, columns)  # [B, V]
+            best[parent] = (
+                siblings.children(parent, logits, need)
+                if siblings is not None
+                else torch.topk(logits, need, dim=-1).indices
+            )  # [B, need]
         columns.append(best[parent][:, rank])
     return torch.stack(columns, dim=1)
 

@@ -1,12 +1,14 @@
-"""Sampled generation with a branching token tree keeps the target's law (a static tree, and EAGLE-2's
-dynamic tree).
+"""Sampled generation with a branching token tree keeps the target's law (a static tree with top-token
+nodes or with sampled siblings, and EAGLE-2's dynamic tree).
 
 A tiny target (vocabulary 4, 6 layers) and a random DSpark head drafting the 6-node tree
-``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (each node one of its parent's two best tokens, a
-point mass), verified by recursive rejection sampling and compacted to the accepted path each step;
-temperature 1, and temperature 0.8 with top-p 0.9. The first 4 generated tokens of N seeded requests are
-compared with the target's exact law (enumerated in float64; top-p applied per step) by Pearson χ², noise
-floor p >= 1e-5. Negative control: the same counts against another model's law must fail.
+``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` — each node one of its parent's two best tokens (a
+point mass), or, with ``rejection_sample_method='probabilistic'``, its parent's draws without
+replacement (``proposers/sibling_draws.py``) — verified by recursive rejection sampling and compacted to
+the accepted path each step; temperature 1, and temperature 0.8 with top-p 0.9. The first 4 generated
+tokens of N seeded requests are compared with the target's exact law (enumerated in float64; top-p
+applied per step) by Pearson χ², noise floor p >= 1e-5. Negative controls: the same counts against
+another model's law must fail, and sampled siblings verified as if drawn i.i.d. must fail.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 from itertools import product
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import engine_laws
 
 from spec_backend import LLM, SamplingParams
+from spec_backend.proposers.sibling_draws import SampledSiblings
 from spec_backend.testing.exact import SeqDist
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
@@ -57,34 +62,33 @@ def _law(model_dir: str, temperature: float, top_p: float) -> SeqDist:
     return law
 
 
-@pytest.mark.parametrize(
-    ("tree", "temperature", "top_p"),
-    [("static", 1.0, 1.0), ("static", 0.8, 0.9), ("dynamic", 1.0, 1.0)],
-)
-def test_target_law_is_kept_with_tree_verification(
-    tmp_path_factory: pytest.TempPathFactory, tree: str, temperature: float, top_p: float
-) -> None:
-    """``static``: DSpark drafting TREE; ``dynamic``: EAGLE-1 growing EAGLE-2's tree (2 expansions per
-    level, 3 levels, 6 nodes kept), a shape that changes with every step's draft probabilities."""
-    root = tmp_path_factory.mktemp("tree_law")
+def _models(root: Path) -> tuple[str, str]:
+    """The target and another model of the same shape (the power check's law)."""
     settings = {"vocab_size": VOCAB, "initializer_range": 0.05, "num_hidden_layers": 6}
-    target, other = (
-        make_tiny_model(root / "t", seed=0, **settings),
-        make_tiny_model(root / "o", seed=7, **settings),
-    )
-    if tree == "static":
-        head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
-        spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
-    else:
+    return make_tiny_model(root / "t", seed=0, **settings), make_tiny_model(root / "o", seed=7, **settings)
+
+
+def _spec(root: Path, target: str, tree: str) -> dict[str, Any]:
+    """``static``: DSpark drafting TREE (top-token nodes); ``sampled``: the same with sampled siblings
+    (``rejection_sample_method='probabilistic'``); ``dynamic``: EAGLE-1 growing EAGLE-2's tree (2
+    expansions per level, 3 levels, 6 nodes kept), a shape that changes with every step's draft
+    probabilities."""
+    if tree == "dynamic":
         head = write_eagle1(root / "h", target, bias=True, seed=2)
-        spec = {
-            "adaptive_draft_length": False,
+        return {
             "method": "eagle",
             "model": head,
             "num_speculative_tokens": 3,
             "tree_top_k": 2,
             "tree_nodes": 6,
         }
+    head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
+    spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    return {**spec, "rejection_sample_method": "probabilistic"} if tree == "sampled" else spec
+
+
+def _counts(target: str, spec: dict[str, Any], temperature: float, top_p: float) -> Counter[tuple[int, ...]]:
+    """The first LENGTH tokens of N seeded requests; the tree's nodes must be accepted often."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -100,8 +104,43 @@ def test_target_law_is_kept_with_tree_verification(
         torch.set_num_threads(threads)
     total = llm.metrics.total
     assert total.num_accepted_tokens > 0.3 * total.num_drafts  # the tree's nodes are accepted
-    counts = Counter(tuple(o.outputs[0].token_ids[:LENGTH]) for o in outs)
+    return Counter(tuple(o.outputs[0].token_ids[:LENGTH]) for o in outs)
+
+
+@pytest.mark.parametrize(
+    ("tree", "temperature", "top_p"),
+    [
+        ("static", 1.0, 1.0),
+        ("static", 0.8, 0.9),
+        ("sampled", 1.0, 1.0),
+        ("sampled", 0.8, 0.9),
+        ("dynamic", 1.0, 1.0),
+    ],
+)
+def test_target_law_is_kept_with_tree_verification(
+    tmp_path_factory: pytest.TempPathFactory, tree: str, temperature: float, top_p: float
+) -> None:
+    root = tmp_path_factory.mktemp("tree_law")
+    target, other = _models(root)
+    counts = _counts(target, _spec(root, target, tree), temperature, top_p)
     fit = chi_square(counts, _law(target, temperature, top_p))
     assert fit.passed, f"{tree} tree, T={temperature}, top_p={top_p}: {fit}"
     control = chi_square(counts, _law(other, temperature, top_p))
     assert not control.passed, f"the check has no power: another model's law also fits ({control})"
+
+
+def test_sampled_siblings_judged_as_independent_draws_are_detected(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: each sibling's distribution handed over as its parent's whole ``q`` (the naive
+    rule, as if the siblings were drawn i.i.d.; they are drawn without replacement) changes the law."""
+    root = tmp_path_factory.mktemp("tree_law_naive")
+    target, _ = _models(root)
+    recorded = SampledSiblings.probs
+
+    def naive(self: SampledSiblings, parents: Any, ranks: Any) -> torch.Tensor:
+        return recorded(self, parents, [0] * len(ranks))  # rank 0's row: the whole q
+
+    monkeypatch.setattr(SampledSiblings, "probs", naive)
+    fit = chi_square(_counts(target, _spec(root, target, "sampled"), 1.0, 1.0), _law(target, 1.0, 1.0))
+    assert not fit.passed, f"the naive sibling rule went unnoticed: {fit}"
