@@ -6,7 +6,8 @@ projections zeroed, so its next token depends on the current token alone and it 
 forward; the head is a DeepSpec-format DSpark head whose Markov table holds that target's bigram table
 with the two best tokens swapped after every other token (``--swap-every``), so its first choice is wrong
 there and its second right — where trees are meant to help. Reference backend (``--backend``: the cpu
-backend's packed-layer path picks up the zeroed layers and changes the target). Greedy, batch 1 and 4, one
+backend's packed-layer path picks up the zeroed layers and changes the target). Greedy (or
+``--temperature``), batch 1 and 4, one
 prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
 engine (no speculation) measured in the same run as the peer; ``ms/step``, the median over the runs of the
 decode steps' mean wall time, reads the step's cost apart from prefill and the wave's start. Each row says
@@ -14,7 +15,9 @@ whether its steps replayed captured graphs (``--backend cuda``: the tree verify 
 nodes tokens per request).
 
 Rows: plain decoding; the chain of K=3 and of K=6 (the tree's verify budget); the 6-node tree
-``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3). Run: ``python benchmarks/bench_trees.py``.
+``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3); with ``--temperature`` above 0 (seeded
+sampling) also the chain of K=3 with sampled drafts and the tree with sampled siblings. Run: ``python
+benchmarks/bench_trees.py [--temperature 1.0]``.
 """
 
 from __future__ import annotations
@@ -63,20 +66,24 @@ def _sizes() -> dict[str, Any]:
 
 
 def measure(
-    target: str, spec: dict[str, Any] | None, batch: int, tokens: int, runs: int, backend: str
+    target: str, spec: dict[str, Any] | None, batch: int, args: argparse.Namespace
 ) -> tuple[float, float, float, float, str]:
     """(median tokens/s, mean acceptance length, verified draft tokens per step, median ms per decode
     step, graphs on or eager). The warm-up is the timed wave itself (every graph size and kernel met)."""
     from spec_backend import LLM, SamplingParams
     from spec_backend.testing.host_reads import decode_step_seconds
 
+    tokens, backend = args.tokens, args.backend
     llm = LLM(target, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, backend=backend)
     graphs = "graphs on" if llm.engine.captured is not None else "eager"
     prompts = [[(7 * b + 3 * i) % SHAPE["vocab_size"] for i in range(32)] for b in range(batch)]
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=args.temperature, seed=b, max_tokens=tokens, ignore_eos=True)
+        for b in range(batch)
+    ]
     llm.generate(prompts, params)  # warm-up
     rates, step_ms = [], []
-    for _ in range(runs):
+    for _ in range(args.runs):
         start = time.perf_counter()
         with decode_step_seconds(llm) as steps:
             llm.generate(prompts, params)
@@ -93,6 +100,26 @@ def measure(
     )
 
 
+def table(head: str, temperature: float) -> dict[str, dict[str, Any] | None]:
+    """The rows (module docstring): chains draft K every step (``adaptive_draft_length`` off: the same
+    verify budget each step); above temperature 0 the chain and the tree again with sampled drafts
+    (``rejection_sample_method='probabilistic'``: the chain's drafts and the tree's siblings drawn from
+    the head's distribution and verified with it)."""
+    chain = {"model": head, "adaptive_draft_length": False}
+    tree = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
+    rows: dict[str, dict[str, Any] | None] = {
+        "plain (peer)": None,
+        "chain K=3": {**chain, "num_speculative_tokens": 3},
+        "chain K=6": {**chain, "num_speculative_tokens": 6},
+        "tree 6 nodes, depth 3": tree,
+    }
+    if temperature > 0:
+        sampled = {"rejection_sample_method": "probabilistic"}
+        rows["chain K=3, sampled drafts"] = {**chain, "num_speculative_tokens": 3, **sampled}
+        rows["tree, sampled siblings"] = {**tree, **sampled}
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=48)
@@ -101,6 +128,9 @@ def main() -> None:
     parser.add_argument("--swap-every", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backend", default="reference", help="the cpu backend packs the zeroed layers")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="> 0: seeded sampling, and the sampled-siblings rows"
+    )
     args = parser.parse_args()
     import torch
 
@@ -108,19 +138,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
         target, head = build(Path(tmp), args.swap_every)
-        rows: dict[str, dict[str, Any] | None] = {
-            "plain (peer)": None,
-            "chain K=3": {"model": head, "num_speculative_tokens": 3},
-            "chain K=6": {"model": head, "num_speculative_tokens": 6},
-            "tree 6 nodes, depth 3": {
-                "model": head,
-                "num_speculative_tokens": 3,
-                "speculative_token_tree": TREE,
-            },
-        }
+        rows = table(head, args.temperature)
         print(
-            f"greedy, {args.tokens} new tokens, {args.runs} runs, float32, {args.threads} threads, "
-            f"torch {torch.__version__}"
+            f"temperature {args.temperature}, {args.tokens} new tokens, {args.runs} runs, float32, "
+            f"{args.threads} threads, torch {torch.__version__}"
         )
         print(
             f"{'batch':>5} {'row':<24} {'tok/s':>8} {'x plain':>8} {'accept len':>11} {'verified/step':>14}"
@@ -129,9 +150,7 @@ def main() -> None:
         for batch in args.batches:
             plain = None
             for name, spec in rows.items():
-                rate, length, per_step, ms, graphs = measure(
-                    target, spec, batch, args.tokens, args.runs, args.backend
-                )
+                rate, length, per_step, ms, graphs = measure(target, spec, batch, args)
                 plain = rate if plain is None else plain
                 ratio = rate / plain
                 cells = f"{rate:>8.1f} {ratio:>8.2f} {length:>11.2f} {per_step:>14.2f} {ms:>8.2f}"
