@@ -34,6 +34,18 @@ def one_thread() -> Iterator[None]:
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
+def fixed_ngram(k: int, lookup_max: int, lookup_min: int = 1) -> dict[str, Any]:
+    """The n-gram drafter's ``speculative_config`` drafting ``k`` every step (``adaptive_draft_length``
+    off): tests of the verify path need every step verified, whatever the machine's timing."""
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": lookup_max,
+        "prompt_lookup_min": lookup_min,
+        "adaptive_draft_length": False,
+    }
+
+
 def record_drafts(llm: LLM, tree: bool = False) -> list[list[int]]:
     """Wrap ``llm``'s drafter so each step's draft ids of the batch's first request are recorded (its
     tree's nodes with ``tree``)."""

@@ -10,18 +10,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - one_thread is an autouse fixture
+from engine_fixtures import PROMPTS, fixed_ngram, one_thread  # noqa: F401 - one_thread is an autouse fixture
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.tools.tiny import make_tiny_model
 
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 4,
-    "prompt_lookup_max": 3,
-    "prompt_lookup_min": 1,
-}
+NGRAM = fixed_ngram(4, 3)
 SUFFIX = {
     "adaptive_draft_length": False,
     "method": "suffix",

@@ -12,16 +12,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from engine_fixtures import fixed_ngram
+
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.tools.tiny import make_tiny_model
 
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_min": 1,
-    "prompt_lookup_max": 3,
-}
+NGRAM = fixed_ngram(3, 3)
 PROMPT = "def add(a, b):\n    return a + b\ndef add(a, b):\n"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_fixtures import one_thread, require_native_kernels  # noqa: F401 - autouse
+from engine_fixtures import fixed_ngram, one_thread, require_native_kernels  # noqa: F401 - autouse
 
 from spec_backend import paths
 from spec_backend.cpu.fast_path import PATH_ENV
@@ -32,13 +32,7 @@ EXPECTED = {
     # q_proj float32 (a transposed tall-skinny product beside packed layers: the attention must take it)
     "legacy": (0, 4, {"Q5_0": 4, "Q5_1": 4, "Q8_0": 1}),
 }
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_min": 1,
-    "prompt_lookup_max": 3,
-}
+NGRAM = fixed_ngram(3, 3)
 #: prompts that repeat themselves, so ngram drafts are both accepted and rejected
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [100, 200, 300, 100, 200, 300, 100, 200, 9, 9, 9, 9]]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, fixed_ngram, one_thread  # noqa: F401  (one_thread: autouse)
 from safetensors.torch import load_file, save_file
 
 from spec_backend.backends.recurrence import CHUNKED_MIN_TOKENS
@@ -31,13 +31,7 @@ WITH_MTP = ["qwen3_next", "qwen3_5"]
 #: the families the embedding-to-logits draft (``make_bigram_draft``) agrees with: Granite-4.0-H's tiny
 #: embeddings are swamped by its first mixer, so its draft model case is Bamba's (the same Mamba-2 code)
 WITH_DRAFT = ["qwen3_next", "qwen3_5", "bamba"]
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_max": 2,
-    "prompt_lookup_min": 1,
-}
+NGRAM = fixed_ngram(3, 2)
 #: a prompt longer than CHUNKED_MIN_TOKENS: its prefill takes the chunked form of the recurrence
 LONG = [(7 * i) % 97 + 3 for i in range(CHUNKED_MIN_TOKENS + 9)]
 ALL_PROMPTS = [*PROMPTS, LONG]

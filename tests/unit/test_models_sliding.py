@@ -15,19 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, fixed_ngram, one_thread  # noqa: F401  (one_thread: autouse)
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
 RUNS = ["gemma2", "gemma3", "mistral", "gpt_oss", "qwen3_moe", "deepseek_v3"]
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_max": 2,
-    "prompt_lookup_min": 1,
-}
+NGRAM = fixed_ngram(3, 2)
 
 
 @pytest.fixture(scope="module")

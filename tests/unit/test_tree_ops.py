@@ -51,11 +51,11 @@ def _batch(seed: int, batch: int = 6, m: int = 7, full: int = 0) -> dict[str, to
     }
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_batched_op_is_the_reference(seed: int) -> None:
-    inputs = _batch(seed)
+def _check_against_the_reference(inputs: dict[str, torch.Tensor | None], seed: int) -> None:
+    """The batched torch op's path and final token of every request equal ``sampling.tree_verify``'s on
+    that request alone (point masses without ``draft_probs``)."""
     path, final = TorchTreeOps().tree_verify(**inputs)  # type: ignore[arg-type]
-    parents, tokens, probs = inputs["parents"], inputs["tokens"], inputs["target_probs"]
+    parents, tokens, probs, q = (inputs.get(k) for k in ("parents", "tokens", "target_probs", "draft_probs"))
     assert parents is not None and tokens is not None and probs is not None
     for b in range(parents.shape[0]):
         n = int((parents[b] != NO_NODE).sum())
@@ -67,9 +67,15 @@ def test_the_batched_op_is_the_reference(seed: int) -> None:
             )
         else:
             u = inputs["uniforms"][b].tolist()  # type: ignore[index]
-            want = verify_tree(parents[b, :n].tolist(), tokens[b, :n].tolist(), rows, None, u[:n], u[-1])
+            nodes_q = q[b, :n] if q is not None else None
+            want = verify_tree(parents[b, :n].tolist(), tokens[b, :n].tolist(), rows, nodes_q, u[:n], u[-1])
         got = [i for i in path[b].tolist() if i >= 0]
         assert (got, int(final[b])) == (want.path, want.final_token), (seed, b)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_batched_op_is_the_reference(seed: int) -> None:
+    _check_against_the_reference(_batch(seed), seed)
 
 
 @pytest.mark.parametrize(("vocab_block", "f64"), [(16, True), (64, True), (16, False)])
@@ -123,23 +129,7 @@ def _sampled_batch(seed: int, batch: int = 6, m: int = 6) -> dict[str, torch.Ten
 
 @pytest.mark.parametrize("seed", range(30))
 def test_the_batched_op_with_draft_probs_is_the_reference(seed: int) -> None:
-    inputs = _sampled_batch(seed)
-    path, final = TorchTreeOps().tree_verify(**inputs)  # type: ignore[arg-type]
-    parents, tokens, probs, q = (inputs[k] for k in ("parents", "tokens", "target_probs", "draft_probs"))
-    assert parents is not None and tokens is not None and probs is not None and q is not None
-    for b in range(parents.shape[0]):
-        n = int((parents[b] != NO_NODE).sum())
-        start = int(inputs["row_start"][b])  # type: ignore[index]
-        rows = probs[start : start + 1 + n]
-        if bool(inputs["greedy"][b]):  # type: ignore[index]
-            want = verify_tree_greedy(
-                parents[b, :n].tolist(), tokens[b, :n].tolist(), rows.argmax(-1).tolist()
-            )
-        else:
-            u = inputs["uniforms"][b].tolist()  # type: ignore[index]
-            want = verify_tree(parents[b, :n].tolist(), tokens[b, :n].tolist(), rows, q[b, :n], u[:n], u[-1])
-        got = [i for i in path[b].tolist() if i >= 0]
-        assert (got, int(final[b])) == (want.path, want.final_token), (seed, b)
+    _check_against_the_reference(_sampled_batch(seed), seed)
 
 
 def test_draft_probs_change_the_decisions() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_fixtures import one_thread  # noqa: F401 - one_thread is an autouse fixture
+from engine_fixtures import fixed_ngram, one_thread  # noqa: F401 - one_thread is an autouse fixture
 
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.config import RejectionSamplerConfig, SpeculativeConfig, VerifyPlan
@@ -18,13 +18,7 @@ from spec_backend.engine.verify import Verifier
 from spec_backend.sampling import RejectionSampler
 from spec_backend.verify_rules import rule_named
 
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 4,
-    "prompt_lookup_max": 3,
-    "prompt_lookup_min": 1,
-}
+NGRAM = fixed_ngram(4, 3)
 
 
 def spec(**kw: object) -> SpeculativeConfig:

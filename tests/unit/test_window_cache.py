@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from engine_fixtures import GREEDY, PROMPTS, CapturingReference, one_thread  # noqa: F401  (one_thread: autouse)
+from engine_fixtures import GREEDY, PROMPTS, CapturingReference, fixed_ngram, one_thread  # noqa: F401  (one_thread: autouse)
 
 from spec_backend.engine import LLM
 from spec_backend.runtime.kv_cache import RaggedKVLayer
@@ -18,13 +18,7 @@ from spec_backend.step import RaggedAttentionMetadata
 from spec_backend.testing.fixtures.families import WINDOW, make_family_model
 
 WINDOWED = ["gemma3", "mistral", "gpt_oss"]
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_max": 2,
-    "prompt_lookup_min": 1,
-}
+NGRAM = fixed_ngram(3, 2)
 
 
 @pytest.fixture(scope="module")

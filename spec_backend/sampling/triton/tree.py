@@ -77,14 +77,21 @@ def _residual_sample(
         idx, live, mass = _residual_block(
             probs_ptr, row, p_stride, v0, V, parents_ptr, tokens_ptr, base, node, M, BLOCK_V
         )
-        mass = _scalar(mass, F64)
-        cdf = running + tl.cumsum(mass, axis=0)
-        hit = (cdf > threshold) & (mass > 0) & live
-        first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
-        chosen = tl.where((chosen < 0) & (first < V), first, chosen)
-        last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
-        running += tl.sum(mass, axis=0)
+        chosen, last, running = _crossing(idx, live, _scalar(mass, F64), running, threshold, chosen, last, V)
     return tl.where(chosen >= 0, chosen, last)
+
+
+@triton.jit
+def _crossing(idx, live, mass, running, threshold, chosen, last, V):
+    """One vocabulary block of an inverse-CDF scan: ``chosen`` becomes the first index whose running
+    mass exceeds ``threshold`` (if not found yet), ``last`` the last index of positive mass so far;
+    returns them and the running mass after the block."""
+    cdf = running + tl.cumsum(mass, axis=0)
+    hit = (cdf > threshold) & (mass > 0) & live
+    first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
+    chosen = tl.where((chosen < 0) & (first < V), first, chosen)
+    last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
+    return chosen, last, running + tl.sum(mass, axis=0)
 
 
 @triton.jit

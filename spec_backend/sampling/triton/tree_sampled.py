@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton.tree import _target_argmax
+from spec_backend.sampling.triton.tree import _crossing, _target_argmax
 from spec_backend.sampling.triton.verify import _scalar
 from spec_backend.sampling.tuning import SamplerTuning
 
@@ -72,12 +72,7 @@ def _draw(scratch_ptr, V, u, zero, BLOCK_V: tl.constexpr):
         idx = v0 + tl.arange(0, BLOCK_V)
         live = idx < V
         mass = tl.load(scratch_ptr + idx, mask=live, other=0.0)
-        cdf = running + tl.cumsum(mass, axis=0)
-        hit = (cdf > threshold) & (mass > 0) & live
-        first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
-        chosen = tl.where((chosen < 0) & (first < V), first, chosen)
-        last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
-        running += tl.sum(mass, axis=0)
+        chosen, last, running = _crossing(idx, live, mass, running, threshold, chosen, last, V)
     return tl.where(chosen >= 0, chosen, last)
 
 
