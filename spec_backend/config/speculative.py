@@ -104,8 +104,7 @@ class SpeculativeConfig(BaseModel):
     disable_padded_drafter_batch: bool = False
     use_local_argmax_reduction: bool = False
     disable_by_batch_size: int | None = None
-    #: this engine's own: greedy requests' draft length chosen per step by measured cost (engine/adaptive.py);
-    #: ``None`` → on for chains verified against the target (``engine.assembly.adaptive_wanted``)
+    #: this engine's own (engine/adaptive.py); None: on for chains (``engine.assembly.adaptive_wanted``)
     adaptive_draft_length: bool | None = None
     #: this engine's own, for drafters with a confidence head (dspark): how many drafts each request
     #: verifies (engine/confidence.py, config/confidence.py)

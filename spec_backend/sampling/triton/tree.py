@@ -18,16 +18,10 @@ import triton
 import triton.language as tl
 
 from spec_backend.sampling.tree_ops import repeated_siblings
+from spec_backend.sampling.triton.tree_common import _crossing, _target_argmax
+from spec_backend.sampling.triton.tree_sampled import tree_verify_sampled
 from spec_backend.sampling.triton.verify import _scalar
 from spec_backend.sampling.tuning import SamplerTuning
-
-
-@triton.jit
-def _target_argmax(argmax_ptr, row, greedy, HAS_ARGMAX: tl.constexpr):
-    if HAS_ARGMAX:
-        return tl.load(argmax_ptr + row, mask=greedy, other=-1).to(tl.int64)
-    else:
-        return tl.zeros((), tl.int64) - 1
 
 
 @triton.jit
@@ -79,19 +73,6 @@ def _residual_sample(
         )
         chosen, last, running = _crossing(idx, live, _scalar(mass, F64), running, threshold, chosen, last, V)
     return tl.where(chosen >= 0, chosen, last)
-
-
-@triton.jit
-def _crossing(idx, live, mass, running, threshold, chosen, last, V):
-    """One vocabulary block of an inverse-CDF scan: ``chosen`` becomes the first index whose running
-    mass exceeds ``threshold`` (if not found yet), ``last`` the last index of positive mass so far;
-    returns them and the running mass after the block."""
-    cdf = running + tl.cumsum(mass, axis=0)
-    hit = (cdf > threshold) & (mass > 0) & live
-    first = tl.min(tl.where(hit, idx, V), axis=0).to(tl.int64)
-    chosen = tl.where((chosen < 0) & (first < V), first, chosen)
-    last = tl.maximum(last, tl.max(tl.where(live & (mass > 0), idx, -1), axis=0).to(tl.int64))
-    return chosen, last, running + tl.sum(mass, axis=0)
 
 
 @triton.jit
@@ -171,8 +152,6 @@ class TritonTreeOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
         """See the module docstring; with ``draft_probs``, ``triton.tree_sampled``'s kernel."""
         if draft_probs is not None:
-            from spec_backend.sampling.triton.tree_sampled import tree_verify_sampled
-
             return tree_verify_sampled(
                 self.tuning, parents, tokens, draft_probs, target_probs, target_argmax, row_start, greedy,
                 uniforms,

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spec_backend.sampling.triton.tree import _crossing, _target_argmax
+from spec_backend.sampling.triton.tree_common import _crossing, _target_argmax
 from spec_backend.sampling.triton.verify import _scalar
 from spec_backend.sampling.tuning import SamplerTuning
 
