@@ -212,11 +212,10 @@ def _outcomes(
             sampling.positions[:, None].expand(-1, width + 1).flatten(), counters.flatten(), rng.STREAM_TREE,
         ).view(batch, width + 1)  # fmt: skip
     starts = torch.tensor(loc[:-1], dtype=torch.int64, device=device)  # [B]
-    rule = TREE_RULE if draft_probs is None else SAMPLED_TREE_RULE
-    if draft_probs is not None:
+    if draft_probs is not None:  # at least one column per counted node (``pending.take``)
+        assert draft_probs.shape[1] >= width, f"{draft_probs.shape[1]} draft columns for {width} nodes"
         draft_probs = draft_probs[:, :width]  # [B, M, V]
-        if draft_probs.shape[1] < width:  # no request has drafts this step: nothing reads them
-            draft_probs = None
+    rule = TREE_RULE if draft_probs is None else SAMPLED_TREE_RULE
     assert rule.kernel is not None
     path, final = rule.kernel(ops)(
         layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms, draft_probs

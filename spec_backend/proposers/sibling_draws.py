@@ -41,19 +41,26 @@ class SampledSiblings:
     def __init__(self, requests: Sequence[DraftRequest]) -> None:
         self.requests = requests
         self.drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # parent -> (q [B, V], tokens [B, k])
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # temperatures [B], noise keys [B]
+
+    def _per_request(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each request's temperature and the step's noise key, built once for the step's parents."""
+        if self._rows is None:
+            reqs = self.requests
+            temps = torch.tensor([float(r.temperature) for r in reqs], dtype=torch.float32).to(device)
+            seeds = torch.tensor([r.seed for r in reqs], dtype=torch.int64).to(device)  # [B]
+            first = torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64).to(device)  # [B]
+            self._rows = temps, rng.row_key(seeds, first, rng.STREAM_DRAFT)
+        return self._rows
 
     def children(self, parent: int, logits: torch.Tensor, need: int) -> torch.Tensor:  # [B, V] -> [B, need]
         """The first ``need`` children of ``parent``: draws for the sampled requests, the top tokens for
         the greedy ones."""
-        device, batch = logits.device, len(self.requests)
-        temps = torch.tensor([float(r.temperature) for r in self.requests], dtype=torch.float32).to(device)
-        seeds = torch.tensor([r.seed for r in self.requests], dtype=torch.int64).to(device)  # [B]
-        first = torch.tensor([r.num_tokens for r in self.requests], dtype=torch.int64).to(device)  # [B]
-        off_k = torch.zeros(batch, dtype=torch.int64, device=device)
-        off_p = torch.ones(batch, dtype=torch.float32, device=device)
+        temps, step_key = self._per_request(logits.device)  # [B], [B]
+        off_k, off_p = torch.zeros_like(temps, dtype=torch.int64), torch.ones_like(temps)
         q = target_probs(logits, temps, off_k, off_p, apply_top_k=False, apply_top_p=False)  # [B, V]
-        key = rng.absorb(rng.row_key(seeds, first, rng.STREAM_DRAFT), parent + 1)[:, None]  # [B, 1]
-        buf = torch.empty(q.shape, dtype=torch.int64, device=device)  # [B, V]
+        key = rng.absorb(step_key, parent + 1)[:, None]  # [B, 1]
+        buf = torch.empty(q.shape, dtype=torch.int64, device=q.device)  # [B, V]
         uniform = rng.vocab_uniform_f32_into(key, 0, buf, torch.empty_like(buf))  # [B, V] in (0, 1)
         drawn = torch.topk(q / uniform.log().neg(), need, dim=-1).indices  # [B, need] in draw order
         top = torch.topk(logits, need, dim=-1).indices  # [B, need]
@@ -66,7 +73,7 @@ class SampledSiblings:
         rows = []
         for parent, rank in zip(parents, ranks, strict=True):
             q, tokens = self.drawn[parent]
-            greedy = torch.tensor([r.temperature <= 0 for r in self.requests], device=q.device)  # [B]
+            greedy = self._per_request(q.device)[0] <= 0  # [B]
             rest = q.scatter(1, tokens[:, :rank], 0.0) if rank else q  # [B, V]
             total = rest.sum(dim=-1, keepdim=True)  # [B, 1]
             rest = torch.where(total > 0, rest / total.clamp_min(torch.finfo(rest.dtype).tiny), rest)
