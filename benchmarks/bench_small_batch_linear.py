@@ -90,7 +90,8 @@ def main() -> None:
             linear = nn.Linear(in_features, out_features, bias=False)
             linear.weight.data = 0.02 * torch.randn(out_features, in_features, generator=gen)
             linears.append(linear)
-    tall: list[nn.Module] = [TallSkinnyProjection(linear, max_rows=1 << 30) for linear in linears]
+    every = frozenset(int(r) for r in args.rows.split(","))  # the tall-skinny product at every M timed
+    tall: list[nn.Module] = [TallSkinnyProjection(linear, every) for linear in linears]
     variants = packed(linears)
     print(f"{len(linears)} weights shaped like SmolLM2-135M's decoder, float32, {args.threads} threads")
     head = "".join(f" {name} ms | {name} / its M=1 |" for name in variants)

@@ -40,6 +40,7 @@ from spec_backend.cpu.native import native_op, selection
 from spec_backend.cpu.native_eagle3 import install_native_eagle3_layers
 from spec_backend.cpu.native_layer import install_native_layers
 from spec_backend.cpu.q8_0_projection import install_q8_0_projection
+from spec_backend.cpu.replayed_layer import install_replayed_layers
 from spec_backend.cpu.vocab_projection import install_small_batch_linears, install_tall_skinny_projection
 
 logger = logging.getLogger("spec_backend.backends")
@@ -112,6 +113,9 @@ class CpuBackend(ReferenceBackend):
         if packed:
             _native_layers(model, packed, what)
         install_small_batch_linears(model)
+        replayed = install_replayed_layers(model)  # after the projections took their final form
+        if replayed:
+            logger.info("spec_backend: %d float32 decoder layers replayed natively (bit for bit)", replayed)
         if install_q8_0_projection(model):
             logger.info("spec_backend: LM head runs from its GGUF Q8_0 blocks (exact: float32 activations)")
         install_tall_skinny_projection(model)

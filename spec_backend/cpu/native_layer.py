@@ -32,6 +32,7 @@ result never depends on the other rows of the call: greedy speculative output eq
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -232,17 +233,19 @@ class NativeDecoderLayer(nn.Module):
         return attn
 
 
-_NATIVE_CLASSES: dict[type[nn.Module], type[NativeDecoderLayer]] = {}
+_NATIVE_CLASSES: dict[tuple[type[nn.Module], type[nn.Module]], type[nn.Module]] = {}
 
 
-def native_class(layer_class: type[nn.Module]) -> type[NativeDecoderLayer]:
-    """``NativeDecoderLayer`` that is also a ``layer_class`` (one per class): what transformers finds by
-    class (the recorders behind ``output_hidden_states``) finds the native layer as it found the one it
-    replaces."""
-    found = _NATIVE_CLASSES.get(layer_class)
+def native_class(
+    layer_class: type[nn.Module], base: type[nn.Module] = NativeDecoderLayer
+) -> Callable[[nn.Module], nn.Module]:
+    """``base`` (``NativeDecoderLayer``, or ``replayed_layer.ReplayedDecoderLayer``) that is also a
+    ``layer_class`` (one class per pair), built from the layer it replaces: what transformers finds by
+    class (the recorders behind ``output_hidden_states``) finds the native layer as it found that one."""
+    found = _NATIVE_CLASSES.get((base, layer_class))
     if found is None:
-        found = _NATIVE_CLASSES[layer_class] = type(
-            f"Native{layer_class.__name__}", (NativeDecoderLayer, layer_class), {}
+        found = _NATIVE_CLASSES[(base, layer_class)] = type(
+            f"{base.__name__.removesuffix('DecoderLayer')}{layer_class.__name__}", (base, layer_class), {}
         )
     return found
 

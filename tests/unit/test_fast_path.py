@@ -192,8 +192,9 @@ def test_layers_no_kernel_takes_stay_float(tmp_path: Path, monkeypatch: pytest.M
             n.rsplit(".", 1)[-1]: m.kernel for n, m in llm.model.named_modules() if isinstance(m, Int4Linear)
         }
         assert kernels == {p: kernel for p in ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
-        assert all(
-            type(layer.self_attn.k_proj).__name__ == "TallSkinnyProjection"
+        assert all(  # float32: a TallSkinnyProjection where this machine's rows set is not empty
+            type(layer.self_attn.k_proj).__name__ in ("TallSkinnyProjection", "Linear")
+            and layer.self_attn.k_proj.weight.dtype == torch.float32
             for layer in llm.model.model.layers
         )
         check_speculation_is_lossless(llm)

@@ -132,8 +132,10 @@ def test_the_engine_runs_a_q8_0_head_and_stays_lossless(tmp_path: Path, isa: str
 def test_float_heads_and_opt_out_keep_the_float_projection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from spec_backend.cpu.few_rows import ROWS_ENV
     from spec_backend.testing.fixtures.q4_1 import make_q4_1_model
 
+    monkeypatch.setenv(ROWS_ENV, "tall")  # a float head takes the tall-skinny product at some row count
     float_head = LLM(make_q4_1_model(tmp_path / "f")).model.get_output_embeddings()
     assert isinstance(float_head, TallSkinnyProjection)
     model_dir = make_q8_0_head_model(tmp_path / "q8", seed=5)

@@ -1,4 +1,5 @@
-"""The tall-skinny vocabulary projection equals F.linear, and the reference backend installs it."""
+"""The tall-skinny projection equals F.linear at every row count, and the cpu backend installs it where
+the rows set is not empty (pinned here: ``SPEC_BACKEND_FEW_ROWS=tall``; measured: ``test_few_rows``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from torch import nn
 
 from spec_backend.backends.base import ModelOptions
 from spec_backend.cpu import CpuBackend
+from spec_backend.cpu.few_rows import ROWS_ENV
 from spec_backend.cpu.vocab_projection import (
     TallSkinnyProjection,
     install_small_batch_linears,
     install_tall_skinny_projection,
 )
+
+
+@pytest.fixture(autouse=True)
+def _tall(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ROWS_ENV, "tall")
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 40, 63, 64, 65, 200])
@@ -24,7 +31,7 @@ def test_matches_linear_for_every_row_count(rows: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows)
     linear = nn.Linear(32, 1000, bias=bias, dtype=torch.float64)
     hidden = torch.randn(1, rows, 32, generator=gen, dtype=torch.float64)  # [B, Q, H]
-    got = TallSkinnyProjection(linear)(hidden)  # [B, Q, V]
+    got = TallSkinnyProjection(linear, frozenset(range(1, 65)))(hidden)  # [B, Q, V]
     assert got.shape == (1, rows, 1000)
     torch.testing.assert_close(got, F.linear(hidden, linear.weight, linear.bias), rtol=1e-12, atol=1e-12)
 
@@ -67,7 +74,8 @@ def test_cpu_backend_swaps_the_decoders_linears_and_keeps_logits(tmp_path: Path)
     with torch.no_grad():
         before = [model(input_ids=torch.tensor([[3, 1, 4, 1, 5][:n]])).logits for n in (1, 3, 5)]
         CpuBackend().prepare_model(model, ModelOptions())
-        assert isinstance(layer.mlp.down_proj, TallSkinnyProjection) and layer.mlp.down_proj.max_rows == 4
+        assert isinstance(layer.mlp.down_proj, TallSkinnyProjection)
+        assert layer.mlp.down_proj.rows == frozenset(range(1, 17))
         assert layer.mlp.down_proj.weight is weight  # the same parameter, not a copy
         assert not any(type(m) is nn.Linear for m in model.modules())  # 7 per layer + the head
         after = [model(input_ids=torch.tensor([[3, 1, 4, 1, 5][:n]])).logits for n in (1, 3, 5)]
