@@ -39,7 +39,6 @@ from spec_backend.cpu.attention import cpu_ragged_attention, is_batch_invariant
 from spec_backend.cpu.native import native_op, required_op
 from spec_backend.cpu.native_layer import NATIVE_LAYERS_ENV, SUPPORTED_LAYERS, native_class
 from spec_backend.cpu.vocab_projection import TallSkinnyProjection, replace_modules
-from spec_backend.runtime.kv_cache import RaggedKVLayer
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 #: the op's weights in its order (``csrc/replayed_layer.cpp``): (child, parameter) paths
@@ -121,6 +120,11 @@ class ReplayedDecoderLayer(nn.Module):
         nn.Module.__init__(self)
         self.__dict__.update(layer.__dict__)  # the same children, parameters, buffers and hooks
         self._replay = required_op("replayed_decoder_layer")
+        # here, not at the top: the cache imports transformers, which a core-only install lacks (a layer
+        # exists only where a model was loaded)
+        from spec_backend.runtime.kv_cache import RaggedKVLayer
+
+        self._full_attention_layer = RaggedKVLayer
         attn = layer.self_attn
         head_dim = int(attn.head_dim)
         heads, kv_heads = (
@@ -180,7 +184,7 @@ class ReplayedDecoderLayer(nn.Module):
             or x.shape[:2] != (plan.batch_size, plan.max_query_len)
         ):
             return None
-        if type(cache.layers[attn.layer_idx]) is not RaggedKVLayer:
+        if type(cache.layers[attn.layer_idx]) is not self._full_attention_layer:
             return None
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
