@@ -9,6 +9,7 @@ import torch
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.hidden import HiddenCapture
 from spec_backend.runtime.kv_cache import RaggedKVCache
+from spec_backend.runtime.lean_forward import lean_forward
 from spec_backend.step import HiddenStateRequest, StepBatch, TargetOutput
 
 
@@ -42,6 +43,7 @@ class ModelRunner:
         self.cache = cache
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.mask_logits = boolean_logits_to_keep()
+        self.lean = lean_forward(model, self.mask_logits)  # None: transformers' forward (lean_forward.py)
         request = hidden if hidden is not None else HiddenStateRequest()
         layers = num_decoder_layers(model.config)
         self.capture = HiddenCapture(model, request, layers) if request.any else None
@@ -59,15 +61,18 @@ class ModelRunner:
                 keep[torch.arange(batch.batch_size, device=keep.device), batch.query_lens - 1] = True
             else:
                 keep[batch.rows, batch.cols] = True
-            out = self.model(
-                input_ids=batch.padded(batch.input_ids),  # [B, Q]
-                position_ids=batch.padded_positions(),  # [B, Q]
-                **cache_kwargs(self.model, self.cache),
-                use_cache=True,
-                logits_to_keep=keep if self.mask_logits else 0,
-                spec_attn_metadata=batch.attention,
-            )
-            logits: torch.Tensor = out.logits
+            ids, positions = batch.padded(batch.input_ids), batch.padded_positions()  # [B, Q], [B, Q]
+            if self.lean is not None and not self.lean.hooked():  # the same calls without the wrappers
+                logits = self.lean(ids, positions, self.cache, keep, spec_attn_metadata=batch.attention)
+            else:
+                logits = self.model(
+                    input_ids=ids,
+                    position_ids=positions,
+                    **cache_kwargs(self.model, self.cache),
+                    use_cache=True,
+                    logits_to_keep=keep if self.mask_logits else 0,
+                    spec_attn_metadata=batch.attention,
+                ).logits
             if logits.ndim == 3:  # a model that ignores boolean logits_to_keep: select rows here
                 q_max = batch.max_query_len
                 logits = logits[keep] if logits.shape[1] == q_max else logits.reshape(-1, logits.shape[-1])
