@@ -36,12 +36,14 @@ from spec_backend.cpu.int4_linear import Int4Linear, PackedLinear
 from spec_backend.cpu.int8_linear import install_int8_linears
 from spec_backend.cpu.isa import cpu_flags, machine_variants, missing_flags
 from spec_backend.cpu.kquant_linear import K8Linear, block_kinds, read_blocks
-from spec_backend.cpu.native import native_op, selection
+from spec_backend.cpu.native import native_op, required_op, selection
 from spec_backend.cpu.native_eagle3 import install_native_eagle3_layers
 from spec_backend.cpu.native_layer import install_native_layers
 from spec_backend.cpu.q8_0_projection import install_q8_0_projection
 from spec_backend.cpu.replayed_layer import install_replayed_layers
+from spec_backend.cpu.sampler_ops import CpuSamplerOps
 from spec_backend.cpu.vocab_projection import install_small_batch_linears, install_tall_skinny_projection
+from spec_backend.sampling.ops import SamplerOps
 
 logger = logging.getLogger("spec_backend.backends")
 
@@ -100,6 +102,11 @@ class CpuBackend(ReferenceBackend):
 
     def attention_function(self) -> AttentionFn:
         return cpu_ragged_attention
+
+    def sampler_ops(self) -> SamplerOps:
+        """The reference's torch ops, with greedy batches verified by one native call (``sampler_ops``)."""
+        ops: SamplerOps = CpuSamplerOps(required_op("greedy_chain_output"))
+        return ops
 
     def prepare_model(self, model: torch.nn.Module, options: ModelOptions) -> None:
         """Packed or quantized linear layers, native layers, tall-skinny projections (module docstring)."""

@@ -191,4 +191,25 @@ class FusedVerifyOps(Protocol):
         ...
 
 
-__all__ = ["FusedVerifyOps", "SamplerOps"]
+class GreedyOutputOps(Protocol):
+    """Optional, beside ``SamplerOps``: a batch whose requests are all greedy verified in one call. The
+    sampler uses it where the ops have it, for every rule but synthetic acceptance and FLy (for greedy
+    rows every other rule is argmax matching), and otherwise composes the ``SamplerOps``; both give the
+    same output, exactly (``tests/unit/test_cpu_sampler_ops.py``)."""
+
+    def greedy_output(
+        self,
+        logits: torch.Tensor,  # [N, V]
+        draft_ids: torch.Tensor,  # [T] (ids outside [0, V) are null drafts)
+        target_rows: torch.Tensor,  # [T] the logits row verifying each draft
+        bonus_rows: torch.Tensor,  # [B]
+        cu_num_draft_tokens: torch.Tensor,  # [B]
+        max_spec_len: int,
+    ) -> torch.Tensor:  # [B, max_spec_len + 1] int32, the sampler's output
+        """Each request's drafts accepted while each equals ``torch.argmax`` of its target row (a null
+        draft ends them), then the argmax of the row after the last accepted draft (the bonus row after
+        all of them), then ``PLACEHOLDER_TOKEN_ID``."""
+        ...
+
+
+__all__ = ["FusedVerifyOps", "GreedyOutputOps", "SamplerOps"]

@@ -252,6 +252,13 @@ class RejectionSampler:
             return fused
         if metadata.max_spec_len == 0 and self._rates is None:  # plain decoding: the bonus rows alone
             return bonus_only(self.ops, metadata.bonus_logits_indices, logits, sampling, seeds, positions)
+        greedy = getattr(self.ops, "greedy_output", None)  # GreedyOutputOps (getattr: see fused_output)
+        if greedy is not None and sampling.all_greedy and self._rates is None and self.fly is None:
+            rows = (metadata.target_logits_indices, metadata.bonus_logits_indices)
+            out: torch.Tensor = greedy(
+                logits, metadata.draft_token_ids, *rows, metadata.cu_num_draft_tokens, metadata.max_spec_len
+            )
+            return out
         step = VerifyStep.of(metadata, logits.shape[1], seeds, positions)
         greedy_rows = sampling.temperature == 0  # [B]
         argmax = None if sampling.all_random else self.ops.argmax(logits)  # [N]
