@@ -132,7 +132,8 @@ class EngineCore:
         self.check_invariants()
         finished: list[Request] = []
         admitted: list[Request] = []
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
+        limit = min(self.max_num_seqs, self.slots.capacity)  # a cap raised after start-up meets the slots
+        while self.waiting and len(self.running) + len(admitted) < limit:
             admitted.append(self.waiting.popleft())
         if admitted:
             self._admit(admitted)

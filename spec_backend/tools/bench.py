@@ -192,7 +192,7 @@ def run_e2e_bench(
     log("warming up ...")
     _hf_generate(baseline, llm.eos_token_ids, ids[:1], 8, None)
     llm.set_speculation(True)
-    _engine_run(llm, ids[:2], 8, 2)
+    _engine_run(llm, ids[:2], 8, min(2, batch_size))  # the engine holds batch_size slots
     results = [RunResult(s.name, s.batch_size) for s in (*single, *batched)]
     total = samples * len(ids) * len(results)
     with tqdm(total=total, desc="bench e2e", unit="run", disable=not progress) as bar:

@@ -85,6 +85,19 @@ def test_generation_stops_at_max_model_len(llm: LLM) -> None:
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 32
 
 
+def test_a_batch_cap_raised_past_the_slots_queues_requests(tmp_path: Path) -> None:
+    """``engine.max_num_seqs`` raised after start-up above the caches' slots (``bench e2e``'s warm-up did)
+    admits only as many requests as there are slots; the rest wait. Before: every request of the step
+    ended with an error ("all 1 KV cache slots are in use")."""
+    model_dir = make_tiny_model(tmp_path / "tiny", "llama", vocab_size=64)
+    llm = LLM(model_dir, max_num_seqs=1, max_model_len=32)
+    alone = [llm.generate([p], SamplingParams(temperature=0, max_tokens=6))[0] for p in ([1, 2, 3], [4, 5])]
+    llm.engine.max_num_seqs = 2
+    both = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=6))
+    assert [o.outputs[0].finish_reason for o in both] == ["length", "length"]
+    assert [o.outputs[0].token_ids for o in both] == [o.outputs[0].token_ids for o in alone]
+
+
 def test_unknown_model_path(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="unknown model"):
         LLM(str(tmp_path / "missing"))
