@@ -18,8 +18,9 @@ Glossary:
   batch-invariant, the cpu backend's attention), the residual adds and the SiLU-gated MLP.
 * **engine step** — what the op takes: a ``StepBatch`` plan on the cache (shapes not captured, not a token
   tree), the layer's cache a full-attention ``RaggedKVLayer`` and its keys seen from position 0 (no
-  window), the configured attention one of the two above. Any other call (transformers' ``generate``, a
-  hidden-state capture of the attention module, a batch-invariant model) runs the layer's own forward.
+  window), the configured attention one of the two above, and no forward hook on a module whose call the
+  op makes in its place (the layer's own hooks, the hidden-state capture's, fire as usual). Any other
+  call (transformers' ``generate``, a batch-invariant model) runs the layer's own forward.
 
 The layer keeps the replaced module's children, parameters and hooks (state-dict keys are unchanged), and
 is an instance of the replaced class (``native_class``), so what transformers finds by class finds it.
@@ -39,6 +40,8 @@ from spec_backend.cpu.attention import cpu_ragged_attention, is_batch_invariant
 from spec_backend.cpu.native import native_op, required_op
 from spec_backend.cpu.native_layer import NATIVE_LAYERS_ENV, SUPPORTED_LAYERS, native_class
 from spec_backend.cpu.vocab_projection import TallSkinnyProjection, replace_modules
+from spec_backend.runtime.hf_compat import cache_name
+from spec_backend.runtime.lean_forward import hooked
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 #: the op's weights in its order (``csrc/replayed_layer.cpp``): (child, parameter) paths
@@ -137,6 +140,9 @@ class ReplayedDecoderLayer(nn.Module):
         eps = float(layer.input_layernorm.variance_epsilon)
         self._shape = (heads, kv_heads, head_dim, eps, float(attn.scaling), rows)
         self._weights = self._collect()
+        #: the modules whose calls the op makes in their place: a hook on one runs the layer's forward
+        self._inner = [m for m in self.modules() if m is not self]
+        self._cache_name = cache_name(type(layer))
 
     def _collect(self) -> list[torch.Tensor]:
         return [_module(self, path).weight for path in WEIGHTS]
@@ -148,8 +154,9 @@ class ReplayedDecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         step = self._step(hidden_states, args, kwargs)
-        if step is None:
-            return super().forward(hidden_states, *args, **kwargs)
+        if step is None:  # the cache under the name the replaced class declares (``hf_compat``)
+            cache = kwargs.pop("cache", None) if "cache" in kwargs else kwargs.pop("past_key_values", None)
+            return super().forward(hidden_states, *args, **{self._cache_name: cache}, **kwargs)
         cache, plan, meta = step
         cos, sin = kwargs["position_embeddings"]
         keys, values = cache.layers[self.self_attn.layer_idx].kv()  # [S, Hkv, C, D]
@@ -167,7 +174,7 @@ class ReplayedDecoderLayer(nn.Module):
         ``None``."""
         if args or x.dtype != torch.float32 or x.dim() != 3 or kwargs.get("position_embeddings") is None:
             return None
-        if any(kwargs.get(name) is not None for name in _ATTENTION_EXTRAS):
+        if any(kwargs.get(name) is not None for name in _ATTENTION_EXTRAS) or hooked(self._inner):
             return None
         cache: Any = kwargs.get("cache", kwargs.get("past_key_values"))
         plan, meta = getattr(cache, "plan", None), kwargs.get("spec_attn_metadata")

@@ -30,10 +30,15 @@ def _declared_name(cls: type) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
+def cache_name(cls: type) -> str:
+    """The name ``cls.forward`` declares for the cache: ``"cache"``, else ``"past_key_values"``."""
+    return _cache_name(cls)
+
+
 def cache_kwargs(module: Any, cache: Any) -> dict[str, Any]:
     """``{"cache": cache}`` where ``module.forward`` declares ``cache``; else ``{"past_key_values": cache}``
     (transformers releases before the rename)."""
     return {_cache_name(type(module)): cache}
 
 
-__all__ = ["cache_kwargs"]
+__all__ = ["cache_kwargs", "cache_name"]

@@ -18,9 +18,11 @@ project only those rows (``hidden[keep]``), earlier ones project every row and t
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.modules.module as nn_module
 
 from spec_backend.runtime.hf_compat import cache_kwargs
 
@@ -37,7 +39,7 @@ class LeanForward:
 
     def hooked(self) -> bool:
         """Whether a hook sits on one of the two forwards this skips (then the model's forward runs)."""
-        return any(m._forward_hooks or m._forward_pre_hooks for m in (self.model, self.decoder))
+        return hooked((self.model, self.decoder))
 
     def __call__(
         self,
@@ -59,6 +61,14 @@ class LeanForward:
         return logits
 
 
+def hooked(modules: Iterable[torch.nn.Module]) -> bool:
+    """Whether a forward hook (or pre-hook) sits on one of ``modules``, or on every module (torch's global
+    hooks): a caller that would skip their calls must make them instead."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
 def lean_forward(model: Any, mask_logits: bool) -> LeanForward | None:
     """The lean forward of ``model`` where its class and its decoder's are in ``LEAN_MODELS``, else
     ``None`` (the runner calls the model)."""
@@ -70,4 +80,4 @@ def lean_forward(model: Any, mask_logits: bool) -> LeanForward | None:
     return LeanForward(model, mask_logits)
 
 
-__all__ = ["LEAN_MODELS", "LeanForward", "lean_forward"]
+__all__ = ["LEAN_MODELS", "LeanForward", "hooked", "lean_forward"]

@@ -153,3 +153,23 @@ def test_every_other_caller_runs_the_layers_own_forward(tmp_path: Path) -> None:
         assert torch.equal(replaced(input_ids=ids).logits, model(input_ids=ids).logits)
         out = replaced.generate(ids, max_new_tokens=5, do_sample=False)
         assert torch.equal(out, model.generate(ids, max_new_tokens=5, do_sample=False))
+
+
+def test_a_hook_inside_the_layer_runs_the_layers_own_forward(tmp_path: Path) -> None:
+    """A forward hook on a module whose call the op would make in its place (here each layer's q
+    projection) fires at every engine step: the layers' own forwards run, and the outputs stay the same."""
+    folder = make_tiny_model(tmp_path / "gqa", **GQA)
+    replayed = LLM(folder, speculative_config=fixed_ngram(3, 3))
+    expected = _run(replayed, GREEDY_LOGPROBS)
+    calls, fired = _count_replays(replayed), []
+    handles = [
+        layer.self_attn.q_proj.register_forward_hook(lambda *a: fired.append(1))
+        for layer in replayed.model.model.layers
+    ]
+    steps = replayed.engine.num_steps
+    assert _run(replayed, GREEDY_LOGPROBS) == expected
+    assert calls[0] == 0 and len(fired) > 2 * (replayed.engine.num_steps - steps)  # prefills too
+    for handle in handles:
+        handle.remove()
+    _run(replayed, GREEDY_LOGPROBS)
+    assert calls[0] > 0  # without the hooks, the op again
