@@ -100,6 +100,11 @@ class StepBatch:
         return max(self.query_lens_host)
 
     @property
+    def unpadded(self) -> bool:
+        """Every request feeds ``Q`` query tokens: the padded layout is the flat order, row by row."""
+        return min(self.query_lens_host) == self.max_query_len
+
+    @property
     def query_start_loc_host(self) -> list[int]:
         """``query_start_loc`` on the host, from ``query_lens_host`` (no device read): ``[B+1]``."""
         return list(itertools.accumulate(self.query_lens_host, initial=0))
@@ -110,7 +115,10 @@ class StepBatch:
         return self.query_start_loc[1:] - 1
 
     def padded(self, flat: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
-        """Scatter a flat ``[N, ...]`` tensor into the ``[B, Q, ...]`` padded layout."""
+        """Scatter a flat ``[N, ...]`` tensor into the ``[B, Q, ...]`` padded layout (without padding: a
+        view of ``flat``)."""
+        if self.unpadded:
+            return flat.view(self.batch_size, self.max_query_len, *flat.shape[1:])
         out = flat.new_full((self.batch_size, self.max_query_len, *flat.shape[1:]), fill)
         out[self.rows, self.cols] = flat
         return out
@@ -118,6 +126,8 @@ class StepBatch:
     def padded_positions(self) -> torch.Tensor:
         """``[B, Q]`` position ids; padding columns repeat the request's last valid position (a tree step:
         its first position)."""
+        if self.rope_positions is None and self.unpadded:
+            return self.positions.view(self.batch_size, self.max_query_len)  # no padding: [B, Q]
         q_idx = torch.arange(self.max_query_len, device=self.positions.device)  # [Q]
         first = self.seq_lens - self.query_lens  # [B]
         if self.rope_positions is not None:
@@ -143,20 +153,35 @@ class StepBatch:
                 logits_indices=rows,
                 standard_layout=True,
             )
-        counts = self.query_lens - 1  # [B] drafts per request
-        bonus = (self.query_start_loc[1:] - 1).to(torch.int32)  # [B]
-        is_bonus = torch.zeros(self.num_tokens, dtype=torch.bool, device=self.input_ids.device)
-        is_bonus[bonus.long()] = True
-        target = torch.nonzero(~is_bonus).reshape(-1).to(torch.int32)  # [T]
-        return SpecDecodeMetadata(
-            draft_token_ids=self.draft_token_ids,
-            num_draft_tokens=nums,
-            cu_num_draft_tokens=torch.cumsum(counts, 0).to(torch.int32),
-            target_logits_indices=target,
-            bonus_logits_indices=bonus,
-            logits_indices=torch.arange(self.num_tokens, dtype=torch.int32, device=self.input_ids.device),
-            standard_layout=True,
-        )
+        return _verify_layout(nums, self.draft_token_ids)
+
+
+def _verify_layout(nums: list[int], draft_token_ids: torch.Tensor) -> SpecDecodeMetadata:
+    """Every query row has logits: request ``b``'s ``nums[b]`` target rows, then its bonus row. The
+    indices follow from the host counts alone, so they are built as two host tensors (int32, int64) and
+    copied once each, instead of derived on the device op by op (some fifteen small ops a step)."""
+    batch, total = len(nums), sum(nums)
+    bounds = list(itertools.accumulate(nums))  # [B] inclusive cumulative drafts
+    bonus = [k + b for b, k in enumerate(bounds)]  # [B] row of each bonus logit
+    target = [t + b for b, (k, end) in enumerate(zip(nums, bounds, strict=True)) for t in range(end - k, end)]
+    device = draft_token_ids.device
+    small = torch.tensor(bounds + target + bonus + list(range(total + batch)), dtype=torch.int32)
+    sizes = [batch, total, batch, total + batch]
+    cu, target_rows, bonus_rows, logits_rows = torch.split(small.to(device), sizes)
+    request = [b for b, k in enumerate(nums) for _ in range(k)]  # [T]
+    wide = torch.tensor(request + [t for k in nums for t in range(k)], dtype=torch.int64)
+    request_index, slot_index = torch.split(wide.to(device), [total, total])
+    return SpecDecodeMetadata(
+        draft_token_ids=draft_token_ids,
+        num_draft_tokens=nums,
+        cu_num_draft_tokens=cu,
+        target_logits_indices=target_rows,
+        bonus_logits_indices=bonus_rows,
+        logits_indices=logits_rows,
+        request_index=request_index,
+        slot_index=slot_index,
+        standard_layout=True,
+    )
 
 
 def build_step_batch(
@@ -188,18 +213,24 @@ def build_step_batch(
         rows_host,
         cols_host,
         [cached_host[b] + i for b, i in zip(rows_host, cols_host, strict=True)],
+        list(range(start, start + batch)),
     ]
     device, flat_host = tokens.device, [v for section in sections for v in section]
     packed = torch.tensor(flat_host, dtype=torch.int64).to(device)
-    # [B], [B], [B+1], then [N] each
-    q_lens, seq_lens, loc, rows, cols, positions = torch.split(packed, [len(x) for x in sections])
-    flat = tokens[rows, cols]  # [N] query tokens in request order
+    # [B], [B], [B+1], then [N] each, then [B]
+    q_lens, seq_lens, loc, rows, cols, positions, slot_ids = torch.split(packed, [len(x) for x in sections])
     drafts = tuple(num_draft_tokens) if num_draft_tokens is not None else (0,) * batch
     if any(d != q - 1 for d, q in zip(drafts, query_lens, strict=True)) and any(drafts):
         raise ValueError(f"num_draft_tokens {list(drafts)} must be query_lens - 1 {list(query_lens)}")
+    full = min(lens) == tokens.shape[1]  # no padding: the flat order is the grid's row-major order
+    flat = tokens.reshape(-1) if full else tokens[rows, cols]  # [N] query tokens in request order
+    if not any(drafts):
+        draft_ids = tokens.new_zeros(0, dtype=torch.int32)
+    else:  # [T] every column after the first, request-major
+        draft_ids = (tokens[:, 1:].reshape(-1) if full else flat[cols >= 1]).to(torch.int32)
     return StepBatch(
         start=start,
-        slot_ids=torch.arange(start, start + batch, device=device),
+        slot_ids=slot_ids,
         input_ids=flat.clamp_min(0),  # placeholder drafts (-1) are fed as token 0
         positions=positions,
         query_start_loc=loc,
@@ -210,9 +241,7 @@ def build_step_batch(
         query_lens_host=tuple(lens),
         num_draft_tokens=drafts,
         max_seq_len=max(sections[1]),
-        draft_token_ids=flat[cols >= 1].to(torch.int32)
-        if any(drafts)
-        else tokens.new_zeros(0, dtype=torch.int32),
+        draft_token_ids=draft_ids,
         attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=seq_lens),
     )
 

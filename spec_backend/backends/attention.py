@@ -116,7 +116,12 @@ def _build_mask(meta: RaggedAttentionMetadata, q_len: int, kv_len: int, window: 
     device = meta.query_lens.device
     q_idx = torch.arange(q_len, device=device)  # [Q]
     k_idx = torch.arange(kv_len, device=device)  # [L]
-    q_pos = (meta.kv_lens - meta.query_lens)[:, None] + q_idx[None, :]  # [B, Q] absolute positions
+    q_pos = (meta.kv_lens - meta.query_lens).unsqueeze(1) + q_idx  # [B, Q] absolute positions
+    if meta.tree is None and window is None:
+        # a query sees keys 0 .. its position, a padding query (position >= kv_len) every valid key, and
+        # a row without keys key 0 (a softmax over no key is NaN): the last key seen, clamped into range
+        last = torch.minimum(q_pos, (meta.kv_lens - 1).unsqueeze(1)).clamp_min_(0)  # [B, Q]
+        return (k_idx <= last.unsqueeze(2)).unsqueeze(1)  # [B, 1, Q, L]
     if meta.tree is not None:
         mask, q_pos, k_pos = _tree_visibility(meta, q_len, k_idx)  # [B, Q, L], [B, Q], [B, L]
     else:

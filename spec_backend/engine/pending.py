@@ -118,10 +118,12 @@ class PendingDrafts:
         with_probs = [s for s in drafted if self._with_probs[s]]
         if with_probs and len(with_probs) != len(drafted):
             raise ValueError("a drafter returned draft probabilities for some requests of a batch only")
+        ids = self.ids[start : start + batch, :k_max]  # [B, K]
+        if min(counts) == k_max and not with_probs:  # every request verifies k_max: nothing to cut
+            return DecodeInputs(torch.cat([last[:, None], ids], 1), counts, None, parents)
         keep = (
             torch.arange(k_max, device=device)[None, :] < torch.tensor(counts).to(device)[:, None]
         )  # [B, K]
-        ids = self.ids[start : start + batch, :k_max]  # [B, K]
         tokens = torch.cat(
             [last[:, None], torch.where(keep, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID))], 1
         )

@@ -54,13 +54,15 @@ class ModelRunner:
         saved = list(self.cache.lengths)
         try:
             self.cache.begin_step(batch)
-            keep = torch.zeros(
-                (batch.batch_size, batch.max_query_len), dtype=torch.bool, device=batch.input_ids.device
-            )  # [B, Q]
-            if last_only:
-                keep[torch.arange(batch.batch_size, device=keep.device), batch.query_lens - 1] = True
+            shape, device = (batch.batch_size, batch.max_query_len), batch.input_ids.device
+            if not last_only and batch.unpadded:  # every query row's logits
+                keep = torch.ones(shape, dtype=torch.bool, device=device)  # [B, Q]
             else:
-                keep[batch.rows, batch.cols] = True
+                keep = torch.zeros(shape, dtype=torch.bool, device=device)  # [B, Q]
+                if last_only:
+                    keep[torch.arange(batch.batch_size, device=device), batch.query_lens - 1] = True
+                else:
+                    keep[batch.rows, batch.cols] = True
             ids, positions = batch.padded(batch.input_ids), batch.padded_positions()  # [B, Q], [B, Q]
             if self.lean is not None and not self.lean.hooked():  # the same calls without the wrappers
                 logits = self.lean(ids, positions, self.cache, keep, spec_attn_metadata=batch.attention)
