@@ -11,8 +11,12 @@ apart: code edits (answers that copy from the question) and open chat (answers t
 the median over passes of the decode rate (tokens after the first over the time after the first), and
 the median, min and max over passes of its ratio to plain decoding's rate in the same pass (engines built
 anew differ by a few percent from one another on a VM: their memory lands elsewhere, so the ratios of one
-pass are noisy and their median over passes is what to quote). Greedy speculation is lossless, so every
-text must equal plain decoding's (the script fails otherwise). The CPU's ISA flags are printed.
+pass are noisy and their median over passes is what to quote). ``plain, again`` is a second plain engine,
+the negative control: its ratio to plain measures that spread, the noise floor of every other row. Pass
+``i`` builds and runs the engines in the listed order rotated by ``i``, so no method is always built or
+run first (an engine built first or run first can read a few percent faster or slower for that alone).
+Greedy speculation is lossless, so every text must equal plain decoding's (the script fails otherwise).
+The CPU's ISA flags are printed.
 """
 
 from __future__ import annotations
@@ -37,18 +41,25 @@ def methods(k: int) -> dict[str, tuple[dict[str, Any] | None, bool]]:
     }
     return {
         "plain": (None, True),
+        "plain, again": (None, True),
         "ngram, off": (specs["ngram+fixed"], False),
         **{name: (specs[spec], True) for name, spec in names.items()},
     }
 
 
-def one_pass(prompt_sets: dict[str, list[str]], k: int, max_tokens: int) -> dict[str, dict[str, float]]:
-    """Fresh engines, each prompt on each in turn: name -> kind -> decode tokens per second."""
+def one_pass(
+    prompt_sets: dict[str, list[str]], k: int, max_tokens: int, rotation: int = 0
+) -> dict[str, dict[str, float]]:
+    """Fresh engines, each prompt on each in turn: name -> kind -> decode tokens per second. The engines
+    are built, and run on each prompt, in the methods' order rotated by ``rotation`` (the module
+    docstring)."""
     from spec_backend.engine import LLM, SamplingParams
     from spec_backend.tools.demo import Tally
 
+    order = list(methods(k).items())
+    order = order[rotation % len(order) :] + order[: rotation % len(order)]
     engines = {}
-    for name, (spec, on) in methods(k).items():
+    for name, (spec, on) in order:
         engines[name] = LLM("smollm2", speculative_config=spec, log_stats_interval=None)
         if spec is not None:
             engines[name].set_speculation(on)
@@ -90,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         "code edit": [chat_template(m) for m in code_edit_prompts(args.code_prompts)],
         "open chat": [chat_template(m) for m in CHAT_PROMPTS],
     }
-    passes = [one_pass(prompt_sets, args.k, args.max_tokens) for _ in range(args.passes)]
+    passes = [one_pass(prompt_sets, args.k, args.max_tokens, i) for i in range(args.passes)]
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
     print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
     print(f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes: the median rate")
     print("(tokens/s) and the median, min and max over passes of the ratio to plain decoding in that pass")
     kinds = list(prompt_sets)
     print(f"{'method':<16} | " + " | ".join(f"{kind:>30}" for kind in kinds))
-    for name in passes[0]:
+    for name in methods(args.k):
         cells = []
         for kind in kinds:
             ratios = [r[name][kind] / r["plain"][kind] for r in passes]
