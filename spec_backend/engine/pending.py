@@ -121,9 +121,7 @@ class PendingDrafts:
         ids = self.ids[start : start + batch, :k_max]  # [B, K]
         if min(counts) == k_max and not with_probs:  # every request verifies k_max: nothing to cut
             return DecodeInputs(torch.cat([last[:, None], ids], 1), counts, None, parents)
-        keep = (
-            torch.arange(k_max, device=device)[None, :] < torch.tensor(counts).to(device)[:, None]
-        )  # [B, K]
+        keep = torch.tensor([[j < c for j in range(k_max)] for c in counts]).to(device)  # [B, K] bool
         tokens = torch.cat(
             [last[:, None], torch.where(keep, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID))], 1
         )

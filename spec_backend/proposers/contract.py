@@ -216,12 +216,14 @@ def empty_drafts(batch_size: int, k: int, device: torch.device) -> DraftOutput:
 
 
 def pack_drafts(drafts: Sequence[Sequence[int]], k: int, device: torch.device) -> torch.Tensor:
-    """Host draft lists → ``[B, K]`` int64 padded with ``PLACEHOLDER_TOKEN_ID``."""
-    out = torch.full((len(drafts), max(k, 1)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
+    """Host draft lists → ``[B, K]`` int64 padded with ``PLACEHOLDER_TOKEN_ID`` (one host tensor)."""
+    width = max(k, 1)
+    rows = []
     for b, draft in enumerate(drafts):
-        if draft:
-            out[b, : len(draft)] = torch.tensor(list(draft), dtype=torch.int64)
-    return out.to(device)
+        if len(draft) > width:
+            raise ValueError(f"request {b} has {len(draft)} drafts, more than the {width} columns allowed")
+        rows.append([*draft, *([PLACEHOLDER_TOKEN_ID] * (width - len(draft)))])
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(drafts), width).to(device)
 
 
 class HostDrafter(Drafter):

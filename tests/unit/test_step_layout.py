@@ -96,3 +96,14 @@ def test_causal_mask_follows_its_definition(seed: int) -> None:
         mask = ragged_causal_mask(meta, q_len, kv_len)  # [B, 1, Q, L]
         assert mask.shape == (batch, 1, q_len, kv_len) and mask.dtype == torch.bool
         assert mask[:, 0].tolist() == _mask_by_definition(query_lens, kv_lens, q_len, kv_len)
+
+
+def test_host_drafts_pack_into_placeholder_padded_rows() -> None:
+    from spec_backend.proposers.contract import pack_drafts
+
+    got = pack_drafts([[5, 6], [], [7, 8, 9]], 3, torch.device("cpu"))  # [B, K]
+    assert got.dtype == torch.int64 and got.tolist() == [[5, 6, -1], [-1, -1, -1], [7, 8, 9]]
+    assert pack_drafts([[]], 0, torch.device("cpu")).tolist() == [[-1]]  # one column at least
+    assert pack_drafts([], 2, torch.device("cpu")).shape == (0, 2)
+    with pytest.raises(ValueError, match="request 1 has 3 drafts, more than the 2 columns allowed"):
+        pack_drafts([[1], [1, 2, 3]], 2, torch.device("cpu"))
