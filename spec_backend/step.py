@@ -158,8 +158,9 @@ class StepBatch:
 
 def _verify_layout(nums: list[int], draft_token_ids: torch.Tensor) -> SpecDecodeMetadata:
     """Every query row has logits: request ``b``'s ``nums[b]`` target rows, then its bonus row. The
-    indices follow from the host counts alone, so they are built as two host tensors (int32, int64) and
-    copied once each, instead of derived on the device op by op (some fifteen small ops a step)."""
+    indices follow from the host counts alone, so they are built as one host tensor and copied once (the
+    per-draft request and slot indices likewise, in ``SpecDecodeMetadata``), instead of derived on the
+    device op by op (some fifteen small ops a step)."""
     batch, total = len(nums), sum(nums)
     bounds = list(itertools.accumulate(nums))  # [B] inclusive cumulative drafts
     bonus = [k + b for b, k in enumerate(bounds)]  # [B] row of each bonus logit
@@ -168,9 +169,6 @@ def _verify_layout(nums: list[int], draft_token_ids: torch.Tensor) -> SpecDecode
     small = torch.tensor(bounds + target + bonus + list(range(total + batch)), dtype=torch.int32)
     sizes = [batch, total, batch, total + batch]
     cu, target_rows, bonus_rows, logits_rows = torch.split(small.to(device), sizes)
-    request = [b for b, k in enumerate(nums) for _ in range(k)]  # [T]
-    wide = torch.tensor(request + [t for k in nums for t in range(k)], dtype=torch.int64)
-    request_index, slot_index = torch.split(wide.to(device), [total, total])
     return SpecDecodeMetadata(
         draft_token_ids=draft_token_ids,
         num_draft_tokens=nums,
@@ -178,8 +176,6 @@ def _verify_layout(nums: list[int], draft_token_ids: torch.Tensor) -> SpecDecode
         target_logits_indices=target_rows,
         bonus_logits_indices=bonus_rows,
         logits_indices=logits_rows,
-        request_index=request_index,
-        slot_index=slot_index,
         standard_layout=True,
     )
 

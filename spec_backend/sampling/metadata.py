@@ -90,13 +90,11 @@ class SpecDecodeMetadata:
                     f"for num_draft_tokens={nums}"
                 )
         device = self.draft_token_ids.device
-        if self.request_index is None or self.slot_index is None:
-            counts = torch.tensor(nums, dtype=torch.int64)
-            req = torch.repeat_interleave(torch.arange(batch, dtype=torch.int64), counts)  # [T]
-            starts = torch.cumsum(counts, 0) - counts  # [B]
-            slot = torch.arange(total, dtype=torch.int64) - starts[req]  # [T]
-            self.request_index = req.to(device)
-            self.slot_index = slot.to(device)
+        if self.request_index is None or self.slot_index is None:  # from the host counts: one copy
+            request = [b for b, k in enumerate(nums) for _ in range(k)]  # [T]
+            slot = [t for k in nums for t in range(k)]  # [T]
+            wide = torch.tensor(request + slot, dtype=torch.int64).to(device)
+            self.request_index, self.slot_index = torch.split(wide, [total, total])
 
     @property
     def batch_size(self) -> int:
