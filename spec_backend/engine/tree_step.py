@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 #: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``)
 TREE_METHODS: dict[str, tuple[str, ...]] = {
     "dflash": ("static", "dynamic"),
-    "dspark": ("static",),
+    "draft_model": ("static", "dynamic"),
+    "dspark": ("static", "dynamic"),
     "eagle": ("static", "dynamic"),
     "eagle3": ("static", "dynamic"),
     "medusa": ("static",),

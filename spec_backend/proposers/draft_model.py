@@ -14,9 +14,16 @@ tokens to each request's catch-up tokens in the same causal forward; the last ca
 and mask row d gives draft d+1, so K drafts cost one forward. The mask rows leave the draft cache at the
 next step's roll-back (they are never committed).
 
+**Token trees** (#42; ``speculative_token_tree`` or ``tree_top_k``/``tree_nodes``): after the catch-up,
+the tree is drafted level by level, each level's forward feeding the nodes above it under tree attention
+(``step.build_tree_batch``), so every node's children come from the distribution the chain through its
+path would give; the nodes leave the draft cache afterwards and the next catch-up feeds the accepted
+path.
+
 The draft cache lives in the engine's slot table (moves and frees follow the target's), with K positions
-of headroom: a request may draft past the last position it can emit. Drafts are the argmax, or sampled
-with their probabilities under probabilistic verification (``draft_sampling``).
+of headroom (a tree's: the most nodes a level feeds): a request may draft past the last position it can
+emit. Drafts are the argmax, or sampled with their probabilities under probabilistic verification
+(``draft_sampling``; a static tree's siblings: ``sibling_draws``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spec_backend.config.token_tree import branching_tree
 from spec_backend.proposers.contract import (
     Drafter,
     DraftInputs,
@@ -36,7 +44,10 @@ from spec_backend.proposers.contract import (
     pack_drafts,
 )
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.step import SlotCache, build_step_batch
+from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
+from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
+from spec_backend.proposers.tree_build import depths_of, fill_static_batch
+from spec_backend.step import SlotCache, build_step_batch, build_tree_batch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
@@ -78,20 +89,19 @@ class DraftModelDrafter(Drafter):
         self.runner: ModelRunner | None = None
         self.backend, self.enforce_eager = backend, enforce_eager
         self.decode_graph: CapturedDecode | None = None  # drafts 2..K: one token per request
+        self.headroom = k  # cache positions past max_model_len a step may write (a tree level: its nodes)
         self._fed: dict[str, _Fed] = {}
         self.mask_token_id = mask_token_id  # PARD parallel drafting when set
 
     def cache_bytes_per_slot(self) -> int:
-        return self.layout.bytes_per_position * (self.max_model_len + self.num_speculative_tokens)
+        return self.layout.bytes_per_position * (self.max_model_len + self.headroom)
 
     def allocate_caches(self, num_slots: int) -> None:
         from spec_backend.runtime.captured import maybe_capture
         from spec_backend.runtime.kv_cache import RaggedKVCache
         from spec_backend.runtime.runner import ModelRunner
 
-        cache = RaggedKVCache(
-            self.layout, self.max_model_len, num_slots, headroom=self.num_speculative_tokens
-        )
+        cache = RaggedKVCache(self.layout, self.max_model_len, num_slots, headroom=self.headroom)
         self.runner = ModelRunner(self.model, cache)
         if self.num_speculative_tokens > 1:
             self.decode_graph = maybe_capture(self.runner, self.backend, 1, num_slots, self.enforce_eager)
@@ -125,19 +135,96 @@ class DraftModelDrafter(Drafter):
         chain = DraftChain(requests, self.probabilistic, device)
         if self.mask_token_id is not None:
             return self._propose_parallel(inputs, feeds, k_max, chain)
-        tokens = pack_drafts(feeds, max(len(f) for f in feeds), device)  # [B, F] catch-up tokens
-        query_lens = [len(f) for f in feeds]
+        logits = self._catch_up(start, feeds)  # [B, V] draft 1's
         for step in range(k_max):
-            cached = runner.cache.lengths[start : start + batch]
-            step_batch = build_step_batch(start, tokens, query_lens, cached)
-            graph = self.decode_graph if step > 0 and start == 0 else None
-            # [B, V]: a one-token step's rows are its last rows
-            logits = graph.forward(step_batch).logits if graph else runner.forward(step_batch, True).logits
-            ids = chain.draw(logits)
-            tokens, query_lens = ids[:, None], [1] * batch  # [B, 1] the next forward feeds this draft
+            ids = chain.draw(logits)  # [B]
+            if step + 1 < k_max:  # feed this draft for the next one
+                cached = runner.cache.lengths[start : start + batch]
+                step_batch = build_step_batch(start, ids[:, None], [1] * batch, cached)
+                graph = self.decode_graph if start == 0 else None
+                # [B, V]: a one-token step's rows are its last rows
+                out = graph.forward(step_batch) if graph else runner.forward(step_batch, True)
+                logits = out.logits
         for request in requests:
             self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=k_max - 1)
         return chain.output(inputs.budgets)
+
+    @torch.inference_mode()
+    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
+        """A static tree, level by level: a node's children are ranked by the draft model's logits after
+        its path. A level's forward feeds every node above it under tree attention
+        (``step.build_tree_batch``: a node sees the committed tokens and its ancestors, at position
+        ``committed + depth - 1``), so each node's distribution is the one the chain through its path
+        gives."""
+        start, batch = inputs.batch.start, len(inputs.requests)
+        outs = {-1: self._tree_root(inputs)}  # node -> the draft logits after it [B, V]; -1: the root
+        base = list(self._runner().cache.lengths[start : start + batch])  # the committed tokens
+        depths = depths_of(parents)
+
+        def logits_at(parent: int, columns: Sequence[torch.Tensor]) -> torch.Tensor:  # -> [B, V]
+            if parent not in outs:  # feed every node of depth <= the parent's (all filled, breadth first)
+                fed = sum(d <= depths[parent] for d in depths)
+                ids = torch.stack(list(columns[:fed]), dim=1)  # [B, fed]
+                logits = self._tree_forward(start, ids, [parents[:fed]] * batch, base)  # [B, fed, V]
+                outs.update({i: logits[:, i] for i in range(fed)})
+            return outs[parent]
+
+        siblings = sampled_siblings(inputs.requests, self.probabilistic)
+        tokens = fill_static_batch(parents, ranks, logits_at, siblings)  # [B, n]
+        self._forget_tree(inputs, base)
+        return static_tree_output(tokens, parents, ranks, siblings)
+
+    @torch.inference_mode()
+    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
+        """EAGLE-2's tree (``proposers.dynamic_tree``) over the draft model's distributions, each level's
+        frontier and its ancestors fed as ``propose_tree`` feeds a static tree's levels. A node's output
+        is its draft logits (``[B, grown, V]`` float32 held for the step)."""
+        start, batch = inputs.batch.start, len(inputs.requests)
+        root = self._tree_root(inputs)  # [B, V]
+        base = list(self._runner().cache.lengths[start : start + batch])
+
+        def forward(columns: Sequence[Sequence[int]], ids: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+            return self._tree_forward(start, ids, columns, base)  # [B, Q, V]
+
+        def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [..., V]
+            return torch.log_softmax(logits, dim=-1)
+
+        tokens, shape = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
+        self._forget_tree(inputs, base)
+        return DraftOutput(tokens, (nodes,) * batch, tree_parents=shape)
+
+    def _tree_root(self, inputs: DraftInputs) -> torch.Tensor:  # [B, V]
+        """Roll back and catch up; the draft logits after the last committed token."""
+        if self.mask_token_id is not None:
+            raise RuntimeError("a PARD draft model drafts chains in one forward, not token trees")
+        return self._catch_up(inputs.batch.start, self._roll_back(inputs, inputs.batch.start))
+
+    def _tree_forward(
+        self,
+        start: int,
+        tokens: torch.Tensor,  # [B, Q] the nodes fed, parents first (padded past each request's)
+        parents: Sequence[Sequence[int]],  # per request each fed node's parent column (-1: a root child)
+        base: Sequence[int],  # [B] the committed tokens' cache rows
+    ) -> torch.Tensor:  # [B, Q, V] each fed node's draft logits
+        cache = self._runner().cache
+        for b, rows in enumerate(base):  # drop the previous level's nodes
+            cache.truncate(start + b, rows)
+        batch = build_tree_batch(start, tokens, parents, base)
+        return batch.padded(self._runner().forward(batch, False).logits)
+
+    def _forget_tree(self, inputs: DraftInputs, base: Sequence[int]) -> None:
+        """The tree's nodes leave the draft cache: the next step catches up the accepted path."""
+        cache, start = self._runner().cache, inputs.batch.start
+        for b, request in enumerate(inputs.requests):
+            cache.truncate(start + b, base[b])
+            self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=0)
+
+    def _catch_up(self, start: int, feeds: list[list[int]]) -> torch.Tensor:  # [B, V]
+        """Feed each request the committed tokens its draft cache lacks; the last row's logits."""
+        runner = self._runner()
+        tokens = pack_drafts(feeds, max(len(f) for f in feeds), self.layout.device)  # [B, F]
+        cached = runner.cache.lengths[start : start + len(feeds)]
+        return runner.forward(build_step_batch(start, tokens, [len(f) for f in feeds], cached), True).logits
 
     def _propose_parallel(
         self, inputs: DraftInputs, feeds: list[list[int]], k_max: int, chain: DraftChain
@@ -197,15 +284,25 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     _check_vocab(ctx, model, path)
     _check_positions(model, path, ctx.max_model_len)
     assert config.num_speculative_tokens is not None
-    return DraftModelDrafter(
+    k, tree = config.num_speculative_tokens, branching_tree(config.token_tree)
+    if config.parallel_drafting and (tree is not None or config.tree_top_k is not None):
+        raise ValueError(
+            "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "
+            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
+            "use one or the other"
+        )
+    drafter = DraftModelDrafter(
         model,
-        config.num_speculative_tokens,
+        k,
         ctx.max_model_len,
         config.uses_draft_probs,
         ctx.backend,
         ctx.enforce_eager,
         _pard_token(model, path) if config.parallel_drafting else None,
     )
+    # a static tree's level feeds up to every node; a dynamic one's, its frontier and their ancestors
+    drafter.headroom = max(k, len(tree or ()), (config.tree_top_k or 0) * k)
+    return drafter
 
 
 def _pard_token(draft: Any, path: str) -> int:

@@ -21,6 +21,7 @@ import torch
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.proposers.draft_sampling import DraftChain
+from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
@@ -97,10 +98,48 @@ class DSparkDrafter(DFlashDrafter):
         tokens = fill_static_batch(parents, ranks, logits_at, siblings)  # [B, n]
         return static_tree_output(tokens, parents, ranks, siblings)
 
+    @torch.inference_mode()
     def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
-        """Not inherited from DFlash: a DSpark node's distribution depends on its token (the Markov head)."""
-        del inputs, depth, top_k, nodes
-        raise NotImplementedError("DSpark drafts static token trees only (speculative_token_tree)")
+        """EAGLE-2's rule over the block (``proposers.dynamic_tree``): a node at depth ``d`` gives its
+        children draft row ``d``'s logits plus the Markov bias of its own token, the rnn state carried
+        down its path, exactly as ``propose_tree`` ranks a static tree's. A node's output is those
+        logits and the Markov state after it, side by side (``[..., Vd + r]``): a level runs the Markov
+        head on the fed nodes, never the backbone."""
+        out, block_ids = self.run_block(inputs)  # [B, rows, H], [B, rows]
+        first = self.dspark.first_row
+        hidden = out[:, first : first + self.num_speculative_tokens]  # [B, K, H]
+        base = self.head.draft_logits(hidden)  # [B, K, Vd] float32
+        dtype = torch.promote_types(base.dtype, hidden.dtype)  # the state travels in it exactly
+        markov, vd = self.head.markov_head, base.shape[-1]
+
+        def node_out(rows: torch.Tensor, tokens: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
+            """Outputs ``[B, Q, Vd + r]`` of nodes at draft ``rows`` ``[B, Q]`` with ``tokens`` ``[B, Q]``
+            under their parents' states ``above`` ``[B, Q, r]``."""
+            logits = base.gather(1, rows[..., None].expand(-1, -1, vd)).to(dtype)  # [B, Q, Vd]
+            if markov is None:
+                return logits
+            size = hidden.shape[-1]
+            h = hidden.gather(1, rows[..., None].expand(-1, -1, size))  # [B, Q, H]
+            state = above.to(hidden.dtype).flatten(0, 1)  # [B*Q, r]
+            bias, _, after = markov.step(tokens.flatten(), h.flatten(0, 1), state)
+            bias, after = bias.view(*rows.shape, vd), after.view(*rows.shape, -1)  # [B, Q, Vd], [B, Q, r]
+            return torch.cat([logits + bias, after.to(dtype)], dim=-1)
+
+        start = markov.initial_state(hidden[:, 0]) if markov is not None else hidden.new_zeros(0)
+        zero = torch.zeros_like(block_ids[:, :1])  # [B, 1]
+        root = node_out(zero, block_ids[:, :1], start.view(len(inputs.requests), 1, -1))[:, 0]  # [B, Vd + r]
+
+        def forward(columns: Sequence[Sequence[int]], ids: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
+            width = ids.shape[1]
+            depths = [depths_of(c) + [1] * (width - len(c)) for c in columns]  # padding: any row
+            rows = torch.tensor(depths, device=ids.device)  # [B, Q] a node at depth d reads row d
+            return node_out(rows, ids, above[..., vd:])  # [B, Q, Vd + r]
+
+        def log_probs(node: torch.Tensor) -> torch.Tensor:  # [..., Vd + r] -> [..., V]
+            return torch.log_softmax(self.head.to_target(node[..., :vd]), dim=-1)
+
+        tokens, parents = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
+        return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
 
 
 def build_dspark_drafter(ctx: DrafterContext) -> DSparkDrafter:

@@ -1,9 +1,9 @@
 """Sampled generation with a branching token tree keeps the target's law (a static tree with top-token
 nodes or with sampled siblings, and EAGLE-2's dynamic tree).
 
-A tiny target (vocabulary 4, 6 layers) and a random DSpark head drafting the 6-node tree
-``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` — each node one of its parent's two best tokens (a
-point mass), or, with ``rejection_sample_method='probabilistic'``, its parent's draws without
+A tiny target (vocabulary 4, 6 layers) and a random DSpark head (or a separate draft LM) drafting the
+6-node tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` — each node one of its parent's two
+best tokens (a point mass), or, with ``rejection_sample_method='probabilistic'``, its parent's draws without
 replacement (``proposers/sibling_draws.py``) — verified by recursive rejection sampling and compacted to
 the accepted path each step; temperature 1, and temperature 0.8 with top-p 0.9. The first 4 generated
 tokens of N seeded requests are compared with the target's exact law (enumerated in float64; top-p
@@ -72,7 +72,8 @@ def _spec(root: Path, target: str, tree: str) -> dict[str, Any]:
     """``static``: DSpark drafting TREE (top-token nodes); ``sampled``: the same with sampled siblings
     (``rejection_sample_method='probabilistic'``); ``dynamic``: EAGLE-1 growing EAGLE-2's tree (2
     expansions per level, 3 levels, 6 nodes kept), a shape that changes with every step's draft
-    probabilities."""
+    probabilities; ``draft_model``: a separate draft LM drafting TREE level by level with sampled
+    siblings."""
     if tree == "dynamic":
         head = write_eagle1(root / "h", target, bias=True, seed=2)
         return {
@@ -81,6 +82,15 @@ def _spec(root: Path, target: str, tree: str) -> dict[str, Any]:
             "num_speculative_tokens": 3,
             "tree_top_k": 2,
             "tree_nodes": 6,
+        }
+    if tree == "draft_model":  # another LM of the target's vocabulary, its siblings sampled
+        draft = make_tiny_model(root / "d", seed=3, vocab_size=VOCAB, initializer_range=0.05)
+        return {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": 3,
+            "speculative_token_tree": TREE,
+            "rejection_sample_method": "probabilistic",
         }
     head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
     spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
@@ -115,6 +125,7 @@ def _counts(target: str, spec: dict[str, Any], temperature: float, top_p: float)
         ("sampled", 1.0, 1.0),
         ("sampled", 0.8, 0.9),
         ("dynamic", 1.0, 1.0),
+        ("draft_model", 1.0, 1.0),
     ],
 )
 def test_target_law_is_kept_with_tree_verification(

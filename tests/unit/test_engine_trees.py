@@ -6,6 +6,7 @@ is refused by name."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def test_what_trees_cannot_do_yet_is_refused(target: str, tmp_path: Path) -> Non
     )
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "dspark", "eagle", "eagle3"])
 def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
     target: str, tmp_path: Path, method: str
 ) -> None:
@@ -161,6 +162,52 @@ def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_pa
         assert trees[0].token_ids[b].tolist() == list(want.tokens)
 
 
+def _markov_chain(
+    head: Any, rows: torch.Tensor, anchor: torch.Tensor, markov: bool, _: int, path: tuple[int, ...]
+) -> torch.Tensor:  # [V] float64
+    """DSpark's chain rule after ``path``: block row ``len(path)`` (``rows [1, K, H]``) plus the Markov
+    bias of the path's last token (the ``anchor [1]`` for the root), the state stepped down the path;
+    ``markov=False``: the row alone."""
+    state = head.markov_head.initial_state(rows[:, 0])  # [1, r]
+    previous = anchor
+    for row in range(len(path) + 1):
+        bias, _, state = head.markov_head.step(previous, rows[:, row], state)
+        previous = torch.tensor(path[row : row + 1] or [0])
+    logits = head.draft_logits(rows[0, len(path)]) + (bias[0] if markov else 0.0)
+    return torch.softmax(head.to_target(logits).double(), -1)
+
+
+def test_a_dspark_dynamic_tree_is_eagle2_over_the_markov_corrected_rows(target: str, tmp_path: Path) -> None:
+    """A node at depth d gives its children block row d plus the Markov bias of its token, the rnn
+    state stepped down its path: the host EAGLE-2 reference over that chain rule gives the same tree.
+    Negative control: the rule without the path's Markov steps (DFlash's rows alone) gives another."""
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "dspark",
+        "model": _head("dspark", target, tmp_path),
+        "num_speculative_tokens": 3,
+    }
+    llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 7})
+    drafter: Any = llm.engine.drafter
+    run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
+    drafter.run_block = lambda inputs: blocks.append(run_block(inputs)) or blocks[-1]
+    drafter.propose_dynamic_tree = lambda *a: trees.append(grow(*a)) or trees[-1]
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    head, first = drafter.head, drafter.dspark.first_row
+    differs = 0
+    for (out, block_ids), tree in zip(blocks, trees, strict=True):
+        hidden = out[:, first : first + 3]  # [B, K, H]
+        for b in range(out.shape[0]):
+            rows, anchor = hidden[b : b + 1], block_ids[b : b + 1, 0]  # [1, K, H], [1]
+            with torch.inference_mode():  # the block is the engine's inference tensors
+                want = dynamic_tree(partial(_markov_chain, head, rows, anchor, True), 3, 2, 7)
+                blind = dynamic_tree(partial(_markov_chain, head, rows, anchor, False), 3, 2, 7)
+            assert tree.tree_parents[b] == want.parents
+            assert tree.token_ids[b].tolist() == list(want.tokens)
+            differs += (blind.parents, blind.tokens) != (want.parents, want.tokens)
+    assert differs > 0
+
+
 def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
     spec = {
         "adaptive_draft_length": False,
@@ -179,14 +226,14 @@ def test_dynamic_tree_options_are_checked(target: str, tmp_path: Path) -> None:
             target,
             speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4, "speculative_token_tree": TREE},
         )
-    dspark = {
+    medusa = {
         "adaptive_draft_length": False,
-        "method": "dspark",
-        "model": _head("dspark", target, tmp_path / "d"),
+        "method": "medusa",
+        "model": _head("medusa", target, tmp_path / "m"),
         "num_speculative_tokens": 3,
     }
-    with pytest.raises(ValueError, match=r"grow a dynamic token tree .* got method='dspark'"):
-        LLM(target, speculative_config={**dspark, "tree_top_k": 2, "tree_nodes": 4})
+    with pytest.raises(ValueError, match=r"grow a dynamic token tree .* got method='medusa'"):
+        LLM(target, speculative_config={**medusa, "tree_top_k": 2, "tree_nodes": 4})
     with pytest.raises(ValueError, match=r"a dynamic token tree \(tree_top_k/tree_nodes\) is verified by"):
         LLM(
             target,
