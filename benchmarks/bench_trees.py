@@ -16,8 +16,10 @@ nodes tokens per request).
 
 Rows: plain decoding; the chain of K=3 and of K=6 (the tree's verify budget); the 6-node tree
 ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` (depth 3); with ``--temperature`` above 0 (seeded
-sampling) also the chain of K=3 with sampled drafts and the tree with sampled siblings. Run: ``python
-benchmarks/bench_trees.py [--temperature 1.0]``.
+sampling) also the chain of K=3 with sampled drafts, the same chain under block verification, the tree
+with sampled siblings, and 2 and 3 i.i.d. draft paths of 3 tokens (``tree_paths``, at most 6 and 9 nodes)
+verified by greedy multi-path block verification. Run: ``python benchmarks/bench_trees.py
+[--temperature 1.0]``.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def table(head: str, temperature: float) -> dict[str, dict[str, Any] | None]:
     """The rows (module docstring): chains draft K every step (``adaptive_draft_length`` off: the same
     verify budget each step); above temperature 0 the chain and the tree again with sampled drafts
     (``rejection_sample_method='probabilistic'``: the chain's drafts and the tree's siblings drawn from
-    the head's distribution and verified with it)."""
+    the head's distribution and verified with it), block verification of the chain, and i.i.d. paths
+    verified by GBV."""
     chain = {"model": head, "adaptive_draft_length": False}
     tree = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
     rows: dict[str, dict[str, Any] | None] = {
@@ -116,7 +119,14 @@ def table(head: str, temperature: float) -> dict[str, dict[str, Any] | None]:
     if temperature > 0:
         sampled = {"rejection_sample_method": "probabilistic"}
         rows["chain K=3, sampled drafts"] = {**chain, "num_speculative_tokens": 3, **sampled}
+        rows["chain K=3, block verif."] = {
+            **chain,
+            "num_speculative_tokens": 3,
+            "rejection_sample_method": "block",
+        }
         rows["tree, sampled siblings"] = {**tree, **sampled}
+        rows["2 paths of 3, GBV"] = {**chain, "num_speculative_tokens": 3, "tree_paths": 2, **sampled}
+        rows["3 paths of 3, GBV"] = {**chain, "num_speculative_tokens": 3, "tree_paths": 3, **sampled}
     return rows
 
 

@@ -30,6 +30,7 @@ time, so the config layer can read it without an import cycle.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
@@ -222,31 +223,44 @@ def rule_named(name: str) -> VerifyRule:
 @dataclass(frozen=True)
 class TreeRule:
     """A token-tree verification rule (#42): ``name`` — its name in the float64 law
-    (``spec_backend.testing.tree_spec``); ``lossless``; ``draft_probs`` — whether it reads the
-    distributions the siblings were drawn from (passed to the kernel; else ``None``: every node is judged
-    as a point mass); ``kernel`` — the ``SamplerOps`` method that runs it (None: specified only — a lossy
-    negative control the tests must reject)."""
+    (``spec_backend.testing.tree_spec``; ``testing.gbv_spec`` for ``paths`` rules); ``lossless``;
+    ``draft_probs`` — whether it reads the distributions the nodes were drawn from (passed to the kernel;
+    else ``None``: every node is judged as a point mass); ``kernel`` — the ``SamplerOps`` method that runs
+    it, given the ops and the number of draft paths (None: specified only — a lossy negative control the
+    tests must reject); ``paths`` — whether it verifies ``K`` i.i.d. draft paths merged into a trie
+    (multi-path verification) rather than a tree of siblings."""
 
     name: str
     lossless: bool
     draft_probs: bool
-    kernel: Callable[[SamplerOps], TreeVerify] | None
+    kernel: Callable[[SamplerOps, int], TreeVerify] | None
+    paths: bool = False
 
 
-def recursive_rejection_tree(ops: SamplerOps) -> TreeVerify:
+def recursive_rejection_tree(ops: SamplerOps, paths: int) -> TreeVerify:
     """``SamplerOps.tree_verify``: recursive rejection sampling over the siblings, with their draft
-    distributions (``rrs``) or as point masses (``point_mass``: ``draft_probs`` None)."""
+    distributions (``rrs``) or as point masses (``point_mass``: ``draft_probs`` None); ``paths`` unused."""
+    del paths
     return ops.tree_verify
 
 
+def greedy_multi_path_block(ops: SamplerOps, paths: int) -> TreeVerify:
+    """``SamplerOps.gbv_verify`` for ``paths`` i.i.d. draft paths: greedy multi-path block verification
+    (Thomas & Pal, arXiv 2602.16961; ``spec_backend.testing.gbv_spec``)."""
+    return functools.partial(ops.gbv_verify, paths=paths)
+
+
 #: every tree rule: ``rrs`` (recursive rejection sampling with the siblings' draft distributions: sampled
-#: siblings), ``point_mass`` (what the engine's trees run: their nodes are top tokens), and the negative
-#: controls
+#: siblings), ``point_mass`` (what the engine's trees run: their nodes are top tokens), ``gbv`` (greedy
+#: multi-path block verification of i.i.d. draft paths), and the negative controls (``gbv_unskewed``: the
+#: selected path verified with the draft's own law, as if it had been drawn alone)
 TREE_REGISTRY: tuple[TreeRule, ...] = (
     TreeRule("rrs", True, True, recursive_rejection_tree),
     TreeRule("point_mass", True, False, recursive_rejection_tree),
     TreeRule("naive_iid", False, True, None),
     TreeRule("no_residual", False, True, None),
+    TreeRule("gbv", True, True, greedy_multi_path_block, paths=True),
+    TreeRule("gbv_unskewed", False, True, None, paths=True),
 )
 
 
@@ -271,6 +285,7 @@ __all__ = [
     "VerifyFlags",
     "VerifyRule",
     "cumulative_block",
+    "greedy_multi_path_block",
     "lossless_block",
     "recursive_rejection_tree",
     "rule_named",

@@ -115,9 +115,10 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     # Drafting strategies
     speculative_token_tree: str | None = None
-    #: this engine's own: EAGLE-2 dynamic trees (config/token_tree.py)
+    #: this engine's own: EAGLE-2 dynamic trees, i.i.d. draft paths verified by GBV (config/token_tree.py)
     tree_top_k: int | None = Field(default=None, ge=1)
     tree_nodes: int | None = Field(default=None, ge=1)
+    tree_paths: int | None = Field(default=None, ge=2, le=8)
     parallel_drafting: bool = False
     # Target (given) and draft (resolved) configs
     target_model_config: ModelConfigLite | None = None
@@ -137,7 +138,6 @@ class SpeculativeConfig(BaseModel):
     fly_window_size: int | None = Field(default=None, ge=1)
     fly_entropy_threshold: float = Field(default=DEFAULT_FLY_ENTROPY_THRESHOLD, ge=0)
     fly_entropy_top_k: int = Field(default=DEFAULT_FLY_ENTROPY_TOP_K, ge=1)
-
     # --- input checks ---------------------------------------------------------------------------
 
     @model_validator(mode="before")

@@ -9,7 +9,9 @@ sorted breadth-first (by depth, then lexicographically), as vLLM does.
 dynamic tree, grown afresh each step from the draft's probabilities: ``num_speculative_tokens`` levels,
 the ``tree_top_k`` most probable frontier nodes each expanded into their ``tree_top_k`` most likely
 children, and the ``tree_nodes`` nodes of highest cumulative draft probability kept
-(``proposers.tree_build.dynamic_tree``).
+(``proposers.tree_build.dynamic_tree``). ``tree_paths`` (2..8, this engine's own) asks for that many
+draft paths of ``num_speculative_tokens`` tokens, each sampled from the draft independently, merged into
+a trie and verified by greedy multi-path block verification (``proposers.draft_paths``).
 """
 
 from __future__ import annotations
@@ -92,8 +94,20 @@ def dynamic_tree_limit(k: int, top_k: int) -> int:
 
 
 def resolve_dynamic_tree_fields(config: Any) -> None:
-    """Check ``tree_top_k`` / ``tree_nodes`` (module docstring) against each other, K and a static tree."""
+    """Check ``tree_top_k`` / ``tree_nodes`` and ``tree_paths`` (module docstring) against each other, K
+    and a static tree."""
     top_k, nodes, k = config.tree_top_k, config.tree_nodes, config.num_speculative_tokens
+    paths = config.tree_paths
+    if paths is not None and (top_k is not None or nodes is not None):
+        raise ValueError(
+            f"tree_paths={paths} drafts i.i.d. paths; tree_top_k/tree_nodes grow a dynamic tree: give one "
+            "or the other"
+        )
+    if paths is not None and branching_tree(parse_token_tree(config.speculative_token_tree or "[(0,)]")):
+        raise ValueError(
+            f"tree_paths={paths} drafts i.i.d. paths; speculative_token_tree="
+            f"{config.speculative_token_tree!r} is a static tree: give one or the other"
+        )
     if (top_k is None) != (nodes is None):
         raise ValueError(
             f"a dynamic token tree needs both tree_top_k and tree_nodes, got tree_top_k={top_k!r} and "

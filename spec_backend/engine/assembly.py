@@ -20,7 +20,7 @@ from spec_backend.config.token_tree import branching_tree
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.args import check_quantization
 from spec_backend.engine.confidence import ConfidenceVerification, build_confidence_verification
-from spec_backend.engine.tree_step import TREE_METHODS, DynamicTree, TreePlan
+from spec_backend.engine.tree_step import TREE_METHODS, DraftPaths, DynamicTree, Plan
 from spec_backend.methods import METHODS
 from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
@@ -62,6 +62,12 @@ def _check_chain(config: SpeculativeConfig) -> None:
     branches, as deep as ``num_speculative_tokens``, for a method that drafts trees
     (``engine.tree_step.TREE_METHODS``); anything else is refused, never run as something else."""
     tree, k = config.token_tree, config.num_speculative_tokens
+    if config.tree_paths is not None and "paths" not in TREE_METHODS.get(config.method or "", ()):
+        drafters = [m for m, kinds in TREE_METHODS.items() if "paths" in kinds]
+        raise ValueError(
+            f"tree_paths draws i.i.d. paths from a drafter's own distributions after each token: method in "
+            f"{drafters}, got method={config.method!r}"
+        )
     if config.tree_top_k is not None and "dynamic" not in TREE_METHODS.get(config.method or "", ()):
         growers = [m for m, kinds in TREE_METHODS.items() if "dynamic" in kinds]
         raise ValueError(
@@ -156,7 +162,7 @@ def step_policies(
     spec: SpeculativeConfig | None,
     k: int,
     drafter: Drafter | None,
-    tree: TreePlan | DynamicTree | None,
+    tree: Plan | None,
     recurrent: bool,
     rule: str = "standard",
 ) -> tuple[AdaptiveDraftLength | None, ConfidenceVerification | None]:
@@ -172,6 +178,12 @@ def step_policies(
             f"rejection_sample_method={spec.rejection_sample_method!r} (rule {rule!r}) cannot apply to it: "
             "use 'strict' (top-token nodes) or 'probabilistic' (sampled siblings, a static tree only) "
             "and no lossy rejection_sampler_config"
+        )
+    if isinstance(tree, DraftPaths) and not spec.uses_draft_probs:
+        raise ValueError(
+            f"{tree.describe} are verified by greedy multi-path block verification, which reads the "
+            f"distribution each path was drawn from: rejection_sample_method='probabilistic' or 'standard', "
+            f"got {spec.rejection_sample_method!r}"
         )
     if isinstance(tree, DynamicTree) and spec.uses_draft_probs:
         raise ValueError(

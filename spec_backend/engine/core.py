@@ -31,7 +31,7 @@ from spec_backend.engine.prefix import PrefixHits
 from spec_backend.engine.request import Request
 from spec_backend.engine.sampling_state import SamplingState
 from spec_backend.engine.stepper import Stepper
-from spec_backend.engine.tree_step import DynamicTree, TreePlan
+from spec_backend.engine.tree_step import Plan
 from spec_backend.engine.verify import Verifier
 from spec_backend.metrics import SpecDecodingMetrics
 from spec_backend.proposers.contract import Drafter, DraftOutput
@@ -63,7 +63,7 @@ class EngineCore:
         adaptive: AdaptiveDraftLength | None = None,
         prefix: PrefixHits | None = None,
         confidence: ConfidenceVerification | None = None,
-        tree: TreePlan | DynamicTree | None = None,
+        tree: Plan | None = None,
     ) -> None:
         self.runner = runner
         self.slots = slots

@@ -93,7 +93,7 @@ class PendingDrafts:
             valid, ids, torch.full_like(ids, PLACEHOLDER_TOKEN_ID)
         )
         if out.draft_probs is not None:  # [B, K, V]
-            if self.probs is None or self.probs.shape[1:] != (self.ids.shape[1], out.draft_probs.shape[2]):
+            if self.probs is None or self.probs.shape[2] != out.draft_probs.shape[2]:
                 self.probs = out.draft_probs.new_zeros(
                     (self.capacity, self.ids.shape[1], out.draft_probs.shape[2])
                 )
@@ -138,7 +138,11 @@ class PendingDrafts:
                 (self.capacity, width), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=self.device
             )
             wider[:, : self.ids.shape[1]] = self.ids
-            self.ids, self.probs = wider, None  # probabilities are re-allocated at the new width
+            if self.probs is not None:  # other slots' drafts keep their probabilities
+                probs = self.probs.new_zeros((self.capacity, width, self.probs.shape[2]))
+                probs[:, : self.probs.shape[1]] = self.probs
+                self.probs = probs
+            self.ids = wider
 
 
 def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64

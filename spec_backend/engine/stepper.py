@@ -16,7 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
-from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
+from spec_backend.engine.tree_step import DraftPaths, nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts
     from spec_backend.engine.prefix import PrefixHits
     from spec_backend.engine.sampling_state import SamplingState
-    from spec_backend.engine.tree_step import DynamicTree, TreePlan
+    from spec_backend.engine.tree_step import Plan
     from spec_backend.engine.verify import Verifier
     from spec_backend.metrics import SpecDecodingMetrics
     from spec_backend.proposers.contract import Drafter
@@ -50,7 +50,7 @@ class StepEngine(Protocol):
     prefix: PrefixHits | None
     metrics: SpecDecodingMetrics
     tokenizer: Any
-    tree: TreePlan | DynamicTree | None
+    tree: Plan | None
 
     @property
     def max_model_len(self) -> int: ...
@@ -209,7 +209,7 @@ class Stepper:
         out = verify_trees(
             requests, parents, start, inputs.tokens, counts, list(cached), forward,
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
-            width, inputs.probs,
+            width, inputs.probs, engine.tree.paths if isinstance(engine.tree, DraftPaths) else 0,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

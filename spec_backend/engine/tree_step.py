@@ -1,6 +1,6 @@
-"""Token-tree decode steps (#42): a static tree (``speculative_token_tree``) or an EAGLE-2 dynamic one
-(``tree_top_k``/``tree_nodes``) drafted, verified and compacted, then shown to the rest of the step as the
-chain of its accepted path.
+"""Token-tree decode steps (#42): a static tree (``speculative_token_tree``), an EAGLE-2 dynamic one
+(``tree_top_k``/``tree_nodes``) or the trie of i.i.d. draft paths (``tree_paths``) drafted, verified and
+compacted, then shown to the rest of the step as the chain of its accepted path.
 
 Glossary: *plan* — a static tree's shape in breadth-first order (``parents``, ``ranks``; see
 ``proposers.tree_build``); a dynamic tree's shape is the drafter's, per request and step
@@ -16,7 +16,9 @@ drafted children of a node are its draft distribution's top tokens), lossless fo
 and top-p. Uniforms are counter-based: stream ``rng.STREAM_TREE``, the request's seed, the position of
 its first node and the node's index (the final token: the request's node count). Penalties, bad words,
 logit bias, ``min_tokens`` and ``min_p`` act on each row with its node's path as history; requests with
-structured outputs are refused with a tree (a grammar's state would have to branch with it).
+structured outputs are refused with a tree (a grammar's state would have to branch with it). I.i.d.
+draft paths are verified by ``GBV_RULE`` (greedy multi-path block verification, ``sampling.gbv_ops``):
+only a prefix of one selected path is accepted, lossless for any temperature, top-k and top-p.
 """
 
 from __future__ import annotations
@@ -45,15 +47,16 @@ if TYPE_CHECKING:
     from spec_backend.sampling.sampling_metadata import SamplingMetadata
 
 #: methods whose drafters draft token trees, and which kinds: ``static`` (``Drafter.propose_tree``),
-#: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``)
+#: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``), ``paths`` (i.i.d. paths for GBV,
+#: ``Drafter.propose_paths``)
 TREE_METHODS: dict[str, tuple[str, ...]] = {
-    "dflash": ("static", "dynamic"),
-    "draft_model": ("static", "dynamic"),
-    "dspark": ("static", "dynamic"),
-    "eagle": ("static", "dynamic"),
-    "eagle3": ("static", "dynamic"),
+    "dflash": ("static", "dynamic", "paths"),
+    "draft_model": ("static", "dynamic", "paths"),
+    "dspark": ("static", "dynamic", "paths"),
+    "eagle": ("static", "dynamic", "paths"),
+    "eagle3": ("static", "dynamic", "paths"),
     "medusa": ("static",),
-    "mtp": ("static", "dynamic"),
+    "mtp": ("static", "dynamic", "paths"),
     "ngram": ("static",),
 }
 
@@ -111,9 +114,36 @@ class DynamicTree:
         return out
 
 
-def tree_plan(config: SpeculativeConfig) -> TreePlan | DynamicTree | None:
-    """The tree ``config`` asks for: a ``speculative_token_tree`` that branches, or a dynamic one;
-    ``None`` for a chain (the chain step)."""
+@dataclass(frozen=True)
+class DraftPaths:
+    """``paths`` i.i.d. draft paths of ``depth`` tokens merged into a trie (``tree_paths``), verified by
+    greedy multi-path block verification (``GBV_RULE``)."""
+
+    depth: int
+    paths: int
+
+    describe = "i.i.d. draft paths (tree_paths)"
+
+    @property
+    def max_nodes(self) -> int:
+        return self.depth * self.paths
+
+    def draft(self, drafter: Drafter, inputs: DraftInputs) -> DraftOutput:
+        out = drafter.propose_paths(inputs, self.depth, self.paths)
+        if out.tree_parents is None or len(out.tree_parents) != len(inputs.requests):
+            raise RuntimeError(f"{type(drafter).__name__}.propose_paths returned no parents per request")
+        return out
+
+
+Plan = TreePlan | DynamicTree | DraftPaths
+
+
+def tree_plan(config: SpeculativeConfig) -> Plan | None:
+    """The tree ``config`` asks for: a ``speculative_token_tree`` that branches, a dynamic one, or i.i.d.
+    paths; ``None`` for a chain (the chain step)."""
+    if config.tree_paths is not None:
+        assert config.num_speculative_tokens is not None
+        return DraftPaths(config.num_speculative_tokens, config.tree_paths)
     if config.tree_top_k is not None and config.tree_nodes is not None:
         assert config.num_speculative_tokens is not None
         return DynamicTree(config.num_speculative_tokens, config.tree_top_k, config.tree_nodes)
@@ -172,6 +202,8 @@ def _processed(
 #: the rules the engine verifies trees with: its nodes are point masses (top tokens), or, for the sampled
 #: requests of a probabilistic drafter's static tree, drawn siblings (``proposers.sibling_draws``)
 TREE_RULE, SAMPLED_TREE_RULE = tree_rule("point_mass"), tree_rule("rrs")
+#: the rule of i.i.d. draft paths (``DraftPaths``)
+GBV_RULE = tree_rule("gbv")
 
 
 def _outcomes(
@@ -183,9 +215,10 @@ def _outcomes(
     sampling: SamplingMetadata,
     ops: SamplerOps,
     draft_probs: torch.Tensor | None,  # [B, >= M, V] each node's sibling distribution, or None
+    paths: int = 0,
 ) -> list[TreeOutcome]:
     """Each request's verified path and final token, by ``TREE_RULE``'s kernel for the whole batch
-    (``SAMPLED_TREE_RULE``'s with ``draft_probs``)."""
+    (``SAMPLED_TREE_RULE``'s with ``draft_probs``; ``GBV_RULE``'s for ``paths`` i.i.d. draft paths)."""
     batch, width = len(counts), max(max(counts, default=0), 1)
     layout = torch.full((batch, width), NO_NODE, dtype=torch.int64)
     for b, n in enumerate(counts):
@@ -216,9 +249,9 @@ def _outcomes(
     if draft_probs is not None:  # at least one column per counted node (``pending.take``)
         assert draft_probs.shape[1] >= width, f"{draft_probs.shape[1]} draft columns for {width} nodes"
         draft_probs = draft_probs[:, :width]  # [B, M, V]
-    rule = TREE_RULE if draft_probs is None else SAMPLED_TREE_RULE
+    rule = GBV_RULE if paths else TREE_RULE if draft_probs is None else SAMPLED_TREE_RULE
     assert rule.kernel is not None
-    path, final = rule.kernel(ops)(
+    path, final = rule.kernel(ops, max(paths, 1))(
         layout.to(device), tokens, probs, argmax, starts, sampling.temperature <= 0, uniforms, draft_probs
     )
     return [
@@ -240,6 +273,7 @@ def verify_trees(
     ops: SamplerOps,
     width: int | None = None,
     draft_probs: torch.Tensor | None = None,  # [B, K_max, V] sampled siblings' distributions
+    paths: int = 0,  # i.i.d. draft paths (``DraftPaths``): verified by GBV
 ) -> TreeResult:
     """Run the tree step: forward over every node, verify, keep each accepted path in the cache
     (``keep_path(slot, first, columns)``), and return the chain view (module docstring). ``width``: feed
@@ -251,15 +285,15 @@ def verify_trees(
     nodes = [host[b][1 : 1 + n] for b, n in enumerate(counts)]
     loc = batch.query_start_loc_host
     verified = _processed(target.logits, requests, fed, nodes)  # [N, V]
-    outcomes = _outcomes(parents, counts, query, verified, loc, sampling, ops, draft_probs)
+    outcomes = _outcomes(parents, counts, query, verified, loc, sampling, ops, draft_probs, paths)
     for b, outcome in enumerate(outcomes):
         keep_path(start + b, cached[b], [0, *(1 + i for i in outcome.path)])
-    paths = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
-    width = max(len(p) for p in paths)
-    chain = torch.zeros((len(paths), width), dtype=torch.int64)
-    for b, path in enumerate(paths):
+    accepted = [[host[b][0], *(nodes[b][i] for i in o.path)] for b, o in enumerate(outcomes)]
+    width = max(len(p) for p in accepted)
+    chain = torch.zeros((len(accepted), width), dtype=torch.int64)
+    for b, path in enumerate(accepted):
         chain[b, : len(path)] = torch.tensor(path)
-    lens = [len(p) for p in paths]
+    lens = [len(p) for p in accepted]
     view = build_step_batch(start, chain.to(query.device), lens, cached, [n - 1 for n in lens])
     rows = torch.tensor([loc[b] + c for b, o in enumerate(outcomes) for c in (0, *(1 + i for i in o.path))])
     rows = rows.to(target.logits.device)
@@ -273,8 +307,11 @@ def verify_trees(
 
 
 __all__ = [
+    "GBV_RULE",
     "TREE_METHODS",
+    "DraftPaths",
     "DynamicTree",
+    "Plan",
     "TreePlan",
     "TreeResult",
     "nodes_within",

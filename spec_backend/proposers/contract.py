@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from spec_backend.proposers.base import Proposer
+from spec_backend.proposers.dynamic_tree import Grower, grow_dynamic_tree
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import HiddenStateRequest, SlotCache, StepBatch, TargetOutput
 
@@ -192,11 +193,28 @@ class Drafter(ABC):
         del inputs, parents, ranks
         raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
 
+    def grower(self, inputs: DraftInputs) -> Grower:
+        """What dynamic trees and multi-path drafts grow from (``proposers.dynamic_tree.Grower``): the
+        drafters of ``engine.tree_step.TREE_METHODS`` marked ``dynamic`` and ``paths``."""
+        del inputs
+        raise NotImplementedError(f"{type(self).__name__} does not grow token trees")
+
+    @torch.inference_mode()
     def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
         """EAGLE-2's tree per request (``proposers.tree_build.dynamic_tree``): ids ``[B, nodes]`` and
-        ``tree_parents``. Only the drafters of ``engine.tree_step.TREE_METHODS`` marked ``dynamic``."""
-        del inputs, depth, top_k, nodes
-        raise NotImplementedError(f"{type(self).__name__} does not grow dynamic token trees")
+        ``tree_parents``, grown from ``grower``."""
+        grown = self.grower(inputs)
+        tokens, parents = grow_dynamic_tree(grown.root, grown.forward, grown.log_probs, depth, top_k, nodes)
+        grown.done()
+        return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
+
+    @torch.inference_mode()
+    def propose_paths(self, inputs: DraftInputs, depth: int, paths: int) -> DraftOutput:
+        """``paths`` i.i.d. draft paths of ``depth`` tokens per request merged into a trie, each node with
+        the distribution it was drawn from (``proposers.draft_paths``), grown from ``grower``."""
+        from spec_backend.proposers.draft_paths import grow_paths
+
+        return grow_paths(self.grower(inputs), depth, paths, inputs.requests)
 
 
 def last_committed_rows(inputs: DraftInputs) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
+from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
@@ -131,10 +131,10 @@ class DFlashDrafter(HeadCacheDrafter):
         return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
-    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
-        """EAGLE-2's rule over the block (DDTree-style): a node at depth ``d`` gives its children row
-        ``d``'s distribution (rows do not depend on the drafts before them), so a level feeds nothing:
-        its outputs are the rows of the fed nodes' depths."""
+    def grower(self, inputs: DraftInputs) -> Grower:
+        """EAGLE-2's rule over the block (DDTree-style) and multi-path drafts: a node at depth ``d`` gives
+        its children row ``d``'s distribution (rows do not depend on the drafts before them), so a level
+        feeds nothing: its outputs are the rows of the fed nodes' depths."""
         rows = self.run_block(inputs)[0][:, 1:]  # [B, K, H] row d drafts depth d + 1
 
         def forward(
@@ -148,8 +148,7 @@ class DFlashDrafter(HeadCacheDrafter):
         def log_probs(out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V]
             return torch.log_softmax(self.head.logits(out).float(), dim=-1)
 
-        tokens, parents = grow_dynamic_tree(rows[:, 0], forward, log_probs, depth, top_k, nodes)
-        return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
+        return Grower(rows[:, 0], forward, log_probs)
 
 
 def build_dflash_drafter(ctx: DrafterContext) -> DFlashDrafter:

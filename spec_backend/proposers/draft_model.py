@@ -44,7 +44,7 @@ from spec_backend.proposers.contract import (
     pack_drafts,
 )
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
+from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import SlotCache, build_step_batch, build_tree_batch
@@ -175,10 +175,11 @@ class DraftModelDrafter(Drafter):
         return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
-    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
-        """EAGLE-2's tree (``proposers.dynamic_tree``) over the draft model's distributions, each level's
-        frontier and its ancestors fed as ``propose_tree`` feeds a static tree's levels. A node's output
-        is its draft logits (``[B, grown, V]`` float32 held for the step)."""
+    def grower(self, inputs: DraftInputs) -> Grower:
+        """EAGLE-2's trees and multi-path drafts over the draft model's distributions (``dynamic_tree``,
+        ``draft_paths``), each level's nodes fed as ``propose_tree`` feeds a static tree's levels. A node's
+        output is its draft logits (``[B, grown, V]`` float32 held for the step); once grown, the nodes
+        leave the draft cache."""
         start, batch = inputs.batch.start, len(inputs.requests)
         root = self._tree_root(inputs)  # [B, V]
         base = list(self._runner().cache.lengths[start : start + batch])
@@ -189,9 +190,7 @@ class DraftModelDrafter(Drafter):
         def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [..., V]
             return torch.log_softmax(logits, dim=-1)
 
-        tokens, shape = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
-        self._forget_tree(inputs, base)
-        return DraftOutput(tokens, (nodes,) * batch, tree_parents=shape)
+        return Grower(root, forward, log_probs, lambda: self._forget_tree(inputs, base))
 
     def _tree_root(self, inputs: DraftInputs) -> torch.Tensor:  # [B, V]
         """Roll back and catch up; the draft logits after the last committed token."""
@@ -285,7 +284,7 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     _check_positions(model, path, ctx.max_model_len)
     assert config.num_speculative_tokens is not None
     k, tree = config.num_speculative_tokens, branching_tree(config.token_tree)
-    if config.parallel_drafting and (tree is not None or config.tree_top_k is not None):
+    if config.parallel_drafting and (tree is not None or config.tree_top_k or config.tree_paths):
         raise ValueError(
             "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "
             f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
@@ -300,8 +299,8 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         ctx.enforce_eager,
         _pard_token(model, path) if config.parallel_drafting else None,
     )
-    # a static tree's level feeds up to every node; a dynamic one's, its frontier and their ancestors
-    drafter.headroom = max(k, len(tree or ()), (config.tree_top_k or 0) * k)
+    # a static tree's level feeds up to every node; a dynamic one's (or paths'), its frontier and ancestors
+    drafter.headroom = max(k, len(tree or ()), (config.tree_top_k or config.tree_paths or 0) * k)
     return drafter
 
 

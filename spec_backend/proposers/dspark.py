@@ -21,7 +21,7 @@ import torch
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.dflash import DFlashDrafter
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
+from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 
@@ -99,12 +99,12 @@ class DSparkDrafter(DFlashDrafter):
         return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
-    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
-        """EAGLE-2's rule over the block (``proposers.dynamic_tree``): a node at depth ``d`` gives its
-        children draft row ``d``'s logits plus the Markov bias of its own token, the rnn state carried
-        down its path, exactly as ``propose_tree`` ranks a static tree's. A node's output is those
-        logits and the Markov state after it, side by side (``[..., Vd + r]``): a level runs the Markov
-        head on the fed nodes, never the backbone."""
+    def grower(self, inputs: DraftInputs) -> Grower:
+        """EAGLE-2's rule over the block (``proposers.dynamic_tree``) and multi-path drafts: a node at
+        depth ``d`` gives its children draft row ``d``'s logits plus the Markov bias of its own token, the
+        rnn state carried down its path, exactly as ``propose_tree`` ranks a static tree's. A node's
+        output is those logits and the Markov state after it, side by side (``[..., Vd + r]``): a level
+        runs the Markov head on the fed nodes, never the backbone."""
         out, block_ids = self.run_block(inputs)  # [B, rows, H], [B, rows]
         first = self.dspark.first_row
         hidden = out[:, first : first + self.num_speculative_tokens]  # [B, K, H]
@@ -138,8 +138,7 @@ class DSparkDrafter(DFlashDrafter):
         def log_probs(node: torch.Tensor) -> torch.Tensor:  # [..., Vd + r] -> [..., V]
             return torch.log_softmax(self.head.to_target(node[..., :vd]), dim=-1)
 
-        tokens, parents = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
-        return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
+        return Grower(root, forward, log_probs)
 
 
 def build_dspark_drafter(ctx: DrafterContext) -> DSparkDrafter:

@@ -12,12 +12,29 @@ frontier's outputs (each node fed with its parent's output, the root's for the f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 #: (per request the fed nodes' parent columns, tokens [B, Q], hidden [B, Q, H]) -> outputs [B, Q, H]
 LevelForward = Callable[[Sequence[Sequence[int]], torch.Tensor, torch.Tensor], torch.Tensor]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]  # outputs [..., H] -> log-probabilities [..., V]
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Grower:
+    """What a drafter grows a tree with (``Drafter.grower``): the root's output ``[B, H]`` (the last
+    committed row's), a level's forward, the draft log-probabilities of outputs, and what to do once the
+    tree is grown (``done``: e.g. drop its nodes from the drafter's cache)."""
+
+    root: torch.Tensor  # [B, H]
+    forward: LevelForward
+    log_probs: LogProbs
+    done: Callable[[], None] = _nothing
 
 
 def grow_dynamic_tree(
@@ -36,7 +53,7 @@ def grow_dynamic_tree(
     outs = root.new_zeros((root.shape[0], top_k, root.shape[1]))  # [B, G, H] outputs of fed nodes
     frontier = torch.arange(top_k, device=root.device).expand(root.shape[0], -1)  # [B, k] grown index
     for _ in range(depth - 1):
-        outs = _feed(root, forward, tokens, outs, parents, frontier.tolist())
+        outs = feed_level(root, forward, tokens, outs, parents, frontier.tolist())
         picked = outs.gather(1, frontier[..., None].expand(-1, -1, outs.shape[-1]))  # [B, k, H]
         top = torch.topk(log_probs(picked).double(), top_k, dim=-1)  # [B, k, k]
         grown = scores.gather(1, frontier)[..., None] + top.values  # [B, k, k] cumulative
@@ -51,7 +68,7 @@ def grow_dynamic_tree(
     return _keep(tokens, scores, parents, nodes)
 
 
-def _feed(
+def feed_level(
     root: torch.Tensor,  # [B, H]
     forward: LevelForward,
     tokens: torch.Tensor,  # [B, G]
@@ -102,4 +119,4 @@ def _keep(
     return tokens.gather(1, kept), tuple(out)
 
 
-__all__ = ["LevelForward", "LogProbs", "grow_dynamic_tree"]
+__all__ = ["Grower", "LevelForward", "LogProbs", "feed_level", "grow_dynamic_tree"]

@@ -26,7 +26,7 @@ import torch
 from spec_backend.config.token_tree import branching_tree
 from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
-from spec_backend.proposers.dynamic_tree import grow_dynamic_tree
+from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
@@ -100,12 +100,12 @@ class EagleDrafter(HeadCacheDrafter):
         return static_tree_output(tokens, parents, ranks, siblings)
 
     @torch.inference_mode()
-    def propose_dynamic_tree(self, inputs: DraftInputs, depth: int, top_k: int, nodes: int) -> DraftOutput:
-        """EAGLE-2's tree (``proposers.dynamic_tree``), each level's frontier fed as ``propose_tree``
-        feeds a static tree's levels."""
-        start, batch = inputs.batch.start, len(inputs.requests)
+    def grower(self, inputs: DraftInputs) -> Grower:
+        """EAGLE-2's trees and multi-path drafts (``proposers.dynamic_tree``, ``draft_paths``), each
+        level's nodes fed as ``propose_tree`` feeds a static tree's levels."""
+        start = inputs.batch.start
         root = self._feed_committed(inputs)  # [B, H]
-        base = list(self._cache().lengths[start : start + batch])
+        base = list(self._cache().lengths[start : start + len(inputs.requests)])
 
         def forward(
             columns: Sequence[Sequence[int]], ids: torch.Tensor, hidden: torch.Tensor
@@ -116,8 +116,7 @@ class EagleDrafter(HeadCacheDrafter):
             logits = self.head.logits(out.reshape(-1, out.shape[-1])).float()  # [M, V]
             return torch.log_softmax(logits, dim=-1).view(*out.shape[:-1], -1)
 
-        tokens, parents = grow_dynamic_tree(root, forward, log_probs, depth, top_k, nodes)
-        return DraftOutput(tokens, (nodes,) * batch, tree_parents=parents)
+        return Grower(root, forward, log_probs)
 
     def _tree_forward(
         self,
@@ -271,14 +270,15 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
             f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
             "use one or the other"
         )
-    # a static tree's level feeds up to every node; a dynamic one's, its frontier and their ancestors
-    fed = max(len(branching_tree(config.token_tree) or ()), (config.tree_top_k or 0) * drafter.headroom)
+    # a static tree's level feeds up to every node; a dynamic one's (or paths'), its frontier and ancestors
+    wide = config.tree_top_k or config.tree_paths or 0
+    fed = max(len(branching_tree(config.token_tree) or ()), wide * drafter.headroom)
     drafter.headroom = max(drafter.headroom, fed)
     return drafter
 
 
 def _drafts_tree(config: Any) -> bool:
-    return branching_tree(config.token_tree) is not None or config.tree_top_k is not None
+    return branching_tree(config.token_tree) is not None or bool(config.tree_top_k or config.tree_paths)
 
 
 def build_eagle_drafter(ctx: DrafterContext) -> EagleDrafter:

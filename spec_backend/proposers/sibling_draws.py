@@ -46,11 +46,7 @@ class SampledSiblings:
     def _per_request(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Each request's temperature and the step's noise key, built once for the step's parents."""
         if self._rows is None:
-            reqs = self.requests
-            temps = torch.tensor([float(r.temperature) for r in reqs], dtype=torch.float32).to(device)
-            seeds = torch.tensor([r.seed for r in reqs], dtype=torch.int64).to(device)  # [B]
-            first = torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64).to(device)  # [B]
-            self._rows = temps, rng.row_key(seeds, first, rng.STREAM_DRAFT)
+            self._rows = draft_noise(self.requests, device)
         return self._rows
 
     def children(self, parent: int, logits: torch.Tensor, need: int) -> torch.Tensor:  # [B, V] -> [B, need]
@@ -82,6 +78,15 @@ class SampledSiblings:
         return torch.stack(rows, dim=1)
 
 
+def draft_noise(requests: Sequence[DraftRequest], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's temperature ``[B]`` and its drafting step's noise key ``[B]`` (its seed and the
+    position of the step's first draft, stream ``rng.STREAM_DRAFT``)."""
+    temps = torch.tensor([float(r.temperature) for r in requests], dtype=torch.float32).to(device)
+    seeds = torch.tensor([r.seed for r in requests], dtype=torch.int64).to(device)  # [B]
+    first = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
+    return temps, rng.row_key(seeds, first, rng.STREAM_DRAFT)
+
+
 def sampled_siblings(requests: Sequence[DraftRequest], probabilistic: bool) -> SampledSiblings | None:
     """The siblings' sampler of a probabilistic drafter's step (``None``: every node a top token)."""
     if not probabilistic or all(r.temperature <= 0 for r in requests):
@@ -100,4 +105,4 @@ def static_tree_output(
     return DraftOutput(tokens, (len(parents),) * tokens.shape[0], draft_probs=probs)
 
 
-__all__ = ["SampledSiblings", "sampled_siblings", "static_tree_output"]
+__all__ = ["SampledSiblings", "draft_noise", "sampled_siblings", "static_tree_output"]

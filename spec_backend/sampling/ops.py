@@ -161,6 +161,21 @@ class SamplerOps(Protocol):
         ``draft_probs``."""
         ...
 
+    def gbv_verify(
+        self,
+        parents: torch.Tensor,  # [B, M] int64: the trie of ``paths`` draft paths (-2 past each request's)
+        tokens: torch.Tensor,  # [B, M] int64
+        target_probs: torch.Tensor,  # [N, V] float32
+        target_argmax: torch.Tensor | None,  # [N] int64
+        row_start: torch.Tensor,  # [B] int64
+        greedy: torch.Tensor,  # [B] bool
+        uniforms: torch.Tensor,  # [B, M + 1] float64
+        draft_probs: torch.Tensor | None = None,  # [B, M, V]: the q node i was drawn from
+        paths: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M] int64 (-1 past), final [B] int64
+        """Greedy multi-path block verification of i.i.d. draft paths (``sampling.gbv_ops``)."""
+        ...
+
 
 @runtime_checkable
 class FusedVerifyOps(Protocol):

@@ -29,6 +29,7 @@ import torch
 
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
+from spec_backend.sampling.gbv_ops import TorchGbvOps
 from spec_backend.sampling.tree_ops import TorchTreeOps
 
 
@@ -191,7 +192,7 @@ def exponential_race(
     return best_idx
 
 
-class TorchSamplerOps(TorchTreeOps):
+class TorchSamplerOps(TorchTreeOps, TorchGbvOps):
     """Reference implementation of ``SamplerOps`` (see ``spec_backend.sampling.ops`` for the contract)."""
 
     name = "torch"

@@ -14,7 +14,7 @@ the target probability of the distinct tokens already rejected there, child ``x`
 ``u · (1 − S) < p(x)`` — ``u < r(x)`` for the residual ``r = norm(p without the rejected tokens)``, as
 ``sampling.tree_verify.verify_tree`` computes it with point masses — and a child repeating a rejected
 token is rejected. When none is accepted (or the node is a leaf) the final token is the first ``v`` whose
-running sum of ``r``'s mass exceeds ``u_final`` of the total (``_inverse_cdf``). Greedy requests follow the
+running sum of ``r``'s mass exceeds ``u_final`` of the total (``inverse_cdf``). Greedy requests follow the
 target's argmax (``target_argmax``, from the logits) instead.
 """
 
@@ -57,13 +57,10 @@ class TorchTreeOps:
         starts, greedy_host, u = row_start.tolist(), greedy.tolist(), uniforms.double().cpu()
         argmax = target_argmax.tolist() if target_argmax is not None else None
         for b in range(batch):
-            kids: dict[int, list[int]] = {}
-            for i, p in enumerate(host_parents[b]):
-                if p != NO_NODE:
-                    kids.setdefault(p, []).append(i)
+            kids = children(host_parents[b])
             if greedy_host[b]:
                 assert argmax is not None, "a greedy request needs target_argmax"
-                nodes, last = _greedy_path(kids, host_tokens[b], argmax, starts[b])
+                nodes, last = greedy_path(kids, host_tokens[b], argmax, starts[b])
             elif draft_probs is not None:  # sampled siblings: ``verify_tree``'s rule on this request
                 n = sum(1 for p in host_parents[b] if p != NO_NODE)
                 rows = target_probs[starts[b] : starts[b] + 1 + n]  # [n + 1, V]
@@ -77,7 +74,16 @@ class TorchTreeOps:
         return path.to(parents.device), final.to(parents.device)
 
 
-def _greedy_path(
+def children(parents: list[int]) -> dict[int, list[int]]:
+    """Each node's children in order (``-1``: the root's), padding nodes left out."""
+    kids: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if parent != NO_NODE:
+            kids.setdefault(parent, []).append(i)
+    return kids
+
+
+def greedy_path(
     kids: dict[int, list[int]], tokens: list[int], argmax: list[int], start: int
 ) -> tuple[list[int], int]:
     node, nodes = -1, list[int]()
@@ -110,12 +116,12 @@ def _sampled_path(
             rejected.append(x)
             mass += p
         if accepted is None:
-            return nodes, _inverse_cdf(row, rejected, float(u[-1]))
+            return nodes, inverse_cdf(row, rejected, float(u[-1]))
         node = accepted
         nodes.append(node)
 
 
-def _inverse_cdf(row: torch.Tensor, rejected: list[int], u: float) -> int:  # row [V] float64
+def inverse_cdf(row: torch.Tensor, rejected: list[int], u: float) -> int:  # row [V] float64
     """The first token whose running sum of the residual mass exceeds ``u`` of its total (the last
     token of positive mass where rounding leaves none)."""
     mass = row.clone()
@@ -128,4 +134,4 @@ def _inverse_cdf(row: torch.Tensor, rejected: list[int], u: float) -> int:  # ro
     return int(torch.nonzero(mass > 0)[-1, 0])
 
 
-__all__ = ["NO_NODE", "TorchTreeOps", "repeated_siblings"]
+__all__ = ["NO_NODE", "TorchTreeOps", "children", "greedy_path", "inverse_cdf", "repeated_siblings"]

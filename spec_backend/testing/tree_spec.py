@@ -45,9 +45,10 @@ from spec_backend.testing.spec import F64
 from spec_backend.verify_rules import TREE_REGISTRY
 
 SCHEMES = ("iid", "without_replacement", "point")
-#: the registry's tree rules (``verify_rules.TREE_REGISTRY``), and greedy (the argmax path)
-RULES = (*(rule.name for rule in TREE_REGISTRY), "greedy")
-LOSSLESS_RULES = tuple(rule.name for rule in TREE_REGISTRY if rule.lossless)
+#: the registry's rules over sibling trees (``verify_rules.TREE_REGISTRY``; its multi-path rules are
+#: ``testing.gbv_spec``'s), and greedy (the argmax path)
+RULES = (*(rule.name for rule in TREE_REGISTRY if not rule.paths), "greedy")
+LOSSLESS_RULES = tuple(rule.name for rule in TREE_REGISTRY if rule.lossless and not rule.paths)
 
 Model = Callable[[Prefix], F64]  # a context -> its next-token distribution [V]
 

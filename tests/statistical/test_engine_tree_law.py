@@ -1,5 +1,5 @@
 """Sampled generation with a branching token tree keeps the target's law (a static tree with top-token
-nodes or with sampled siblings, and EAGLE-2's dynamic tree).
+nodes or with sampled siblings, EAGLE-2's dynamic tree, and i.i.d. paths verified by GBV).
 
 A tiny target (vocabulary 4, 6 layers) and a random DSpark head (or a separate draft LM) drafting the
 6-node tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]`` — each node one of its parent's two
@@ -28,6 +28,7 @@ import engine_laws
 
 from spec_backend import LLM, SamplingParams
 from spec_backend.proposers.sibling_draws import SampledSiblings
+from spec_backend.sampling.gbv_ops import TorchGbvOps
 from spec_backend.testing.exact import SeqDist
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle1
 from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
@@ -73,7 +74,7 @@ def _spec(root: Path, target: str, tree: str) -> dict[str, Any]:
     (``rejection_sample_method='probabilistic'``); ``dynamic``: EAGLE-1 growing EAGLE-2's tree (2
     expansions per level, 3 levels, 6 nodes kept), a shape that changes with every step's draft
     probabilities; ``draft_model``: a separate draft LM drafting TREE level by level with sampled
-    siblings."""
+    siblings; ``paths``: the DSpark head drawing 3 i.i.d. paths of 3 tokens, verified by GBV."""
     if tree == "dynamic":
         head = write_eagle1(root / "h", target, bias=True, seed=2)
         return {
@@ -93,6 +94,13 @@ def _spec(root: Path, target: str, tree: str) -> dict[str, Any]:
             "rejection_sample_method": "probabilistic",
         }
     head = write_dspark(root / "h", target, markov="vanilla", rank=4, seed=2, block_size=3)
+    if tree == "paths":
+        return {
+            "model": head,
+            "num_speculative_tokens": 3,
+            "tree_paths": 3,
+            "rejection_sample_method": "standard",
+        }
     spec = {"model": head, "num_speculative_tokens": 3, "speculative_token_tree": TREE}
     return {**spec, "rejection_sample_method": "probabilistic"} if tree == "sampled" else spec
 
@@ -126,6 +134,8 @@ def _counts(target: str, spec: dict[str, Any], temperature: float, top_p: float)
         ("sampled", 0.8, 0.9),
         ("dynamic", 1.0, 1.0),
         ("draft_model", 1.0, 1.0),
+        ("paths", 1.0, 1.0),
+        ("paths", 0.8, 0.9),
     ],
 )
 def test_target_law_is_kept_with_tree_verification(
@@ -138,6 +148,23 @@ def test_target_law_is_kept_with_tree_verification(
     assert fit.passed, f"{tree} tree, T={temperature}, top_p={top_p}: {fit}"
     control = chi_square(counts, _law(other, temperature, top_p))
     assert not control.passed, f"the check has no power: another model's law also fits ({control})"
+
+
+def test_paths_verified_without_the_skew_are_detected(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: the selected path of three verified as if it had been drawn alone (GBV told
+    one path: the draft's own law instead of the skewed one) changes the law."""
+    root = tmp_path_factory.mktemp("paths_law_unskewed")
+    target, _ = _models(root)
+    verify = TorchGbvOps.gbv_verify
+
+    def unskewed(self: TorchGbvOps, *args: Any, paths: int = 1) -> Any:
+        return verify(self, *args, paths=1)
+
+    monkeypatch.setattr(TorchGbvOps, "gbv_verify", unskewed)
+    fit = chi_square(_counts(target, _spec(root, target, "paths"), 1.0, 1.0), _law(target, 1.0, 1.0))
+    assert not fit.passed, f"the unskewed multi-path rule went unnoticed: {fit}"
 
 
 def test_sampled_siblings_judged_as_independent_draws_are_detected(

@@ -288,19 +288,21 @@ class TreeGraphBackend(SimulatedGraphBackend):
         return CapturePolicy(max_capture_size=14, graph_budget=None, enabled=True)
 
 
-@pytest.mark.parametrize("tree", ["static", "dynamic"])
+@pytest.mark.parametrize("tree", ["static", "dynamic", "paths"])
 def test_token_tree_steps_replay_a_captured_graph(llama_dir: str, tmp_path: Path, tree: str) -> None:
     """A tree verify step captured at 1 + nodes tokens per request (padding nodes hang off the root; each
     request's ancestor mask and depths are graph inputs): greedy and seeded sampled tokens equal the
-    eager engine's."""
+    eager engine's — a static tree, a dynamic one, and two i.i.d. paths of 3 (a trie of up to 6 nodes)."""
     from spec_backend.testing.fixtures import draft_checkpoints as w
     from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 
-    if tree == "static":
+    if tree in ("static", "paths"):
         head = write_dspark(tmp_path / "h", llama_dir, target_layer_ids=[0, 1], block_size=4)
-        shape: dict[str, object] = {
-            "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
-        }
+        shape: dict[str, object] = (
+            {"speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}
+            if tree == "static"
+            else {"tree_paths": 2, "rejection_sample_method": "probabilistic"}
+        )
         spec = {
             "adaptive_draft_length": False,
             "method": "dspark",

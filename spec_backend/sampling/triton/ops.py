@@ -44,6 +44,7 @@ import triton
 
 from spec_backend.sampling import probs as _probs
 from spec_backend.sampling import rng
+from spec_backend.sampling.gbv_ops import TorchGbvOps
 from spec_backend.sampling.triton import greedy as _kg
 from spec_backend.sampling.triton import rng as _kr
 from spec_backend.sampling.triton import rows as _rowops
@@ -57,7 +58,7 @@ _ELEMENTWISE_BLOCK = 256
 _rows = _rowops.rows
 
 
-class TritonSamplerOps(TritonTreeOps):
+class TritonSamplerOps(TritonTreeOps, TorchGbvOps):  # GBV: the torch op (``sampling.gbv_ops``)
     """``SamplerOps`` on triton kernels tuned by ``SamplerTuning`` (see the module docstring)."""
 
     name = "triton"
