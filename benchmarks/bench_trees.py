@@ -5,7 +5,9 @@ hidden 576, 30 layers, 9 heads / 3 KV heads) with a 4096-token vocabulary and ev
 projections zeroed, so its next token depends on the current token alone and it still costs a full
 forward; the head is a DeepSpec-format DSpark head whose Markov table holds that target's bigram table
 with the two best tokens swapped after every other token (``--swap-every``), so its first choice is wrong
-there and its second right — where trees are meant to help. Reference backend (``--backend``: the cpu
+there and its second right — where trees are meant to help (``--head-scale`` below 1 flattens the
+head's distribution: a draft less sure than the target, where multi-path verification is meant to
+help). Reference backend (``--backend``: the cpu
 backend's packed-layer path picks up the zeroed layers and changes the target). Greedy (or
 ``--temperature``), batch 1 and 4, one
 prompt per request, ``--tokens`` new tokens; medians over ``--runs`` runs in this process, the plain
@@ -44,8 +46,9 @@ SHAPE = {
 }
 
 
-def build(root: Path, swap_every: int) -> tuple[str, str]:
-    """The bigram target and the constructed DSpark head (module docstring)."""
+def build(root: Path, swap_every: int, head_scale: float = 1.0) -> tuple[str, str]:
+    """The bigram target and the constructed DSpark head (module docstring); ``head_scale`` multiplies
+    the head's table (below 1: a draft flatter than the target, ``q ∝ p^scale`` up to the swaps)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -59,6 +62,7 @@ def build(root: Path, swap_every: int) -> tuple[str, str]:
     for prev in range(0, w2.shape[1], swap_every):
         top = torch.topk(w2[:, prev], 2).indices
         w2[top[0], prev], w2[top[1], prev] = w2[top[1], prev].clone(), w2[top[0], prev].clone()
+    w2.mul_(head_scale)
     save_file(tensors, path)
     return target, head
 
@@ -136,6 +140,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 4])
     parser.add_argument("--swap-every", type=int, default=2)
+    parser.add_argument(
+        "--head-scale", type=float, default=1.0, help="< 1: a draft flatter than the target (q ∝ p^scale)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backend", default="reference", help="the cpu backend packs the zeroed layers")
     parser.add_argument(
@@ -147,10 +154,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        target, head = build(Path(tmp), args.swap_every)
+        target, head = build(Path(tmp), args.swap_every, args.head_scale)
         rows = table(head, args.temperature)
         print(
-            f"temperature {args.temperature}, {args.tokens} new tokens, {args.runs} runs, float32, "
+            f"temperature {args.temperature}, head scale {args.head_scale}, {args.tokens} new tokens, "
+            f"{args.runs} runs, float32, "
             f"{args.threads} threads, torch {torch.__version__}"
         )
         print(
