@@ -65,8 +65,8 @@ def _check_chain(config: SpeculativeConfig) -> None:
     if config.tree_paths is not None and "paths" not in TREE_METHODS.get(config.method or "", ()):
         drafters = [m for m, kinds in TREE_METHODS.items() if "paths" in kinds]
         raise ValueError(
-            f"tree_paths draws i.i.d. paths from a drafter's own distributions after each token: method in "
-            f"{drafters}, got method={config.method!r}"
+            f"tree_paths={config.tree_paths} draws i.i.d. paths from a drafter's own distributions after "
+            f"each token: method in {drafters}, got method={config.method!r}"
         )
     if config.tree_top_k is not None and "dynamic" not in TREE_METHODS.get(config.method or "", ()):
         growers = [m for m, kinds in TREE_METHODS.items() if "dynamic" in kinds]

@@ -116,8 +116,15 @@ class PendingDrafts:
             return DecodeInputs(last[:, None], counts, None, parents)
         drafted = [start + b for b, c in enumerate(counts) if c]
         with_probs = [s for s in drafted if self._with_probs[s]]
-        if with_probs and len(with_probs) != len(drafted):
-            raise ValueError("a drafter returned draft probabilities for some requests of a batch only")
+        without = [s for s in drafted if not self._with_probs[s]]
+        sampled_without = [s for s in without if requests[s - start].temperature > 0]
+        if with_probs and sampled_without:
+            # a greedy request's drafts may come without (a batch drafted for greedy requests only):
+            # their rows are never read; a sampled one's must have them
+            raise ValueError(
+                f"a drafter returned draft probabilities for some sampled requests of a batch only "
+                f"(slots {sampled_without} have none)"
+            )
         ids = self.ids[start : start + batch, :k_max]  # [B, K]
         if min(counts) == k_max and not with_probs:  # every request verifies k_max: nothing to cut
             return DecodeInputs(torch.cat([last[:, None], ids], 1), counts, None, parents)
@@ -129,7 +136,8 @@ class PendingDrafts:
         if with_probs:
             assert self.probs is not None
             rows = self.probs[start : start + batch, :k_max]  # [B, K, V]
-            probs = torch.where(keep[..., None], rows, torch.zeros_like(rows))
+            held = torch.tensor([self._with_probs[start + b] for b in range(batch)]).to(device)  # [B]
+            probs = torch.where(keep[..., None] & held[:, None, None], rows, torch.zeros_like(rows))
         return DecodeInputs(tokens, counts, probs, parents)
 
     def _ensure_width(self, width: int) -> None:

@@ -287,7 +287,8 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     if config.parallel_drafting and (tree is not None or config.tree_top_k or config.tree_paths):
         raise ValueError(
             "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "
-            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
+            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}, "
+            f"tree_paths={config.tree_paths!r}): "
             "use one or the other"
         )
     drafter = DraftModelDrafter(

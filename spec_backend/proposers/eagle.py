@@ -267,7 +267,8 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
     if _drafts_tree(config) and mask_token is not None:
         raise ValueError(
             "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "
-            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}): "
+            f"(speculative_token_tree={config.speculative_token_tree!r}, tree_top_k={config.tree_top_k!r}, "
+            f"tree_paths={config.tree_paths!r}): "
             "use one or the other"
         )
     # a static tree's level feeds up to every node; a dynamic one's (or paths'), its frontier and ancestors

@@ -84,13 +84,11 @@ class TorchGbvOps:
         if paths < 1:
             raise ValueError(f"gbv_verify needs paths >= 1, got {paths}")
         batch, m = parents.shape
-        probs = target_probs.double()  # [N, V]
         if draft_probs is None and bool((~greedy[:, None] & (parents != NO_NODE)).any()):
             raise ValueError("gbv_verify needs draft_probs for a sampled request with drafts")
-        q = draft_probs.double() if draft_probs is not None else probs.new_zeros((batch, m, probs.shape[1]))
-        argmax = target_argmax if target_argmax is not None else probs.argmax(dim=-1)  # [N]
+        argmax = target_argmax if target_argmax is not None else target_probs.argmax(dim=-1)  # [N]
         depth = int(_depths(parents).amax()) if m else 0  # the one read: how many levels to walk
-        walk = _walk(parents, tokens, probs, argmax, row_start, greedy, q, paths, depth)
+        walk = _walk(parents, tokens, target_probs, argmax, row_start, greedy, draft_probs, paths, depth)
         path, final = _block_verify(walk, tokens, uniforms.double(), greedy, argmax, row_start)
         return torch.cat([path, path.new_full((batch, m - depth), -1)], dim=1), final
 
@@ -118,27 +116,30 @@ class _Walk:
 def _walk(
     parents: torch.Tensor,  # [B, M]
     tokens: torch.Tensor,  # [B, M]
-    probs: torch.Tensor,  # [N, V] float64
+    probs: torch.Tensor,  # [N, V] float32
     argmax: torch.Tensor,  # [N]
     starts: torch.Tensor,  # [B]
     greedy: torch.Tensor,  # [B] bool
-    q_all: torch.Tensor,  # [B, M, V] float64
+    q_all: torch.Tensor | None,  # [B, M, V] float32 (None: greedy requests only)
     paths: int,
     depth: int,
 ) -> _Walk:
-    """From the root, each depth's drafted child of highest rank (greedy: the target's argmax)."""
-    batch, vocab = parents.shape[0], probs.shape[1]
+    """From the root, each depth's drafted child of highest rank (greedy: the target's argmax); only the
+    rows on the walk are read, in float64."""
+    batch, vocab, f64 = parents.shape[0], probs.shape[1], torch.float64
     rows = torch.arange(batch, device=parents.device)
     node = torch.full((batch,), -1, dtype=torch.int64, device=parents.device)  # [B]
-    above, mass = probs.new_zeros(batch), probs.new_ones(batch)  # [B] A and x
+    above, mass = probs.new_zeros(batch, dtype=f64), probs.new_ones(batch, dtype=f64)  # [B] A and x
     alive = torch.ones(batch, dtype=torch.bool, device=parents.device)
     nodes = torch.full((batch, depth), -1, dtype=torch.int64, device=parents.device)
-    p_at, skewed = probs.new_zeros((batch, depth + 1, vocab)), probs.new_zeros((batch, depth, vocab))
-    ranks = torch.arange(vocab, dtype=probs.dtype, device=probs.device).expand(batch, -1)  # [B, V]
+    p_at = probs.new_zeros((batch, depth + 1, vocab), dtype=f64)
+    skewed = probs.new_zeros((batch, depth, vocab), dtype=f64)
+    ranks = torch.arange(vocab, dtype=f64, device=probs.device).expand(batch, -1)  # [B, V]
     for d in range(depth):
-        p = probs[starts + 1 + node]  # [B, V] the target after the current node (-1: the root's row)
+        p = probs[starts + 1 + node].to(f64)  # [B, V] the target after the current node (-1: the root's)
         kids = (parents == node[:, None]) & alive[:, None]  # [B, M]
-        q = q_all[rows, kids.int().argmax(dim=1)]  # [B, V] any child's: the q after the node
+        # [B, V] any child's row: the q after the node
+        q = q_all[rows, kids.int().argmax(dim=1)].to(f64) if q_all is not None else torch.zeros_like(p)
         g, cdf = skew_rows(p, q, above, mass, paths)
         rank = torch.empty_like(p).scatter_(
             1, torch.sort(order_key(p, q), dim=-1, stable=True).indices, ranks
@@ -153,7 +154,7 @@ def _walk(
         p_at[:, d], skewed[:, d] = p, g
         nodes[:, d] = torch.where(has, child, -1)
         node, alive = torch.where(has, child, node), has
-    p_at[:, depth] = probs[starts + 1 + node]
+    p_at[:, depth] = probs[starts + 1 + node].to(f64)
     return _Walk(nodes, p_at, skewed)
 
 

@@ -24,6 +24,8 @@ from spec_backend.testing.fixtures import draft_checkpoints as w
 from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
 from spec_backend.tools.tiny import make_tiny_model
 
+TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -119,7 +121,7 @@ def test_what_draft_paths_cannot_do_is_refused(target: str, tmp_path: Path) -> N
         LLM(target, speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 4})
     with pytest.raises(ValueError, match=r"tree_paths=3 drafts i.i.d. paths; speculative_token_tree="):
         LLM(target, speculative_config={**spec, "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 0, 0)]"})
-    with pytest.raises(ValueError, match=r"tree_paths draws i.i.d. paths .* got method='ngram'"):
+    with pytest.raises(ValueError, match=r"tree_paths=3 draws i.i.d. paths .* got method='ngram'"):
         LLM(target, speculative_config={**spec, "method": "ngram", "model": None, "prompt_lookup_max": 2})
     for bad in (1, 9):
         with pytest.raises(ValueError, match=r"tree_paths"):
@@ -130,3 +132,27 @@ def test_what_draft_paths_cannot_do_is_refused(target: str, tmp_path: Path) -> N
             target,
             speculative_config={**spec, "method": "draft_model", "model": pard, "parallel_drafting": True},
         )
+
+
+@pytest.mark.parametrize("shape", ["paths", "sampled siblings"])
+def test_greedy_and_sampled_requests_admitted_at_different_steps(
+    target: str, tmp_path: Path, shape: str
+) -> None:
+    """A greedy request admitted while sampled ones decode (its prefill drafts carry no probabilities,
+    theirs do) runs in the same decode batch: each output equals the request run alone (a regression:
+    the step raised for the whole batch)."""
+    extra = {"tree_paths": None, "speculative_token_tree": TREE} if shape == "sampled siblings" else {}
+    llm = LLM(
+        target, dtype="float64", speculative_config=_spec("eagle", target, tmp_path, **extra), max_num_seqs=2
+    )
+    params = [
+        SamplingParams(temperature=1.0, seed=1, max_tokens=14),
+        SamplingParams(temperature=0.0, max_tokens=6),
+        SamplingParams(temperature=0.0, max_tokens=10),
+    ]
+    together = llm.generate(PROMPTS[:3], params)
+    assert all(o.outputs[0].finish_reason == "length" for o in together), [
+        o.outputs[0].error for o in together
+    ]
+    alone = [llm.generate([p], [q])[0].outputs[0].token_ids for p, q in zip(PROMPTS[:3], params, strict=True)]
+    assert [o.outputs[0].token_ids for o in together] == alone
