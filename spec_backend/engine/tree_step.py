@@ -32,6 +32,7 @@ import torch
 
 from spec_backend.config.token_tree import TokenTree, branching_tree
 from spec_backend.engine.logits import RowHistory, process_logits
+from spec_backend.proposers.draft_paths import grow_paths
 from spec_backend.proposers.tree_build import depths_of, static_shape
 from spec_backend.sampling import rng
 from spec_backend.sampling.tree_ops import NO_NODE
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 #: methods whose drafters draft token trees, and which kinds: ``static`` (``Drafter.propose_tree``),
 #: ``dynamic`` (EAGLE-2, ``Drafter.propose_dynamic_tree``), ``paths`` (i.i.d. paths for GBV,
-#: ``Drafter.propose_paths``)
+#: ``proposers.draft_paths.grow_paths`` over ``Drafter.grower``)
 TREE_METHODS: dict[str, tuple[str, ...]] = {
     "dflash": ("static", "dynamic", "paths"),
     "draft_model": ("static", "dynamic", "paths"),
@@ -129,10 +130,8 @@ class DraftPaths:
         return self.depth * self.paths
 
     def draft(self, drafter: Drafter, inputs: DraftInputs) -> DraftOutput:
-        out = drafter.propose_paths(inputs, self.depth, self.paths)
-        if out.tree_parents is None or len(out.tree_parents) != len(inputs.requests):
-            raise RuntimeError(f"{type(drafter).__name__}.propose_paths returned no parents per request")
-        return out
+        with torch.inference_mode():
+            return grow_paths(drafter.grower(inputs), self.depth, self.paths, inputs.requests)
 
 
 Plan = TreePlan | DynamicTree | DraftPaths

@@ -194,8 +194,9 @@ class Drafter(ABC):
         raise NotImplementedError(f"{type(self).__name__} drafts chains, not token trees")
 
     def grower(self, inputs: DraftInputs) -> Grower:
-        """What dynamic trees and multi-path drafts grow from (``proposers.dynamic_tree.Grower``): the
-        drafters of ``engine.tree_step.TREE_METHODS`` marked ``dynamic`` and ``paths``."""
+        """What dynamic trees and multi-path drafts (``proposers.draft_paths.grow_paths``) grow from
+        (``proposers.dynamic_tree.Grower``): the drafters of ``engine.tree_step.TREE_METHODS`` marked
+        ``dynamic`` and ``paths``."""
         del inputs
         raise NotImplementedError(f"{type(self).__name__} does not grow token trees")
 
@@ -207,14 +208,6 @@ class Drafter(ABC):
         tokens, parents = grow_dynamic_tree(grown.root, grown.forward, grown.log_probs, depth, top_k, nodes)
         grown.done()
         return DraftOutput(tokens, (nodes,) * len(inputs.requests), tree_parents=parents)
-
-    @torch.inference_mode()
-    def propose_paths(self, inputs: DraftInputs, depth: int, paths: int) -> DraftOutput:
-        """``paths`` i.i.d. draft paths of ``depth`` tokens per request merged into a trie, each node with
-        the distribution it was drawn from (``proposers.draft_paths``), grown from ``grower``."""
-        from spec_backend.proposers.draft_paths import grow_paths
-
-        return grow_paths(self.grower(inputs), depth, paths, inputs.requests)
 
 
 def last_committed_rows(inputs: DraftInputs) -> torch.Tensor:

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from spec_backend.engine import LLM, ModelLoadError, SamplingParams
 from spec_backend.runtime.sources import resolve_model
+from spec_backend.testing.fixtures.draft_checkpoints import write_mlp_speculator
 from spec_backend.tools.tiny import make_tiny_model
 
 
@@ -165,13 +166,14 @@ def test_unimplemented_generate_and_chat_arguments_are_named(llm: LLM) -> None:
 
 def test_a_branching_token_tree_is_refused_not_run_as_a_chain(tmp_path: Path) -> None:
     """Issue 42: ``speculative_token_tree`` was validated and then ignored (a 6-node tree verified a
-    chain). A tree that branches is refused for methods that draft chains (``draft_model`` here), as is
-    a chain of another length than K; the chain of K (what is run) is accepted."""
+    chain). A tree that branches is refused for methods that draft chains (``mlp_speculator`` here), as
+    is a chain of another length than K; the chain of K (what is run) is accepted."""
     target = make_tiny_model(tmp_path / "t", "llama", vocab_size=64)
-    spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 2}
+    head = write_mlp_speculator(tmp_path / "m", 32, 64, 16, 2, tied=False)
+    spec = {"method": "mlp_speculator", "model": head, "num_speculative_tokens": 2}
     for tree in ("[(0,), (1,), (0, 0)]", "[(0,)]"):
         with pytest.raises(
-            ValueError, match=r"drafts a chain of num_speculative_tokens=2 tokens.*draft_model"
+            ValueError, match=r"drafts a chain of num_speculative_tokens=2 tokens.*mlp_speculator"
         ):
             LLM(target, speculative_config={**spec, "speculative_token_tree": tree})
     llm = LLM(target, speculative_config={**spec, "speculative_token_tree": "[(0,), (0, 0)]"})

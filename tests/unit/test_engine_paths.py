@@ -17,8 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_fixtures import GREEDY, PROMPTS, one_thread  # noqa: F401 - one_thread is autouse
 
-from spec_backend.engine import LLM, SamplingParams
+from spec_backend.engine import LLM, SamplingParams, tree_step
 from spec_backend.engine.tree_step import DraftPaths
+from spec_backend.proposers.draft_paths import grow_paths
 from spec_backend.proposers.tree_build import depths_of
 from spec_backend.testing.fixtures import draft_checkpoints as w
 from spec_backend.testing.fixtures.dspark_checkpoints import write_dspark
@@ -72,7 +73,9 @@ def test_seeded_sampling_with_draft_paths_does_not_depend_on_the_batch(target: s
     assert total.num_draft_tokens > 3 * total.num_drafts  # the paths differ: more nodes than one chain
 
 
-def test_each_node_carries_the_draft_law_after_its_path(target: str, tmp_path: Path) -> None:
+def test_each_node_carries_the_draft_law_after_its_path(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The trie's paths are 3 deep, at most 3 nodes a level, each node's ``draft_probs`` row the draft
     model's softmax after context + the node's parent path at the request's temperature, and its token
     drawn where that row has mass."""
@@ -80,16 +83,14 @@ def test_each_node_carries_the_draft_law_after_its_path(target: str, tmp_path: P
 
     spec = _spec("draft_model", target, tmp_path)
     llm = LLM(target, dtype="float64", speculative_config=spec)
-    drafter: Any = llm.engine.drafter
     calls: list[tuple[list[list[int]], Any]] = []
-    propose = drafter.propose_paths
 
-    def recorded(inputs: Any, *args: Any) -> Any:
-        out = propose(inputs, *args)
-        calls.append(([list(r.prompt_token_ids) + list(r.output_token_ids) for r in inputs.requests], out))
+    def recorded(grower: Any, depth: int, paths: int, requests: Any) -> Any:
+        out = grow_paths(grower, depth, paths, requests)
+        calls.append(([list(r.prompt_token_ids) + list(r.output_token_ids) for r in requests], out))
         return out
 
-    drafter.propose_paths = recorded
+    monkeypatch.setattr(tree_step, "grow_paths", recorded)
     params = [SamplingParams(temperature=0.7, seed=s, max_tokens=6) for s in range(3)]
     llm.generate(PROMPTS[:3], params)
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float64).eval()
