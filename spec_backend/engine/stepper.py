@@ -16,7 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
-from spec_backend.engine.tree_step import DraftPaths, nodes_within, refuse_grammars, verify_trees
+from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
@@ -199,8 +199,8 @@ class Stepper:
             min(c, int(v)) for c, v in zip(inputs.counts, valid_drafts(inputs.tokens).tolist(), strict=True)
         ]
         cached = engine.runner.cache.lengths[start : start + len(requests)]
-        parents = inputs.parents
-        assert parents is not None
+        parents, plan = inputs.parents, engine.tree
+        assert parents is not None and plan is not None
         captured, width = engine.captured if start == 0 else None, None
         forward: Callable[[StepBatch, bool], TargetOutput] = engine.runner.forward
         if captured is not None:  # every request 1 + nodes tokens (padding nodes hang off the root)
@@ -209,7 +209,7 @@ class Stepper:
         out = verify_trees(
             requests, parents, start, inputs.tokens, counts, list(cached), forward,
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
-            width, inputs.probs, engine.tree.paths if isinstance(engine.tree, DraftPaths) else 0,
+            width, inputs.probs, plan.paths,
         )  # fmt: skip
         return _Result(out.batch, out.target, out.emitted, out.drafted)
 

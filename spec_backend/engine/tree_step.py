@@ -79,6 +79,7 @@ class TreePlan:
         return cls(*static_shape(tree))
 
     describe = "a branching speculative_token_tree"
+    paths = 0  # verified as a tree of siblings, not as i.i.d. paths (``DraftPaths``)
 
     @property
     def max_nodes(self) -> int:
@@ -101,6 +102,7 @@ class DynamicTree:
     nodes: int
 
     describe = "a dynamic token tree (tree_top_k/tree_nodes)"
+    paths = 0  # verified as a tree of siblings, not as i.i.d. paths (``DraftPaths``)
 
     @property
     def max_nodes(self) -> int:

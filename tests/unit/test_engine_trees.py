@@ -136,6 +136,16 @@ def test_greedy_output_with_a_dynamic_tree_equals_plain_decoding(
     assert llm.engine.slots.num_slots == 0 and llm.engine.slots.consistent()
 
 
+def _record_blocks_and_trees(llm: LLM) -> tuple[list[Any], list[Any]]:
+    """Generate two short greedy requests, recording each step's block (``run_block``) and dynamic tree."""
+    drafter: Any = llm.engine.drafter
+    run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
+    drafter.run_block = lambda inputs: blocks.append(run_block(inputs)) or blocks[-1]
+    drafter.propose_dynamic_tree = lambda *a: trees.append(grow(*a)) or trees[-1]
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    return blocks, trees
+
+
 def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_path: Path) -> None:
     """Each node's children come from the block row of its depth: the host EAGLE-2 reference over those
     rows' distributions gives the same tree."""
@@ -147,10 +157,7 @@ def test_a_dflash_dynamic_tree_is_eagle2_over_the_block_rows(target: str, tmp_pa
     }
     llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 7})
     drafter: Any = llm.engine.drafter
-    run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
-    drafter.run_block = lambda inputs: blocks.append(run_block(inputs)) or blocks[-1]
-    drafter.propose_dynamic_tree = lambda *a: trees.append(grow(*a)) or trees[-1]
-    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    blocks, trees = _record_blocks_and_trees(llm)
     rows = blocks[0][0][:, 1:]  # [B, K, H]
     for b in range(2):
         with torch.inference_mode():  # the rows are the engine's inference tensors
@@ -189,10 +196,7 @@ def test_a_dspark_dynamic_tree_is_eagle2_over_the_markov_corrected_rows(target: 
     }
     llm = LLM(target, dtype="float64", speculative_config={**spec, "tree_top_k": 2, "tree_nodes": 7})
     drafter: Any = llm.engine.drafter
-    run_block, grow, blocks, trees = drafter.run_block, drafter.propose_dynamic_tree, [], []
-    drafter.run_block = lambda inputs: blocks.append(run_block(inputs)) or blocks[-1]
-    drafter.propose_dynamic_tree = lambda *a: trees.append(grow(*a)) or trees[-1]
-    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    blocks, trees = _record_blocks_and_trees(llm)
     head, first = drafter.head, drafter.dspark.first_row
     differs = 0
     for (out, block_ids), tree in zip(blocks, trees, strict=True):
