@@ -1,6 +1,7 @@
 """Adaptive drafting against plain decoding and fixed drafting on the demo's prompt sets, in one run.
 
     .venv/bin/python benchmarks/bench_adaptive.py [--isa avx2] [--passes 3] [--max-tokens 96] [--k 4]
+                                                  [--lockstep]
 
 Per pass, a fresh engine per method (suffix's response cache would otherwise see each answer again) runs
 every prompt alone (batch 1, greedy), the methods interleaved prompt by prompt so a change of load hits
@@ -15,8 +16,12 @@ pass are noisy and their median over passes is what to quote). ``plain, again`` 
 the negative control: its ratio to plain measures that spread, the noise floor of every other row. Pass
 ``i`` builds and runs the engines in the listed order rotated by ``i``, so no method is always built or
 run first (an engine built first or run first can read a few percent faster or slower for that alone).
-Greedy speculation is lossless, so every text must equal plain decoding's (the script fails otherwise).
-The CPU's ISA flags are printed.
+With ``--lockstep`` the engines take one prompt together and step in turn, one engine step each, every
+step timed on its own: a method's rate is its decode tokens over the summed time of its decode steps
+(every step after the one that prefilled), so a drift of the machine's speed (this VM's read 145 and
+205 tok/s minutes apart in one process) lands on every method within a step's time instead of within a
+prompt's. Greedy speculation is lossless, so every text must equal plain decoding's (the script fails
+otherwise). The CPU's ISA flags are printed.
 """
 
 from __future__ import annotations
@@ -48,11 +53,11 @@ def methods(k: int) -> dict[str, tuple[dict[str, Any] | None, bool]]:
 
 
 def one_pass(
-    prompt_sets: dict[str, list[str]], k: int, max_tokens: int, rotation: int = 0
+    prompt_sets: dict[str, list[str]], k: int, max_tokens: int, rotation: int = 0, lockstep: bool = False
 ) -> dict[str, dict[str, float]]:
-    """Fresh engines, each prompt on each in turn: name -> kind -> decode tokens per second. The engines
-    are built, and run on each prompt, in the methods' order rotated by ``rotation`` (the module
-    docstring)."""
+    """Fresh engines, each prompt on each in turn (or, ``lockstep``, on all together, a step each in
+    turn): name -> kind -> decode tokens per second. The engines are built, and run on each prompt, in
+    the methods' order rotated by ``rotation`` (the module docstring)."""
     from spec_backend.engine import LLM, SamplingParams
     from spec_backend.tools.demo import Tally
 
@@ -71,10 +76,50 @@ def one_pass(
         llm.generate([next(iter(prompt_sets.values()))[0]], warm)
     for kind, prompts in prompt_sets.items():
         for prompt in prompts:
+            if lockstep:
+                for name, (text, tokens, seconds) in in_lockstep(engines, prompt, params).items():
+                    texts[name].append(text)
+                    tallies[name][kind].tokens += tokens
+                    tallies[name][kind].seconds += seconds
+                continue
             for name, llm in engines.items():
                 out = llm.generate([prompt], params)[0]
                 texts[name].append(out.outputs[0].text)
                 tallies[name][kind].add(out)
+    return _checked(texts, tallies)
+
+
+def in_lockstep(engines: dict[str, Any], prompt: str, params: Any) -> dict[str, tuple[str, int, float]]:
+    """``prompt`` on every engine at once, one engine step each in turn: name -> (text, decode tokens,
+    seconds of its decode steps). A step is a decode step when its request already had a token."""
+    import time
+
+    from spec_backend.engine.request import merge_samples
+
+    requests = {}
+    for name, llm in engines.items():
+        llm.engine.ensure_idle()
+        requests[name] = llm.make_requests([prompt], params)
+        for request in requests[name]:
+            llm.engine.add(request)
+    seconds = dict.fromkeys(engines, 0.0)
+    while any(llm.engine.has_unfinished() for llm in engines.values()):
+        for name, llm in engines.items():
+            if not llm.engine.has_unfinished():
+                continue
+            decoding = bool(requests[name][0].output_token_ids)
+            start = time.perf_counter()
+            llm.engine.step()
+            if decoding:
+                seconds[name] += time.perf_counter() - start
+    result = {}
+    for name, llm in engines.items():
+        out = merge_samples(requests[name], llm.tokenizer)[0].outputs[0]
+        result[name] = (out.text, max(len(out.token_ids) - 1, 0), seconds[name])
+    return result
+
+
+def _checked(texts: dict[str, list[str]], tallies: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     wrong = [name for name, t in texts.items() if t != texts["plain"]]
     if wrong:
         raise SystemExit(f"greedy texts differ from plain decoding's: {wrong}")
@@ -88,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--code-prompts", type=int, default=4)
+    p.add_argument("--lockstep", action="store_true", help="the engines step in turn (module docstring)")
     args = p.parse_args(argv)
     if args.isa != "native":
         os.environ["SPEC_BACKEND_ISA"] = args.isa
@@ -101,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         "code edit": [chat_template(m) for m in code_edit_prompts(args.code_prompts)],
         "open chat": [chat_template(m) for m in CHAT_PROMPTS],
     }
-    passes = [one_pass(prompt_sets, args.k, args.max_tokens, i) for i in range(args.passes)]
+    passes = [one_pass(prompt_sets, args.k, args.max_tokens, i, args.lockstep) for i in range(args.passes)]
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
     print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
-    print(f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes: the median rate")
+    mode = "engines in lockstep" if args.lockstep else "engines in turn per prompt"
+    print(f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes, {mode}:", end=" ")
+    print("the median rate")
     print("(tokens/s) and the median, min and max over passes of the ratio to plain decoding in that pass")
     kinds = list(prompt_sets)
     print(f"{'method':<16} | " + " | ".join(f"{kind:>30}" for kind in kinds))
