@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
     print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
     mode = "engines in lockstep" if args.lockstep else "engines in turn per prompt"
-    print(f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes, {mode}:", end=" ")
-    print("the median rate")
+    setup = f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes, {mode}"
+    print(f"{setup}: the median rate")
     print("(tokens/s) and the median, min and max over passes of the ratio to plain decoding in that pass")
     kinds = list(prompt_sets)
     print(f"{'method':<16} | " + " | ".join(f"{kind:>30}" for kind in kinds))
