@@ -37,6 +37,14 @@ batch of ``B``: the tokens a step emits over its cost, in plain steps.
   3 steps in 32 verifying K drafts for nothing (~5 % of the time); and no re-measurement starts from
   plain decoding while the acceptance (which shadows keep measured) says drafting would not pay even if
   draft rows cost nothing: its cost could not change the choice.
+* **Holding.** Once plain decoding is chosen by the measured rates, the steps up to the next one that must
+  decide (a shadow due, the next re-measurement, a change of batch) are held (``hold``, ``held``): they
+  choose plain decoding without deciding, and the engine skips the drafter for them when it
+  ``defers_follow`` (``EngineCore.holds_plain``), so on open chat most steps cost what a plain step does
+  (before, every step paid the decision, the drafter's bookkeeping and the step's draft inputs: 1-2 % of a
+  SmolLM2 step on a 2-core VM). Held steps choose what deciding would: nothing the choice reads changes
+  while nothing is drafted or verified except shadows' outcomes, and a shadow that accepts nothing only
+  lowers the acceptances (one that accepts ends the hold).
 * Drafting must be predicted to beat plain decoding by ``MARGIN`` (5 %) to be chosen: the costs are
   moving averages of single steps, on machines whose step times vary by more than that from one step to
   the next, and a draft length chosen on noise loses what plain decoding would have kept.
@@ -56,7 +64,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spec_backend.engine.shadow_drafts import SHADOW_EVERY, ShadowDrafts, ShadowRequest
+from spec_backend.engine.shadow_drafts import SHADOW_MAX, ShadowDrafts, ShadowRequest
 
 #: pseudo-drafts at the engine's mean acceptance added to each request's own counts
 PRIOR_DRAFTS = 8
@@ -146,6 +154,9 @@ class AdaptiveDraftLength:
     #: drafts proposed and not verified, checked against the tokens that follow (shadow_drafts)
     shadows: ShadowDrafts = field(default_factory=ShadowDrafts)
     last_shadow: int = -(2**62)  # the step that recorded shadows last
+    settled: bool = False  # the last choice was plain decoding by the measured rates, no re-measurement
+    hold_until: int = 0  # held steps (``hold``) last while ``steps + 1`` is below it
+    hold_batch: int = 0  # the batch size the hold was set for
 
     @property
     def mean_acceptance(self) -> float:
@@ -171,6 +182,7 @@ class AdaptiveDraftLength:
         request, whose drafts are verified every step, so none of its steps is a plain step to time
         drafting against: everyone keeps ``K`` (before, its greedy requests were held at 0 for good)."""
         self.steps += 1
+        self.settled, self.hold_batch = False, batch
         if not acceptances or mixed or self.k == 0:
             return self.k
         measured = self.batch(batch)
@@ -185,7 +197,52 @@ class AdaptiveDraftLength:
         if rates[best] < MARGIN * rates[0]:
             best = 0  # a predicted gain inside the noise of the measurements
         free = max(tokens) >= MARGIN * tokens[0]  # whether drafting would pay were draft rows free
-        return self._chose(self._explored(batch, best, free))
+        chosen = self._explored(batch, best, free)
+        self.settled = not chosen and self.explored_from is None
+        return self._chose(chosen)
+
+    def hold(self, requests: Sequence[ShadowRequest], shadowed: bool) -> None:
+        """After ``choose``: where it chose plain decoding by the measured rates, the steps up to the next
+        one that must decide are *held* (``held``), so the engine can skip the policy and the drafter for
+        them (``EngineCore.holds_plain``). Held steps choose what ``choose`` would: while nothing is
+        drafted or verified, the costs stay as they are, and the acceptances move only with shadows; a
+        shadow that accepts nothing only lowers them (every draft length's expected tokens fall, plain
+        decoding's stay), and one that accepts ends the hold. It lasts until the next re-measurement and,
+        when the drafter shadows (``shadowed``), the first step at which one of ``requests`` (the batch's
+        greedy requests) is due a shadow; a change of batch ends it (``end_hold``)."""
+        self.hold_until = 0
+        if not self.settled:
+            return
+        until = self.next_explore
+        if shadowed:
+            for request in requests:
+                due = self.shadows.due_step(request.request_id)
+                if due is None:
+                    return  # due now
+                until = min(until, due)
+        self.hold_until = until
+
+    def held(self, requests: Sequence[ShadowRequest]) -> bool:
+        """Whether the next step of ``requests`` is held (``hold``): then it counts as a step that chose
+        plain decoding, and its shadows' outcomes are counted as ``choose`` would count them."""
+        if self.steps + 1 >= self.hold_until or len(requests) != self.hold_batch:
+            return False
+        if any(r.finished for r in requests):  # they leave after this step: the batch changes
+            return False
+        if self.shadows.open:  # as ``EngineCore.plan_draft_length`` resolves them
+            drafted, accepted = self.shadows.resolve(requests)
+            self.drafted += drafted
+            self.accepted += accepted
+            if accepted:  # the acceptances rose: decide
+                self.hold_until = 0
+                return False
+        self.steps += 1
+        self._chose(0)
+        return True
+
+    def end_hold(self) -> None:
+        """The batch changed: the next step decides."""
+        self.hold_until = 0
 
     def _explored(self, batch: int, best: int, free: bool) -> int:
         """``best``, or the extreme not chosen during a re-measurement (module docstring); none from plain
@@ -194,7 +251,7 @@ class AdaptiveDraftLength:
         drafts for nothing. Without recent shadows (a drafter that cannot shadow) the acceptance stands
         still while nothing is verified, and only a re-measurement can see it change."""
         if self.explored_from is None and self.steps >= self.next_explore:
-            if not best and not free and self.steps - self.last_shadow <= 2 * SHADOW_EVERY:
+            if not best and not free and self.steps - self.last_shadow <= 2 * SHADOW_MAX:
                 self.period = min(2 * self.period, EXPLORE_MAX)
                 self.next_explore = self.steps + self.period
                 return best

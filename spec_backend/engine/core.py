@@ -181,6 +181,21 @@ class EngineCore:
         ]
         mixed = any(not r.finished and r.params.temperature != 0 for r in requests)
         self._next_k = self.adaptive.choose(len(requests), acceptances, mixed)
+        drafter = self.drafter
+        if drafter is not None and drafter.defers_follow and self.tree is None:
+            self.adaptive.hold(greedy, drafter.can_shadow)
+
+    def holds_plain(self, requests: list[Request]) -> bool:
+        """Whether this decode step's draft-next is skipped: no request drafts, and the drafter
+        ``defers_follow`` (it is handed the tokens at its next call). Speculation is off for the batch, or
+        adaptive drafting holds plain decoding (``AdaptiveDraftLength.hold``: nothing it reads can change
+        before the step it set), so the step costs what a plain step does."""
+        drafter = self.drafter
+        if drafter is None or not drafter.defers_follow or self.tree is not None:
+            return False
+        if self.speculation_disabled:
+            return True
+        return self.adaptive is not None and self.adaptive.held(requests)
 
     def shadow_budgets(self, requests: list[Request]) -> tuple[int, ...] | None:
         """For a step that drafts for no request: ``K`` for the greedy requests due a shadow, 0 for the
@@ -207,6 +222,8 @@ class EngineCore:
         )
 
     def _admit(self, requests: list[Request]) -> None:
+        if self.adaptive is not None:
+            self.adaptive.end_hold()  # the batch changes
         for request in requests:
             slot = self.slots.add()
             self.sampling_state.admit(slot, request)
@@ -272,8 +289,15 @@ class EngineCore:
             self.prefix.forget(request.request_id)
         if self.adaptive is not None:
             self.adaptive.shadows.forget(request.request_id)
+            self.adaptive.end_hold()
         if self.drafter is None:
             return
+        if self.drafter.defers_follow:  # the held steps' tokens (a suffix proposer caches the whole
+            # response when the request leaves)
+            error = self.drafter.take_tokens([request], [request.unseen_tokens()])[0]
+            if error is not None and report:
+                request.fail(error)
+                report = False
         try:
             if report:
                 request.kv_transfer_params = self.drafter.finish_request(request)

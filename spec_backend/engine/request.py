@@ -49,6 +49,14 @@ class Request:
     grammar: RequestGrammar | None = None  # structured outputs' matcher (``structured.py``)
     num_cached_tokens: int = 0  # prompt positions a prefix-cache hit served (``engine/prefix.py``)
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
+    #: output tokens its drafter has been given (``Drafter.defers_follow``: held steps leave it behind)
+    drafter_seen: int = 0
+
+    def unseen_tokens(self) -> list[int]:
+        """The output tokens its drafter has not been given yet; from now on it has them."""
+        tokens = self.output_token_ids[self.drafter_seen :]
+        self.drafter_seen = len(self.output_token_ids)
+        return tokens
 
     def samples(self, parent_id: str, fresh_seed: Callable[[], int]) -> list[Request]:
         """The ``params.n`` requests sampling this prompt (this one when ``n`` is 1). With a seed, sample

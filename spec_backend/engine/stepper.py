@@ -68,6 +68,8 @@ class StepEngine(Protocol):
 
     def shadow_budgets(self, requests: list[Request]) -> tuple[int, ...] | None: ...
 
+    def holds_plain(self, requests: list[Request]) -> bool: ...
+
     def record_shadows(
         self, requests: list[Request], budgets: tuple[int, ...], drafts: list[list[int]]
     ) -> None: ...
@@ -243,8 +245,8 @@ class Stepper:
         self, start: int, requests: list[Request], result: _Result, last_only: bool, kept: list[list[int]]
     ) -> None:
         engine, drafter = self.engine, self.engine.drafter
-        if drafter is None:
-            return
+        if drafter is None or (not last_only and engine.holds_plain(requests)):
+            return  # a held plain step: the drafter is handed its tokens at its next call
         batch, target = result.batch, result.target
         if last_only and engine.prefix is not None:  # the drafter sees every prompt row
             batch, target = engine.prefix.drafter_view(start, requests, batch, target)
@@ -253,6 +255,8 @@ class Stepper:
             engine.plan_draft_length(requests)
         budgets = tuple(0 if disabled else engine.draft_budget(r) for r in requests)
         num_accepted = tuple(0 if last_only else max(0, len(e) - 1) for e in result.emitted)
+        if drafter.defers_follow:  # the held steps' tokens too (``Drafter.defers_follow``)
+            kept = [r.unseen_tokens() for r in requests]
         inputs = DraftInputs(
             batch=batch,
             target=target,

@@ -93,7 +93,9 @@ class AcceptedTokens:
     """This step's outcome per request: tokens appended (accepted drafts + recovered/bonus, after stop
     checks) and drafts accepted. A prefill appends its first token and accepts nothing."""
 
-    new_token_ids: tuple[list[int], ...]  # host [B]
+    #: host [B]: the tokens appended since the drafter last saw the request: this step's, and the held
+    #: steps' before it for a drafter that ``defers_follow``
+    new_token_ids: tuple[list[int], ...]
     num_accepted: tuple[int, ...]  # host [B]
     is_prefill: bool
 
@@ -134,6 +136,13 @@ class Drafter(ABC):
     drafts: bool = True
     #: whether its ``DraftOutput`` carries ``confidence`` (a confidence head: DSpark)
     reports_confidence: bool = False
+    #: whether its state is its requests' tokens alone, so steps that draft for no request may skip it
+    #: entirely: its next call (``follow``, ``shadow``, ``propose``, or ``take_tokens`` before a request
+    #: leaves) hands it every token appended since in one list per request (``AcceptedTokens``). A drafter
+    #: whose state advances with a forward or the target's hidden states cannot (the default)
+    defers_follow: bool = False
+    #: whether ``shadow`` drafts (a host lookup); the engine plans its steps around the shadows' dates
+    can_shadow: bool = False
 
     def cache_bytes_per_slot(self) -> int:
         """Bytes of cache one slot costs (for the engine's memory budget; default: no cache)."""
@@ -173,6 +182,15 @@ class Drafter(ABC):
         own forward or the target's hidden states (a draft model's KV cache) cannot skip it."""
         del inputs
         return None
+
+    def take_tokens(
+        self, requests: Sequence[DraftRequest], new_token_ids: Sequence[list[int]]
+    ) -> tuple[str | None, ...]:
+        """A drafter that ``defers_follow``: take in the tokens ``requests`` appended since it last saw them
+        (before they leave: a suffix proposer then caches whole responses), returning per-request failures.
+        Never called on other drafters."""
+        del requests, new_token_ids
+        raise NotImplementedError(f"{type(self).__name__} does not defer following (defers_follow is False)")
 
     def shadow(self, inputs: DraftInputs) -> tuple[list[list[int]], tuple[str | None, ...]] | None:
         """Like ``follow``, and drafts within ``inputs.budgets`` as host lists that will not be verified,
@@ -244,10 +262,14 @@ class HostDrafter(Drafter):
     budgets, and packs the lists. A proposer failure is isolated by retrying request by request.
     """
 
+    defers_follow = True  # a host proposer's state is its requests' tokens
+
     def __init__(self, proposer: Proposer, device: torch.device) -> None:
         self.proposer = proposer
         self.num_speculative_tokens = proposer.num_speculative_tokens
         self.device = device
+        # a proposer that drafts on the device is not shadowed: each shadow would cost a copy to the host
+        self.can_shadow = type(proposer).propose_on_device is Proposer.propose_on_device
 
     def add_request(self, request: DraftRequest) -> None:
         self.proposer.add_request(request.request_id, list(request.prompt_token_ids))
@@ -258,13 +280,24 @@ class HostDrafter(Drafter):
     def _update(self, inputs: DraftInputs) -> tuple[list[str], list[str | None]]:
         """Feed each request's appended tokens; the ids and per-request failures."""
         ids = [r.request_id for r in inputs.requests]
-        errors: list[str | None] = [None] * len(ids)
-        for b, tokens in enumerate(inputs.accepted.new_token_ids):
+        return ids, self._feed(inputs.requests, inputs.accepted.new_token_ids)
+
+    def take_tokens(
+        self, requests: Sequence[DraftRequest], new_token_ids: Sequence[list[int]]
+    ) -> tuple[str | None, ...]:
+        return tuple(self._feed(requests, new_token_ids))
+
+    def _feed(self, requests: Sequence[DraftRequest], new_token_ids: Sequence[list[int]]) -> list[str | None]:
+        """``Proposer.update`` with each request's new tokens; the per-request failures."""
+        errors: list[str | None] = [None] * len(requests)
+        for b, (request, tokens) in enumerate(zip(requests, new_token_ids, strict=True)):
+            if not tokens:
+                continue
             try:
-                self.proposer.update(ids[b], list(tokens))
+                self.proposer.update(request.request_id, list(tokens))
             except Exception as exc:
                 errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
-        return ids, errors
+        return errors
 
     def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
         """The proposer sees each request's appended tokens; nothing is looked up or packed (a host
@@ -297,7 +330,7 @@ class HostDrafter(Drafter):
     def shadow(self, inputs: DraftInputs) -> tuple[list[list[int]], tuple[str | None, ...]] | None:
         """The proposer's lookups, on the host and unpacked; ``None`` for a proposer that drafts on the
         device (each shadow would cost a copy to the host)."""
-        if type(self.proposer).propose_on_device is not Proposer.propose_on_device:
+        if not self.can_shadow:
             return None
         ids, errors = self._update(inputs)
         return self._lookup(inputs, ids, errors), tuple(errors)

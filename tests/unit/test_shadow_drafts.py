@@ -12,7 +12,7 @@ from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.adaptive import MIN_SAMPLES, AdaptiveDraftLength
-from spec_backend.engine.shadow_drafts import SHADOW_EVERY, ShadowDrafts
+from spec_backend.engine.shadow_drafts import SHADOW_EVERY, SHADOW_MAX, ShadowDrafts
 from spec_backend.proposers.ngram import build_ngram_proposer
 
 K = 4
@@ -74,6 +74,28 @@ def test_one_shadow_at_a_time_and_at_most_one_every_few_steps() -> None:
     assert not shadows.open and not shadows.due(request, SHADOW_EVERY + 2)
 
 
+def test_a_shadow_that_gains_nothing_doubles_the_period_and_one_that_pays_resets_it() -> None:
+    """No drafts found, or a first draft that is wrong: the next shadow comes twice as late, up to
+    ``SHADOW_MAX``; a draft accepted: ``SHADOW_EVERY`` again. ``forget`` drops the period."""
+    shadows, request = ShadowDrafts(), FakeRequest("a", [5])
+    assert shadows.due_step("a") is None and shadows.due(request, 0)
+    step, periods = 0, []
+    for drafts, next_token in [([], None), ([9], 1), ([], None), ([2], 2), ([3], 4), ([], None), ([], None)]:
+        shadows.record(request, drafts, step)
+        if next_token is not None:
+            request.output_token_ids.append(next_token)
+            shadows.resolve([request])
+        due = shadows.due_step("a")
+        assert due is not None
+        periods.append(due - step)
+        assert not shadows.due(request, due - 1) and shadows.due(request, due)
+        step = due
+    assert periods == [8, 16, 16, SHADOW_EVERY, 8, 16, 16]
+    assert SHADOW_MAX == 16
+    shadows.forget("a")
+    assert shadows.due_step("a") is None and "a" not in shadows.period
+
+
 def test_shadow_counts_join_the_requests_acceptance() -> None:
     """Drafting measured at 1.2 plain steps for K rows, an engine whose drafts were mostly rejected (5 of
     100): a new request's estimate starts there and plain decoding is chosen; with 36 of 40 of its
@@ -131,18 +153,22 @@ def _plain_only(llm: LLM) -> tuple[list[Shadow], list[tuple[int, int]]]:
 
 
 def test_shadows_count_what_a_verify_step_would_have_accepted(target: str) -> None:
-    """Plain decoding throughout: every ``SHADOW_EVERY`` steps a shadow of the n-gram lookup (the drafts a
-    fresh proposer finds over the request's tokens then), and the accepted counts summed over those
-    decided before the last step are the common prefixes of each shadow with the tokens that followed."""
+    """Plain decoding throughout: shadows of the n-gram lookup (the drafts a fresh proposer finds over the
+    request's tokens then), each ``SHADOW_EVERY`` steps after one that accepted a draft and twice the
+    period before (up to ``SHADOW_MAX``) after one that found nothing or whose first draft was wrong; the
+    accepted counts summed over those decided before the last step are the common prefixes of each shadow
+    with the tokens that followed."""
     llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
     shadows, resolved = _plain_only(llm)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     out = llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     assert out == plain
-    assert len(shadows) >= 40 // (SHADOW_EVERY + 1)
+    assert len(shadows) >= 40 // (2 * SHADOW_MAX)
     drafted = accepted = 0
-    for _, start, drafts, tokens in shadows:
+    period, paid = SHADOW_EVERY, []
+    nexts = [after for _, after, _, _ in shadows[1:]] + [0]  # each shadow's next one's token count
+    for (_, start, drafts, tokens), after in zip(shadows, nexts, strict=True):
         fresh = build_ngram_proposer(llm.speculative_config)  # type: ignore[arg-type]
         fresh.add_request("r", [*PROMPTS[0], *tokens[:start]])
         budget = min(K, len(out) - start - 1)  # a step emits at most what is left of max_tokens
@@ -151,8 +177,14 @@ def test_shadows_count_what_a_verify_step_would_have_accepted(target: str) -> No
         matched = next((j for j, (d, t) in enumerate(zip(drafts, seen, strict=False)) if d != t), len(seen))
         if matched < len(seen) or len(seen) == len(drafts):
             drafted, accepted = drafted + len(drafts), accepted + matched
+        # plain decoding of one request: a token a step; every shadow (K <= its period) is decided by
+        # the date of the next
+        period = SHADOW_EVERY if matched else min(2 * period, SHADOW_MAX)
+        paid.append(matched > 0)
+        assert after == 0 or after - start == period, (start, after, period)
     assert (sum(d for d, _ in resolved), sum(a for _, a in resolved)) == (drafted, accepted)
     assert drafted > 0 and accepted > 0  # the comparison saw drafts, some accepted
+    assert True in paid and False in paid  # both rules of the period were exercised
 
 
 def test_without_adaptive_drafting_or_with_speculation_off_nothing_is_shadowed(target: str) -> None:
