@@ -217,15 +217,24 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
     row.syncs = max(reads_per_decode_step(llm, prompts[:batch], counted), default=0)
 
 
+def eager_sampler(backend: Any) -> Any:
+    """The same backend, but its decode steps' rejection sampler runs eagerly after the replayed forward
+    (``Backend.captures_sampler`` off): the step before ``runtime/captured_verify``, for an A/B in one run."""
+    cls = type(backend)
+    return type(f"{cls.__name__}EagerSampler", (cls,), {"captures_sampler": False})()
+
+
 def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backend: Any) -> list[Row]:
     """Every (mode, graphs, batch) on one model; each mode loads the model once."""
     rows: list[Row] = []
-    graph_settings = [g == "on" for g in args.graphs]
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
     labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
     modes = [(m, labels[m].format(k=args.k)) for m in args.modes]
-    for mode, label in modes:
-        for graphs in graph_settings:
+    for mode, mode_label in modes:
+        for setting in args.graphs:
+            graphs = setting != "off"
+            label = mode_label + (" (sampler eager)" if setting == "on-eager-sampler" else "")
+            step_backend = eager_sampler(backend) if setting == "on-eager-sampler" else backend
             if graphs and not engine_supports_graphs():
                 rows += [Row(name, b, label, True, note="engine has no graph mode yet") for b in args.batches]
                 continue
@@ -234,7 +243,7 @@ def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backen
                 llm = LLM(
                     path,
                     speculative_config=speculative_config(mode, args.k, args.synthetic_length, draft),
-                    backend=backend,
+                    backend=step_backend,
                     max_num_seqs=max(args.batches),
                     dtype=args.dtype,
                     log_stats_interval=None,
@@ -284,14 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--modes", default="plain,ngram,adaptive,synthetic,draft", help="comma-separated, from these"
     )
-    parser.add_argument("--graphs", default="off,on", help="comma-separated: off (eager), on (captured)")
+    parser.add_argument(
+        "--graphs",
+        default="off,on",
+        help="comma-separated: off (eager), on (captured), on-eager-sampler (the forward captured, the "
+        "sampler eager after it: the step before the captured sampler)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
     if bad := [m for m in args.modes if m not in ("plain", "ngram", "adaptive", "synthetic", "draft")]:
         parser.error(f"unknown modes {bad}: use plain, ngram, adaptive, synthetic, draft")
-    if bad := [g for g in args.graphs if g not in ("on", "off")]:
-        parser.error(f"--graphs takes on and off, got {bad}")
+    if bad := [g for g in args.graphs if g not in ("on", "off", "on-eager-sampler")]:
+        parser.error(f"--graphs takes on, off and on-eager-sampler, got {bad}")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.dry_run:
         args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"

@@ -157,6 +157,9 @@ class Backend(ABC):
     #: whether its graph runner may capture a token-tree verify step (its attention applies the ancestor
     #: mask inside a captured graph); False: tree steps run eagerly
     captures_token_trees: ClassVar[bool] = True
+    #: whether its graph runner may capture the rejection sampler after a decode step's forward
+    #: (``runtime/captured_verify``: its sampler ops launched inside a graph); False: verified eagerly
+    captures_sampler: ClassVar[bool] = True
 
     @abstractmethod
     def probe(self) -> Availability:

@@ -21,11 +21,13 @@ on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from spec_backend.backends.base import GraphFn, GraphOutput, GraphRunner
 from spec_backend.graphs import padded_size
@@ -254,15 +256,50 @@ class PaddedGraphRunner(GraphRunner):
         del size, views
 
 
+#: the calls that turn a tensor's values into host values: each waits for the device, which a graph being
+#: captured cannot (``spec_backend.testing.host_reads`` counts them)
+HOST_READ_FUNCS = frozenset(
+    {
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+    }
+)
+
+
+class GraphUnsafeCall(RuntimeError):
+    """A captured callable read a tensor back to the host, or made one from host data: a device graph
+    would freeze that value at capture (or refuse the copy), so replays with new inputs would be wrong."""
+
+
+class _CaptureGuard(TorchFunctionMode):
+    """Raises ``GraphUnsafeCall`` at a host read or a tensor made from Python data (``torch.tensor``,
+    ``torch.as_tensor`` of a list: a host-to-device copy on a device) while active."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from_host = func in (torch.tensor, torch.as_tensor) and not isinstance(args[0], torch.Tensor)
+        if func in HOST_READ_FUNCS or from_host:
+            name = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
+            raise GraphUnsafeCall(f"{name} inside a captured graph (a host read or a copy from the host)")
+        return func(*args, **(kwargs or {}))
+
+
 class _SimulatedGraph:
     """Records the callable; ``replay`` re-runs it and copies every output into the captured outputs
-    (the same buffers, as a device graph writes them)."""
+    (the same buffers, as a device graph writes them). ``strict``: the re-runs refuse what a device graph
+    cannot hold (``GraphUnsafeCall``)."""
 
-    def __init__(self, call: Callable[[], GraphOutput], output: GraphOutput) -> None:
-        self.call, self.output, self.replays = call, output, 0
+    def __init__(self, call: Callable[[], GraphOutput], output: GraphOutput, strict: bool = False) -> None:
+        self.call, self.output, self.replays, self.strict = call, output, 0, strict
 
     def replay(self) -> None:
-        fresh = output_tensors(self.call())
+        with _CaptureGuard() if self.strict else contextlib.nullcontext():
+            fresh = output_tensors(self.call())
         for static, new in zip(output_tensors(self.output), fresh, strict=True):
             static.copy_(new)
         self.replays += 1
@@ -274,12 +311,14 @@ class SimulatedGraphDriver:
     Replays re-run the callable on the static buffers and copy into the captured output tensor, so
     everything around the graph (padding, zeroed tails, slicing, eager fallback, capture order, pool
     sharing) behaves as on a device. Host values read by the callable are *not* frozen as they would
-    be in a real graph. For tests on CPU.
+    be in a real graph: ``strict=True`` refuses them instead, at capture and at every replay
+    (``GraphUnsafeCall``), as a device refuses or silently freezes them. For tests on CPU.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, strict: bool = False) -> None:
         self.events: list[tuple[str, Any]] = []
         self._pools = 0
+        self.strict = strict
 
     def check_device(self) -> None:
         return None
@@ -295,18 +334,21 @@ class SimulatedGraphDriver:
         self.events.append(("warm_up", iterations))
 
     def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
-        output = call()
+        with _CaptureGuard() if self.strict else contextlib.nullcontext():
+            output = call()
         first = output_tensors(output)[0]
         self.events.append(("capture", (first.shape[0] if first.dim() else None, pool)))
-        return _SimulatedGraph(call, output), output
+        return _SimulatedGraph(call, output, self.strict), output
 
     def synchronize(self) -> None:
         self.events.append(("synchronize", None))
 
 
 __all__ = [
+    "HOST_READ_FUNCS",
     "CapturedGraph",
     "GraphDriver",
+    "GraphUnsafeCall",
     "PaddedGraphRunner",
     "SimulatedGraphDriver",
     "StaticInputs",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,12 +24,17 @@ from spec_backend.engine.tree_step import TREE_METHODS, DraftPaths, DynamicTree,
 from spec_backend.methods import METHODS
 from spec_backend.proposers.contract import Drafter, DrafterContext
 from spec_backend.proposers.registry import build_drafter, implemented_methods, method_spec
+from spec_backend.runtime.captured import maybe_capture
+from spec_backend.runtime.captured_verify import capture_verify
 from spec_backend.runtime.kv_cache import RaggedKVCache, kv_layout, plan_num_slots
 from spec_backend.runtime.loader import load_model
 from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.slots import SlotTable
 from spec_backend.runtime.sources import resolve_model
 from spec_backend.step import HiddenStateRequest
+
+if TYPE_CHECKING:
+    from spec_backend.engine.core import EngineCore
 
 QUANTIZABLE_FAMILIES = ("draft_model", "eagle")  # whose draft weights go through ``draft_preparation``
 
@@ -206,10 +211,28 @@ def step_policies(
     return adaptive, confidence
 
 
+def capture_steps(engine: EngineCore, backend: Backend, eager: bool) -> None:
+    """Capture the engine's decode steps as graphs, unless ``eager`` or the backend does not capture: the
+    verify step (K+1 tokens per request; a tree's root and nodes), beside a chain's the one-token step that
+    steps without drafts replay, and after each chain forward its sampler (``runtime/captured_verify``)."""
+    runner, tree = engine.runner, engine.tree
+    q = 1 + tree.max_nodes if tree is not None else engine.k + 1
+    engine.captured = maybe_capture(runner, backend, q, engine.max_num_seqs, eager, tree is not None)
+    if engine.captured is not None and tree is None and q > 1:
+        engine.captured_plain = maybe_capture(runner, backend, 1, engine.max_num_seqs, eager)
+        if engine.adaptive is not None:  # a step with any drafts replays the K+1-token graph
+            engine.adaptive.fixed_width = True
+    for captured in (engine.captured, engine.captured_plain) if tree is None else ():
+        if captured is not None:
+            sampler, sizes = engine.verifier.sampler, captured.graph.capture_sizes
+            captured.verify = capture_verify(sampler, backend, captured.q, sizes, runner.vocab_size)
+
+
 __all__ = [
     "QUANTIZABLE_FAMILIES",
     "adaptive_wanted",
     "assemble",
+    "capture_steps",
     "check_embedded_method",
     "draft_loader",
     "draft_preparation",

@@ -25,6 +25,7 @@ from spec_backend.engine.args import (
 )
 from spec_backend.engine.assembly import (
     assemble,
+    capture_steps,
     check_embedded_method,
     draft_loader,
     draft_preparation,
@@ -47,7 +48,6 @@ from spec_backend.metrics import (
     vllm_metrics,
 )
 from spec_backend.proposers.contract import DrafterContext
-from spec_backend.runtime.captured import maybe_capture
 from spec_backend.runtime.loader import (
     ModelLoadError,
     load_model,
@@ -213,13 +213,7 @@ class LLM:
         )  # fmt: skip
         eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         eager |= tree is not None and not self.backend.captures_token_trees
-        # the verify step (K+1 tokens per request; a tree's root and nodes), or plain decoding's one token
-        q = 1 + tree.max_nodes if tree is not None else k + 1
-        engine.captured = maybe_capture(runner, self.backend, q, engine.max_num_seqs, eager, tree is not None)
-        if engine.captured is not None and tree is None and q > 1:  # steps without drafts replay this one
-            engine.captured_plain = maybe_capture(runner, self.backend, 1, engine.max_num_seqs, eager)
-            if engine.adaptive is not None:  # a step with any drafts replays the K+1-token graph
-                engine.adaptive.fixed_width = True
+        capture_steps(engine, self.backend, eager)
         return engine
 
     def _drafter_context(

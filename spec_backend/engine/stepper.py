@@ -18,6 +18,7 @@ from spec_backend.engine.pending import DecodeInputs, valid_drafts
 from spec_backend.engine.request import Request
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
+from spec_backend.runtime.captured_verify import verify_kind
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch
 
@@ -106,6 +107,20 @@ def _fewer_rows(plain: CapturedDecode | None, verify: CapturedDecode, requests: 
     return rows is not None and (widest is None or rows <= widest)
 
 
+def _graph_kind(
+    captured: CapturedDecode | None, requests: list[Request], inputs: DecodeInputs, sampling: SamplingMetadata
+) -> str | None:
+    """The kind of the captured sampler's graphs that verifies this step (``captured_verify``), or None:
+    no captured step, or one the graphs do not cover (draft probabilities, logits processors, structured
+    outputs, top-k or top-p), verified eagerly after the forward."""
+    if captured is None or captured.verify is None or inputs.probs is not None:
+        return None
+    if any(r.params.processes_logits or r.grammar is not None for r in requests):
+        return None
+    kind = verify_kind(sampling)
+    return kind if kind in captured.verify.runners else None
+
+
 class Stepper:
     """Runs the prefill and decode stages of ``EngineCore.step`` (see the module docstring)."""
 
@@ -177,11 +192,15 @@ class Stepper:
             target = replace(target, logits=target.logits[batch.last_token_index])  # [B, V]
         else:
             target = engine.runner.forward(batch, last_only)
+        sampling = self._sampling(start, requests)
+        kind = _graph_kind(captured, requests, inputs, sampling)
+        if captured is not None and captured.verify is not None and kind is not None:
+            emitted, drafted = captured.verify(kind, target.logits, inputs.tokens, sampling)
+            return _Result(batch, target, emitted, drafted)
         flat_probs = None
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
             flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
-        sampling = self._sampling(start, requests)
         valid = None if last_only else valid_drafts(inputs.tokens)  # [B]
         emitted, drafted = engine.verifier(
             batch, requests, target.logits, sampling, flat_probs, last_only, valid

@@ -16,6 +16,7 @@ reference backend) skips all of this: the engine then runs the same step eagerly
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from spec_backend.graphs import padded_size, plan_capture_sizes
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
 from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput
+
+if TYPE_CHECKING:
+    from spec_backend.runtime.captured_verify import CapturedVerify
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -56,6 +60,8 @@ class CapturedDecode:
             example |= {"tree": eye, "depths": torch.zeros(largest, dtype=torch.int64, device=device)}
         self.graph.capture(example)
         logger.info("captured a %d-token-per-request step for %s tokens", q, self.capture_sizes)
+        #: the step's sampler, captured beside it (``captured_verify``; None: verified eagerly)
+        self.verify: CapturedVerify | None = None
 
     def padded_tokens(self, num_requests: int) -> int | None:
         """The captured size a step of ``num_requests`` requests replays (``None``: it runs eagerly)."""

@@ -16,19 +16,11 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from torch.overrides import TorchFunctionMode
 
-HOST_READS = {
-    torch.Tensor.tolist,
-    torch.Tensor.item,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-}
+from spec_backend.backends.graph_common import HOST_READ_FUNCS
+
+HOST_READS = HOST_READ_FUNCS
 
 
 class CallCounter(TorchFunctionMode):

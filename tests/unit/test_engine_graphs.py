@@ -55,6 +55,17 @@ class SimulatedGraphBackend(ReferenceBackend):
         return runner
 
 
+def forwards(llm: LLM, backend: SimulatedGraphBackend) -> list[PaddedGraphRunner]:
+    """The backend's runners but the samplers' captured beside the forwards (``captured_verify``)."""
+    samplers = [
+        runner
+        for captured in (llm.engine.captured, llm.engine.captured_plain)
+        if captured is not None and captured.verify is not None
+        for runner in captured.verify.runners.values()
+    ]
+    return [r for r in backend.runners if all(r is not s for s in samplers)]
+
+
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_tiny_model(tmp_path_factory.mktemp("graphs"), "llama")
@@ -72,7 +83,7 @@ def test_captured_verify_forward_equals_eager(llama_dir: str) -> None:
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=4)
     assert llm.engine.captured is not None
-    runner, plain = backend.runners  # the verify step, then the one-token step of steps without drafts
+    runner, plain = forwards(llm, backend)  # the verify step, then the one-token step of steps without drafts
     assert runner.captured_sizes == (K + 1, 2 * (K + 1))  # multiples of K+1, capped by the policy
     assert plain.captured_sizes == (1, 2, 4)  # multiples of 1 up to max_num_seqs
     assert _ids(llm, GREEDY) == eager
@@ -93,7 +104,7 @@ def test_padding_to_a_captured_size_gives_the_eager_output(llama_dir: str) -> No
     eager = LLM(llama_dir, dtype="float64", speculative_config=NGRAM)
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=2)
-    runner, _ = backend.runners
+    runner, _ = forwards(llm, backend)
     for prompts in ([PROMPTS[0]], PROMPTS[:2]):
         want = [o.outputs[0].token_ids for o in eager.generate(prompts, GREEDY)]
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
@@ -114,7 +125,7 @@ def test_draft_model_sampled_output_is_the_same_with_graphs(llama_dir: str, tmp_
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
     assert _ids(llm, params) == eager
-    draft_step, verify, _ = backend.runners  # captured in this order: the drafter is built first
+    draft_step, verify, _ = forwards(llm, backend)  # captured in this order: the drafter is built first
     assert verify.captured_sizes == (K + 1, 2 * (K + 1)) and draft_step.captured_sizes == (1, 2)
     assert verify.replays > 0 and draft_step.replays > 0
 
@@ -125,7 +136,7 @@ def test_plain_decoding_replays_a_one_token_step(llama_dir: str) -> None:
     backend = SimulatedGraphBackend()
     llm = LLM(llama_dir, dtype="float64", backend=backend, max_num_seqs=2)
     assert llm.engine.captured is not None and llm.engine.captured.q == 1
-    (runner,) = backend.runners
+    (runner,) = forwards(llm, backend)
     assert runner.captured_sizes == (1, 2)  # multiples of 1 up to max_num_seqs
     assert _ids(llm, GREEDY) == eager
     assert runner.replays > 0 and runner.eager_calls == 0  # max_num_seqs=2: every batch fits a graph
@@ -144,7 +155,7 @@ def test_steps_without_drafts_replay_the_one_token_step(llama_dir: str) -> None:
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].error for o in outs] == [None] * len(PROMPTS)
     assert [o.outputs[0].token_ids for o in outs] == eager
-    verify, plain = backend.runners
+    verify, plain = forwards(llm, backend)
     assert verify.replays == 0 and verify.eager_calls == 0
     assert plain.replays > 0 and plain.eager_calls == 0  # max_num_seqs=2: every step replayed
     llm.set_speculation(True)  # steps with drafts replay the verify step again

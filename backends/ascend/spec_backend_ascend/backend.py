@@ -45,6 +45,9 @@ class AscendBackend(Backend):
     name = "ascend"
     device_type = "npu"
     captures_token_trees = False  # the explicit-mask call is not re-issued by the ACLGraph updates
+    # triton-ascend's sampler kernels inside an ACLGraph are not shown to work on a device yet: the
+    # sampler runs eagerly after the replayed forward
+    captures_sampler = False
 
     def __init__(self) -> None:
         #: streams of every graph this backend's runners capture (target and drafter): a heuristic budget

@@ -1,0 +1,225 @@
+"""The rejection sampler of a captured decode step, itself captured: replayed right after the forward's
+graph, so a step's verification costs the device's work and one replay instead of the host's launches of
+some thirty to fifty small ops (``RejectionSampler._verify_batch``), with nothing read back in between.
+
+A ``CapturedVerify`` belongs to one ``CapturedDecode`` (``q`` tokens per request: the verify step's K+1,
+or plain decoding's 1). Its graphs take, per query token (the graph runner's leading dimension), the
+forward's logits row, the query token as fed (its last token, then its drafts, ``PLACEHOLDER_TOKEN_ID``
+where it has none) and its request's temperature, seed and RNG counter (repeated over the request's
+rows); they return, per token, the token the step emits at that slot and the request's verified draft
+count: ``[N, 2]`` int64, whose one copy to the host is the step's one read.
+
+The sampler branches on host facts about the batch (``SamplingFlags``), which a graph freezes, so there
+is one graph set per *kind*: ``greedy`` (every request greedy) and ``sampled`` (any temperature, no
+top-k or top-p: the mixed batch's path, which equals the all-sampled one's output). A step outside both
+(top-k / top-p, draft probabilities, logits processors, structured outputs) verifies eagerly after the
+forward's replay, as before (``EngineCore.verify_kind``). The computation is the eager sampler's,
+ops and random numbers alike (counter-based, keyed by seed and position), so the tokens are the same.
+
+Glossary: *kind* — which of the sampler's host-side branches a graph set was captured with; *layout* —
+the verification metadata of ``B`` requests with ``q - 1`` drafts each (``SpecDecodeMetadata``), built
+before capture for every captured size (inside a capture its host-to-device copies would be frozen).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.runtime.captured import GraphCaptureError
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from spec_backend.sampling.sampling_metadata import SamplingFlags, SamplingMetadata
+
+if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend, GraphFn, GraphRunner
+    from spec_backend.sampling.sampler import RejectionSampler
+
+logger = logging.getLogger("spec_backend.engine")
+
+#: the sampler's host-side branch of each kind (``SamplingFlags``): frozen into its graphs
+KIND_FLAGS = {
+    "greedy": SamplingFlags(True, False, False, False, True, None),
+    "sampled": SamplingFlags(False, False, False, False, True, None),
+}
+
+
+def verify_kind(sampling: SamplingMetadata) -> str | None:
+    """The graph kind that verifies a batch sampled so (if it was captured: ``CapturedVerify.runners``);
+    ``None``: none (top-k or top-p)."""
+    if sampling.apply_top_k or sampling.apply_top_p:
+        return None
+    return "greedy" if sampling.all_greedy else "sampled"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """``B`` requests with ``q - 1`` drafts each: the metadata's index tensors, and the sampling
+    parameters every request here has (no top-k, no top-p)."""
+
+    batch: int
+    cu: torch.Tensor  # [B] int32
+    target_rows: torch.Tensor  # [T] int32
+    bonus_rows: torch.Tensor  # [B] int32
+    logits_rows: torch.Tensor  # [N] int32
+    request_index: torch.Tensor  # [T] int64
+    slot_index: torch.Tensor  # [T] int64
+    top_k: torch.Tensor  # [B] int64 zeros
+    top_p: torch.Tensor  # [B] float32 ones
+
+    @classmethod
+    def of(cls, batch: int, k: int, device: torch.device) -> _Layout:
+        q = k + 1
+        starts = torch.arange(batch, dtype=torch.int64, device=device) * q  # [B]
+        slots = torch.arange(k, dtype=torch.int64, device=device)  # [K]
+        target = (starts[:, None] + slots[None, :]).reshape(-1)  # [T]
+        return cls(
+            batch=batch,
+            cu=(torch.arange(1, batch + 1, dtype=torch.int32, device=device) * k),
+            target_rows=target.to(torch.int32),
+            bonus_rows=(starts + k).to(torch.int32),
+            logits_rows=torch.arange(batch * q, dtype=torch.int32, device=device),
+            request_index=torch.arange(batch, device=device).repeat_interleave(k),
+            slot_index=slots.repeat(batch),
+            top_k=torch.zeros(batch, dtype=torch.int64, device=device),
+            top_p=torch.ones(batch, dtype=torch.float32, device=device),
+        )
+
+    def metadata(self, draft_ids: torch.Tensor, k: int) -> SpecDecodeMetadata:  # draft_ids [T] int32
+        return SpecDecodeMetadata(
+            draft_token_ids=draft_ids,
+            num_draft_tokens=[k] * self.batch,
+            cu_num_draft_tokens=self.cu,
+            target_logits_indices=self.target_rows,
+            bonus_logits_indices=self.bonus_rows,
+            logits_indices=self.logits_rows,
+            max_spec_len=k,
+            request_index=self.request_index,
+            slot_index=self.slot_index,
+            standard_layout=True,
+        )
+
+
+class CapturedVerify:
+    """The sampler's graphs for steps of ``q`` tokens per request (see the module docstring)."""
+
+    def __init__(
+        self,
+        sampler: RejectionSampler,
+        backend: Backend,
+        q: int,
+        capture_sizes: tuple[int, ...],
+        vocab: int,
+        device: torch.device,
+    ) -> None:
+        if q < 1 or any(size % q for size in capture_sizes):
+            raise ValueError(f"capture sizes {list(capture_sizes)} must be multiples of q={q} >= 1")
+        self.sampler, self.q, self.k = sampler, q, q - 1
+        self.device = device
+        self._layouts = {size // q: _Layout.of(size // q, self.k, device) for size in capture_sizes}
+        largest = capture_sizes[-1]
+        example = {
+            "logits": torch.zeros((largest, vocab), dtype=torch.float32, device=device),  # [N, V]
+            "tokens": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
+            "temperature": torch.zeros(largest, dtype=torch.float32, device=device),  # [N]
+            "seeds": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
+            "positions": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
+        }
+        self.runners: dict[str, GraphRunner] = {}  # the kinds captured (a backend short of graphs: fewer)
+        for kind in KIND_FLAGS:
+            if backend.capture_policy().graph_budget == 0:
+                logger.warning("the %s backend has no graphs left: %s steps verify eagerly", backend.name,
+                               kind)  # fmt: skip
+                break
+            self.runners[kind] = backend.graph_runner(self._callable(kind), capture_sizes)
+            self.runners[kind].capture(example)
+        logger.info("captured the %d-token-per-request step's sampler (%s) for %s tokens", q,
+                    ", ".join(self.runners), list(capture_sizes))  # fmt: skip
+
+    def _callable(self, kind: str) -> GraphFn:
+        def verify(
+            logits: torch.Tensor,  # [N, V]
+            tokens: torch.Tensor,  # [N] int64: each request's last token, then its drafts (-1: none)
+            temperature: torch.Tensor,  # [N] float32, each request's repeated over its rows
+            seeds: torch.Tensor,  # [N] int64
+            positions: torch.Tensor,  # [N] int64: the request's first draft position (its RNG counter)
+        ) -> torch.Tensor:  # [N, 2] int64
+            return self._verify(KIND_FLAGS[kind], logits, tokens, temperature, seeds, positions)
+
+        return verify
+
+    def _verify(
+        self,
+        flags: SamplingFlags,
+        logits: torch.Tensor,  # [N, V]
+        tokens: torch.Tensor,  # [N]
+        temperature: torch.Tensor,  # [N]
+        seeds: torch.Tensor,  # [N]
+        positions: torch.Tensor,  # [N]
+    ) -> torch.Tensor:  # [N, 2] int64: the emitted token per slot, the request's verified drafts
+        q, k = self.q, self.k
+        batch = tokens.shape[0] // q
+        layout = self._layouts.get(batch) or _Layout.of(batch, k, tokens.device)  # eager above the largest
+        grid = tokens.view(batch, q)  # [B, q]
+        drafts = grid[:, 1:]  # [B, K]
+        metadata = layout.metadata(drafts.reshape(-1).to(torch.int32), k)
+        sampling = SamplingMetadata.prevalidated(
+            temperature[::q], layout.top_k, layout.top_p, seeds[::q], positions[::q], flags
+        )
+        out = self.sampler(metadata, None, logits, sampling)  # [B, q] int32
+        valid = torch.cumprod((drafts != PLACEHOLDER_TOKEN_ID).to(torch.int64), dim=1).sum(dim=1)  # [B]
+        return torch.stack([out.to(torch.int64).reshape(-1), valid.repeat_interleave(q)], dim=1)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        kind: str,
+        logits: torch.Tensor,  # [N, V] the verify forward's
+        tokens: torch.Tensor,  # [B, q] int64 query tokens as fed, placeholders where drafts are missing
+        sampling: SamplingMetadata,  # [B] the requests' (``SamplingState.metadata``)
+    ) -> tuple[list[list[int]], list[int]]:
+        """Each request's emitted tokens (accepted drafts, then the recovered or bonus token) and verified
+        draft count, as ``Verifier.__call__`` returns them, from one replay and one read."""
+        if sampling.positions is None or sampling.seeds is None:
+            raise ValueError("a captured verification needs each request's seed and RNG counter")
+        q = self.q
+        inputs = {
+            "logits": logits.float(),
+            "tokens": tokens.reshape(-1),
+            "temperature": sampling.temperature.float().repeat_interleave(q),
+            "seeds": sampling.seeds.repeat_interleave(q),
+            "positions": sampling.positions.to(torch.int64).repeat_interleave(q),
+        }
+        out = self.runners[kind].run(inputs)
+        assert isinstance(out, torch.Tensor)
+        rows: list[list[list[int]]] = out.view(-1, q, 2).tolist()  # the step's one device-to-host copy
+        emitted = [[t for t, _ in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+        return emitted, [row[0][1] for row in rows]
+
+
+def capture_verify(
+    sampler: RejectionSampler, backend: Backend, q: int, capture_sizes: tuple[int, ...], vocab: int
+) -> CapturedVerify | None:
+    """A ``CapturedVerify`` beside a captured forward of ``q`` tokens per request, unless the backend does
+    not capture its sampler (``Backend.captures_sampler``) or has no graphs left (its steps then verify
+    eagerly after the forward's replay). A capture that fails is a
+    ``GraphCaptureError`` naming ``enforce_eager=True``, as the forward's."""
+    if not backend.captures_sampler:
+        return None
+    if backend.capture_policy().graph_budget == 0:
+        logger.warning("the %s backend has no graphs left: the sampler is not captured", backend.name)
+        return None
+    try:
+        return CapturedVerify(sampler, backend, q, capture_sizes, vocab, backend.device())
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise GraphCaptureError(
+            f"capturing the rejection sampler ({sampler.mode_name}) as graphs on the {backend.name} backend "
+            f"failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
+        ) from exc
+
+
+__all__ = ["KIND_FLAGS", "CapturedVerify", "capture_verify", "verify_kind"]

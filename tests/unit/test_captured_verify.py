@@ -1,0 +1,223 @@
+"""The rejection sampler captured beside the decode step's forward (``runtime/captured_verify.py``).
+
+A backend with graphs on over the strict simulated driver (``SimulatedGraphDriver(strict=True)``: any
+host read, or tensor made from host data, inside a captured callable raises, as a device graph refuses or
+freezes it) takes the captured path: the verify step's and the one-token step's forwards, then their
+samplers' graphs. Outputs must equal the eager engine's token for token, greedy and seeded sampled, with
+every drafter kind of input (point-mass drafts, draft probabilities, logits processors) and one host read
+per decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
+from spec_backend.backends.graph_common import GraphUnsafeCall, PaddedGraphRunner, SimulatedGraphDriver
+from spec_backend.backends.reference import ReferenceBackend
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.runtime.captured import GraphCaptureError
+from spec_backend.runtime.captured_verify import CapturedVerify
+from spec_backend.testing import host_reads
+from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+from spec_backend.tools.tiny import make_tiny_model
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [40, 41, 42],
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+]
+K = 3
+NGRAM = {
+    "adaptive_draft_length": False,
+    "method": "ngram",
+    "num_speculative_tokens": K,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+SAMPLED = SamplingParams(temperature=0.8, seed=3, max_tokens=16)
+MIXED = [
+    GREEDY,
+    SamplingParams(temperature=1.1, seed=7, max_tokens=14),
+    SamplingParams(temperature=0.0, max_tokens=9),
+]
+
+
+class StrictGraphs(ReferenceBackend):
+    """The reference backend with graphs on, over the strict simulated driver; ``graphs``: how many
+    graph runners it makes before its capture policy reports none left (``None``: no limit)."""
+
+    name = "strict-simulated-graphs"
+
+    def __init__(self, graphs: int | None = None) -> None:
+        self.runners: list[PaddedGraphRunner] = []
+        self.graphs = graphs
+
+    def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
+        spent = self.graphs is not None and len(self.runners) >= self.graphs
+        return CapturePolicy(max_capture_size=2 * (K + 1), graph_budget=0 if spent else None, enabled=True)
+
+    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
+        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(strict=True), progress=False)
+        self.runners.append(runner)
+        return runner
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("captured-verify"), "llama")
+
+
+def _ids(llm: LLM, params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def _samplers(llm: LLM) -> dict[tuple[int, str], Any]:
+    """(tokens per request, kind) -> that captured sampler's graph runner."""
+    found = {}
+    for captured in (llm.engine.captured, llm.engine.captured_plain):
+        assert captured is not None and captured.verify is not None
+        for kind, runner in captured.verify.runners.items():
+            found[captured.q, kind] = runner
+    return found
+
+
+def _replays(llm: LLM) -> dict[tuple[int, str], int]:
+    return {key: runner.replays + runner.eager_calls for key, runner in _samplers(llm).items()}
+
+
+@pytest.mark.parametrize(
+    ("params", "kind"),
+    [(GREEDY, "greedy"), (SAMPLED, "sampled"), (MIXED, "sampled")],
+    ids=["greedy", "sampled", "mixed"],
+)
+def test_captured_sampler_equals_eager(target: str, params: Any, kind: str) -> None:
+    """n-gram drafts (point masses): every decode step is verified by the captured sampler of its kind,
+    the verify step's and the one-token step's, and the tokens are the eager engine's."""
+    reference = LLM(target, dtype="float64", speculative_config=NGRAM)
+    eager = _ids(reference, params)
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, params) == eager
+    counts = [
+        (m.total.num_draft_tokens, m.total.num_accepted_tokens) for m in (llm.metrics, reference.metrics)
+    ]
+    assert counts[0] == counts[1] and counts[0][0] > 0  # drafts verified and accepted alike
+    calls = _replays(llm)
+    other = "sampled" if kind == "greedy" else "greedy"
+    assert calls[K + 1, kind] > 0 and calls[1, kind] > 0, calls  # steps with drafts and without
+    assert calls[K + 1, other] == calls[1, other] == 0, calls
+    samplers = _samplers(llm)
+    assert samplers[1, kind].replays > 0  # a replayed graph, not only the eager calls above the largest
+
+
+def test_plain_decoding_verifies_in_its_graph(target: str) -> None:
+    """Without a drafter the one-token step is the captured one, and its sampler too."""
+    eager = _ids(LLM(target, dtype="float64"), SAMPLED)
+    llm = LLM(target, dtype="float64", backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, SAMPLED) == eager
+    captured = llm.engine.captured
+    assert captured is not None and captured.q == 1 and captured.verify is not None
+    assert captured.verify.runners["sampled"].replays > 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=5, seed=3, max_tokens=12),
+        SamplingParams(temperature=0.8, top_p=0.8, seed=3, max_tokens=12),
+        SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3),
+    ],
+    ids=["top-k", "top-p", "logits-processor"],
+)
+def test_steps_outside_the_graphs_verify_eagerly(target: str, params: SamplingParams) -> None:
+    """Top-k, top-p and logits processors are not captured: those steps verify eagerly after the
+    forward's replay (no sampler graph runs), with the eager engine's tokens."""
+    eager = _ids(LLM(target, dtype="float64", speculative_config=NGRAM), params)
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, params) == eager
+    assert not any(_replays(llm).values())
+    plain = llm.engine.captured_plain
+    assert plain is not None and plain.graph.replays > 0  # forwards replayed, samplers not
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "kinds"),
+    [
+        ("strict", GREEDY, {"greedy"}),
+        ("strict", SAMPLED, {"sampled"}),  # argmax drafts: point masses
+        ("probabilistic", SAMPLED, set()),  # sampled drafts with their probabilities
+    ],
+    ids=["greedy", "sampled-point-masses", "sampled-with-probabilities"],
+)
+def test_eagle3_drafts_verify_in_the_graph_unless_they_carry_probabilities(
+    target: str, tmp_path: Path, method: str, params: SamplingParams, kinds: set[str]
+) -> None:
+    """EAGLE-3: argmax drafts (``strict``) go through the captured sampler of the batch's kind; sampled
+    drafts carry their probabilities and are verified eagerly. Every case has the eager engine's tokens."""
+    spec = {
+        "adaptive_draft_length": False,
+        "method": "eagle3",
+        "model": write_eagle3(tmp_path / "e3", target, "speculators", aux_ids=[0, 1, 2]),
+        "num_speculative_tokens": K,
+        "rejection_sample_method": method,
+    }
+    eager = _ids(LLM(target, dtype="float64", speculative_config=spec), params)
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, params) == eager
+    assert {kind for (q, kind), n in _replays(llm).items() if q == K + 1 and n} == kinds
+
+
+def test_a_captured_step_reads_the_device_once(target: str) -> None:
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=StrictGraphs(), max_num_seqs=4)
+    counts = host_reads.reads_per_decode_step(llm, PROMPTS, SAMPLED)
+    assert counts and max(counts) == 1, counts
+    assert sum(_replays(llm).values()) > 0
+
+
+def test_the_strict_driver_refuses_host_reads_and_host_data() -> None:
+    """Negative controls of the driver the tests above rely on: a callable that reads a value back, or
+    makes a tensor from a list, fails at capture; a lenient driver lets both through."""
+
+    def reads(x: torch.Tensor) -> torch.Tensor:
+        return x * int(x.sum().item())
+
+    def copies(x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tensor([1.0] * x.shape[0])
+
+    for fn in (reads, copies):
+        example = {"x": torch.ones(4)}
+        with pytest.raises(GraphUnsafeCall, match="inside a captured graph"):
+            PaddedGraphRunner(fn, (2, 4), SimulatedGraphDriver(strict=True), progress=False).capture(example)
+        PaddedGraphRunner(fn, (2, 4), SimulatedGraphDriver(), progress=False).capture(example)
+
+
+def test_a_sampler_that_cannot_be_captured_is_refused_by_name(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verify = CapturedVerify._verify
+
+    def reading(self: CapturedVerify, *args: Any) -> torch.Tensor:
+        out = verify(self, *args)
+        return out + int(out.sum().item()) * 0
+
+    monkeypatch.setattr(CapturedVerify, "_verify", reading)
+    with pytest.raises(GraphCaptureError, match=r"rejection sampler.*enforce_eager=True"):
+        LLM(target, dtype="float64", speculative_config=NGRAM, backend=StrictGraphs(), max_num_seqs=4)
+
+
+def test_without_graphs_left_the_sampler_runs_eagerly(target: str) -> None:
+    """A backend whose graphs are spent by the forwards (Ascend's streams) captures no sampler; steps
+    verify eagerly after the replayed forward, with the same tokens."""
+    backend = StrictGraphs(graphs=2)
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=backend, max_num_seqs=4)
+    assert llm.engine.captured is not None and llm.engine.captured.verify is None
+    assert llm.engine.captured_plain is not None and llm.engine.captured_plain.verify is None
+    eager = _ids(LLM(target, dtype="float64", speculative_config=NGRAM), GREEDY)
+    assert _ids(llm, GREEDY) == eager
+    assert llm.engine.captured_plain.graph.replays > 0
