@@ -221,3 +221,47 @@ def test_without_graphs_left_the_sampler_runs_eagerly(target: str) -> None:
     eager = _ids(LLM(target, dtype="float64", speculative_config=NGRAM), GREEDY)
     assert _ids(llm, GREEDY) == eager
     assert llm.engine.captured_plain.graph.replays > 0
+
+
+RULES = {
+    "standard": {"rejection_sample_method": "standard"},
+    "block": {"rejection_sample_method": "block"},
+    "synthetic": {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5},
+    "fly": {"rejection_sample_method": "fly"},
+}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("params", [GREEDY, MIXED], ids=["greedy", "mixed"])
+def test_every_rule_verifies_in_the_graph_as_eagerly(target: str, rule: str, params: Any) -> None:
+    """Block verification, synthetic acceptance and FLy run inside the sampler's graphs too (no host
+    read there: the strict driver would refuse it), with the eager engine's tokens."""
+    spec = {**NGRAM, **RULES[rule]}
+    eager = _ids(LLM(target, dtype="float64", speculative_config=spec), params)
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, params) == eager
+    assert sum(n for (q, _), n in _replays(llm).items() if q == K + 1) > 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"enable_entropy_verify": True, "posterior_threshold": 0.5, "posterior_alpha": 0.3},  # lossy
+        {"enable_block_verify": True, "block_verify_mode": "cumulative"},  # vllm-ascend's rule (lossy)
+    ],
+    ids=["entropy", "cumulative"],
+)
+def test_lossy_rules_verify_in_the_graph_as_eagerly(target: str, config: dict[str, Any]) -> None:
+    additional = {"rejection_sampler_config": config}
+    eager = LLM(target, dtype="float64", speculative_config=NGRAM, additional_config=additional)
+    llm = LLM(
+        target,
+        dtype="float64",
+        speculative_config=NGRAM,
+        additional_config=additional,
+        backend=StrictGraphs(),
+        max_num_seqs=4,
+    )
+    assert llm.engine.verifier.sampler.mode_name != "standard"  # the rule asked for
+    assert _ids(llm, MIXED) == _ids(eager, MIXED)
+    assert sum(n for (q, _), n in _replays(llm).items() if q == K + 1) > 0
