@@ -134,9 +134,10 @@ def check_speculation_is_lossless(llm: LLM) -> list[list[int]]:
 
 
 class CapturingReference(ReferenceBackend):
-    """The reference backend with graph capture on over the simulated driver: captured verify steps feed
-    every request K+1 tokens (placeholders past its drafts), padded to the capture size, and read whole
-    cache slots. ``runners`` counts their replays."""
+    """The reference backend with graph capture on over the strict simulated driver (a host read inside a
+    captured callable raises, as a device graph refuses or freezes it): captured verify steps feed every
+    request K+1 tokens (placeholders past its drafts), padded to the capture size, and read whole cache
+    slots. ``runners`` counts their replays."""
 
     name = "simulated-graphs"
 
@@ -147,6 +148,6 @@ class CapturingReference(ReferenceBackend):
         return CapturePolicy(max_capture_size=16, graph_budget=None, enabled=True)
 
     def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
+        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(strict=True), progress=False)
         self.runners.append(runner)
         return runner

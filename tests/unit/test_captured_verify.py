@@ -10,16 +10,15 @@ per decode step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_engine_graphs import NGRAM, PROMPTS, K, SimulatedGraphBackend
 
-from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
+from spec_backend.backends.base import CapturePolicy
 from spec_backend.backends.graph_common import GraphUnsafeCall, PaddedGraphRunner, SimulatedGraphDriver
-from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.runtime.captured import GraphCaptureError
 from spec_backend.runtime.captured_verify import CapturedVerify
@@ -27,19 +26,6 @@ from spec_backend.testing import host_reads
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 from spec_backend.tools.tiny import make_tiny_model
 
-PROMPTS = [
-    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
-    [40, 41, 42],
-    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-]
-K = 3
-NGRAM = {
-    "adaptive_draft_length": False,
-    "method": "ngram",
-    "num_speculative_tokens": K,
-    "prompt_lookup_max": 3,
-    "prompt_lookup_min": 1,
-}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 SAMPLED = SamplingParams(temperature=0.8, seed=3, max_tokens=16)
 MIXED = [
@@ -49,24 +35,20 @@ MIXED = [
 ]
 
 
-class StrictGraphs(ReferenceBackend):
-    """The reference backend with graphs on, over the strict simulated driver; ``graphs``: how many
-    graph runners it makes before its capture policy reports none left (``None``: no limit)."""
+class StrictGraphs(SimulatedGraphBackend):
+    """The simulated graphs over the strict driver; ``graphs``: how many graph runners it makes before
+    its capture policy reports none left (``None``: no limit)."""
 
     name = "strict-simulated-graphs"
+    strict = True
 
     def __init__(self, graphs: int | None = None) -> None:
-        self.runners: list[PaddedGraphRunner] = []
+        super().__init__()
         self.graphs = graphs
 
     def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
         spent = self.graphs is not None and len(self.runners) >= self.graphs
         return CapturePolicy(max_capture_size=2 * (K + 1), graph_budget=0 if spent else None, enabled=True)
-
-    def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(strict=True), progress=False)
-        self.runners.append(runner)
-        return runner
 
 
 @pytest.fixture(scope="module")

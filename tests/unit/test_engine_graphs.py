@@ -39,9 +39,12 @@ NGRAM = {
 
 
 class SimulatedGraphBackend(ReferenceBackend):
-    """The reference backend with graph capture on, over the simulated driver."""
+    """The reference backend with graph capture on, over the strict simulated driver: a host read, or a
+    tensor made from host data, inside a captured callable raises (``GraphUnsafeCall``), as a device
+    graph refuses or freezes it."""
 
     name = "simulated-graphs"
+    strict = True
 
     def __init__(self) -> None:
         self.runners: list[PaddedGraphRunner] = []
@@ -50,7 +53,7 @@ class SimulatedGraphBackend(ReferenceBackend):
         return CapturePolicy(max_capture_size=2 * (K + 1), graph_budget=None, enabled=True)
 
     def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(), progress=False)
+        runner = PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(self.strict), progress=False)
         self.runners.append(runner)
         return runner
 
