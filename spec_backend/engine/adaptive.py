@@ -28,15 +28,17 @@ batch of ``B``: the tokens a step emits over its cost, in plain steps.
   code edit's) and drifts with the load, so lengths timed during different prompts compared prompts
   (plain decoding once measured 18 ms during code edits against 11 ms for one draft during chat, and one
   draft was chosen where it verified almost none).
-* **Measuring.** Plain decoding is measured first, then ``K`` until its drafts have been timed; now and
-  then the extreme not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load is
-  noticed (and, while drafting is chosen, plain decoding is timed anew): first after ``EXPLORE_EVERY``
-  steps, then twice as long after each re-measurement that left the choice as it was (up to
-  ``EXPLORE_MAX``), and ``EXPLORE_EVERY`` again after one that changed it (one during which the batch
-  size changed leaves the period as it was). On open chat, where drafts rarely pay, a fixed period spent
-  3 steps in 32 verifying K drafts for nothing (~5 % of the time); and no re-measurement starts from
-  plain decoding while the acceptance (which shadows keep measured) says drafting would not pay even if
-  draft rows cost nothing: its cost could not change the choice.
+* **Measuring.** Plain decoding is measured first, then ``K`` until its drafts have been timed — with a
+  drafter that shadows, only once shadows have decided drafts and the acceptances and reach say drafting would
+  pay were draft rows free (on open chat it may never be: each verify step timing ``K`` drafts cost ~1.5 plain
+  steps for nothing on the AVX2 demo machine, a fresh engine ~0.6 % of a 96-token chat reply); now and then
+  the extreme not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load is noticed (and,
+  while drafting is chosen, plain decoding is timed anew): first after ``EXPLORE_EVERY`` steps, then twice as
+  long after each re-measurement that left the choice as it was (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY``
+  again after one that changed it (one during which the batch size changed leaves the period as it was). On
+  open chat, where drafts rarely pay, a fixed period spent 3 steps in 32 verifying K drafts for nothing (~5 %
+  of the time); and no re-measurement starts from plain decoding while the acceptance (which shadows keep
+  measured) says drafting would not pay even if draft rows cost nothing: its cost could not change the choice.
 * **Holding.** Once plain decoding is chosen by the measured rates, the steps up to the next one that must
   decide (a shadow due, the next re-measurement, a change of batch) are held (``hold``, ``held``): they
   choose plain decoding without deciding, and the engine skips the drafter for them when it
@@ -82,6 +84,8 @@ MIN_SAMPLES = 2
 REFERENCE_AGE = 8
 #: weight of a new plain step in the reference (recent plain steps count: the context and the load drift)
 REFERENCE_WEIGHT = 0.5
+#: a step never reached
+NEVER = 2**62
 #: consecutive steps one re-measurement lasts: the drafts of the step that switches are verified by the
 #: next one, so a one-step exploration timed nothing
 EXPLORE_HOLD = MIN_SAMPLES + 1
@@ -154,9 +158,15 @@ class AdaptiveDraftLength:
     #: drafts proposed and not verified, checked against the tokens that follow (shadow_drafts)
     shadows: ShadowDrafts = field(default_factory=ShadowDrafts)
     last_shadow: int = -(2**62)  # the step that recorded shadows last
-    settled: bool = False  # the last choice was plain decoding by the measured rates, no re-measurement
+    #: after a choice of plain decoding that only shadows can change (``hold``): the step until which no
+    #: re-measurement is due (``None``: the last choice was another)
+    settled: int | None = None
     hold_until: int = 0  # held steps (``hold``) last while ``steps + 1`` is below it
-    hold_batch: int = 0  # the batch size the hold was set for
+    hold_batch: int = 0  # the batch size of the last choice
+    hold_ids: tuple[str, ...] = ()  # the requests the hold was set for
+    #: whether the drafter shadows (``Drafter.can_shadow``): then drafting is first timed only once the
+    #: shadows' acceptance says it could pay (module docstring)
+    shadowed: bool = False
 
     @property
     def mean_acceptance(self) -> float:
@@ -182,53 +192,58 @@ class AdaptiveDraftLength:
         request, whose drafts are verified every step, so none of its steps is a plain step to time
         drafting against: everyone keeps ``K`` (before, its greedy requests were held at 0 for good)."""
         self.steps += 1
-        self.settled, self.hold_batch = False, batch
+        self.settled, self.hold_batch = None, batch
         if not acceptances or mixed or self.k == 0:
             return self.k
         measured = self.batch(batch)
+        tokens = self.tokens(batch, acceptances)
+        unseen = not self.drafted or max(tokens) < MARGIN * tokens[0]  # no draft decided yet, or they
+        if measured.samples < MIN_SAMPLES and self.shadowed and unseen:  # would not pay even at no cost
+            self.settled = NEVER  # not worth timing (yet): shadows will tell
+            return self._chose(0)
         fresh = self.steps - measured.reference_step <= REFERENCE_AGE
         if measured.plain < MIN_SAMPLES or (measured.samples < MIN_SAMPLES and not fresh):
             return self._chose(0)  # plain decoding first: drafting is timed against it
         if measured.samples < MIN_SAMPLES:
             return self._chose(self.k)
-        tokens = self.tokens(batch, acceptances)
         rates = [t / self.cost(batch, k) for k, t in enumerate(tokens)]
         best = max(range(self.k + 1), key=rates.__getitem__)
         if rates[best] < MARGIN * rates[0]:
             best = 0  # a predicted gain inside the noise of the measurements
         free = max(tokens) >= MARGIN * tokens[0]  # whether drafting would pay were draft rows free
         chosen = self._explored(batch, best, free)
-        self.settled = not chosen and self.explored_from is None
+        self.settled = self.next_explore if not chosen and self.explored_from is None else None
         return self._chose(chosen)
 
     def hold(self, requests: Sequence[ShadowRequest], shadowed: bool) -> None:
-        """After ``choose``: where it chose plain decoding by the measured rates, the steps up to the next
-        one that must decide are *held* (``held``), so the engine can skip the policy and the drafter for
-        them (``EngineCore.holds_plain``). Held steps choose what ``choose`` would: while nothing is
-        drafted or verified, the costs stay as they are, and the acceptances move only with shadows; a
-        shadow that accepts nothing only lowers them (every draft length's expected tokens fall, plain
-        decoding's stay), and one that accepts ends the hold. It lasts until the next re-measurement and,
-        when the drafter shadows (``shadowed``), the first step at which one of ``requests`` (the batch's
-        greedy requests) is due a shadow; a change of batch ends it (``end_hold``)."""
+        """After ``choose``: where it chose plain decoding by the measured rates, the steps up to the next one
+        that must decide are *held* (``held``), so the engine can skip the policy and the drafter for them
+        (``EngineCore.holds_plain``). Held steps choose what ``choose`` would: while nothing is drafted or
+        verified, the costs stay as they are, and the acceptances move only with shadows; a shadow that
+        accepts nothing only lowers them (every draft length's expected tokens fall, plain decoding's stay),
+        and one that accepts ends the hold. It lasts until the next re-measurement (none is due while drafting
+        waits for shadows before it is first timed) and, when the drafter shadows (``shadowed``), the first
+        step at which one of ``requests`` (the batch's greedy requests) is due a shadow; a change of batch
+        ends it (``end_hold``)."""
         self.hold_until = 0
-        if not self.settled:
-            return
-        until = self.next_explore
+        if self.settled is None or len(requests) != self.hold_batch:
+            return  # also a batch with finished or sampled requests
+        until = self.settled
         if shadowed:
             for request in requests:
                 due = self.shadows.due_step(request.request_id)
                 if due is None:
                     return  # due now
                 until = min(until, due)
-        self.hold_until = until
+        self.hold_until, self.hold_ids = until, tuple(r.request_id for r in requests)
 
     def held(self, requests: Sequence[ShadowRequest]) -> bool:
         """Whether the next step of ``requests`` is held (``hold``): then it counts as a step that chose
         plain decoding, and its shadows' outcomes are counted as ``choose`` would count them."""
-        if self.steps + 1 >= self.hold_until or len(requests) != self.hold_batch:
+        if self.steps + 1 >= self.hold_until or len(requests) != len(self.hold_ids):
             return False
-        if any(r.finished for r in requests):  # they leave after this step: the batch changes
-            return False
+        if any(r.finished or r.request_id != i for r, i in zip(requests, self.hold_ids, strict=True)):
+            return False  # finished ones leave after this step, or another batch (a request retried alone)
         if self.shadows.open:  # as ``EngineCore.plan_draft_length`` resolves them
             drafted, accepted = self.shadows.resolve(requests)
             self.drafted += drafted

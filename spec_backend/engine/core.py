@@ -85,6 +85,8 @@ class EngineCore:
         self.captured_plain: CapturedDecode | None = None  # a chain engine's one-token step (no drafts)
         self.prefix = prefix  # automatic prefix caching (engine/prefix.py), None when off
         self.adaptive = adaptive if self.k else None  # greedy requests' draft length per step (adaptive.py)
+        if self.adaptive is not None and drafter is not None and tree is None:
+            self.adaptive.shadowed = drafter.can_shadow
         self.confidence = confidence if self.k else None  # drafts verified per request (confidence.py)
         self.tree = tree if self.k else None  # a token tree drafted and verified each step
         if self.confidence is not None and self.adaptive is not None:
@@ -293,11 +295,10 @@ class EngineCore:
         if self.drafter is None:
             return
         if self.drafter.defers_follow:  # the held steps' tokens (a suffix proposer caches the whole
-            # response when the request leaves)
+            # response when the request leaves); its output is complete: a failure is the drafter's alone
             error = self.drafter.take_tokens([request], [request.unseen_tokens()])[0]
-            if error is not None and report:
-                request.fail(error)
-                report = False
+            if error is not None:
+                logger.error("drafter failed to take request %s's last tokens: %s", request.request_id, error)
         try:
             if report:
                 request.kv_transfer_params = self.drafter.finish_request(request)

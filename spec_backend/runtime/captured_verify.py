@@ -129,6 +129,11 @@ class CapturedVerify:
         }
         self.runners: dict[str, GraphRunner] = {}  # the kinds captured (a backend short of graphs: fewer)
         for kind in KIND_FLAGS:
+            budget = sampler.group_elements  # a sampled batch past it is verified in groups, on the host
+            if kind == "sampled" and budget is not None and largest * vocab > budget:
+                logger.info("sampled steps verify eagerly: %d x %d logits exceed the sampler's groups of "
+                            "%d elements", largest, vocab, budget)  # fmt: skip
+                continue
             if backend.capture_policy().graph_budget == 0:
                 logger.warning("the %s backend has no graphs left: %s steps verify eagerly", backend.name,
                                kind)  # fmt: skip

@@ -103,9 +103,26 @@ def test_drafts_that_cost_and_never_pay_are_turned_off_for_greedy_requests(targe
     plain = LLM(target, dtype="float64").generate([PROMPTS[0]], params)[0].outputs[0].token_ids
     assert got == plain  # greedy: the output does not depend on the draft length
     adaptive = llm.engine.adaptive
-    # plain decoding first, then K (the first step of each verifies the length before it: no sample)
-    assert adaptive is not None and adaptive.chosen[: 2 * MIN_SAMPLES + 2] == MEASURED
+    # plain decoding first, then K while the n-gram's shadows say it could pay (the first step of each
+    # verifies the length before it: no sample); the verified drafts refute it before it is timed twice
+    assert adaptive is not None and adaptive.chosen[: MIN_SAMPLES + 1] == [0] * (MIN_SAMPLES + 1)
+    assert 0 < adaptive.chosen.count(K) <= MIN_SAMPLES + 1, adaptive.chosen
     assert sum(1 for k in adaptive.chosen[-20:] if k) <= 1  # off, but for one measurement
+
+
+def test_drafting_is_not_timed_before_shadows_say_it_could_pay(target: str) -> None:
+    """A drafter that shadows, with drafts that never pay: once a shadow is decided the acceptance says
+    drafting would not pay even at no cost, and K is never verified just to time it (each such step cost
+    ~1.5 plain steps on open chat). A drafter that cannot shadow still times K first (the next test)."""
+    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
+    _charged(llm, 0.2, wrong=True)
+    adaptive = llm.engine.adaptive
+    assert adaptive is not None and adaptive.shadowed
+    adaptive.drafted, adaptive.accepted = 200, 0  # an engine whose drafts were refuted so far
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert set(adaptive.chosen) == {0}
+    assert llm.metrics.total.num_drafts == 1  # the prefill's, planned at K before any choice
+    assert adaptive.batches[1].samples == 0  # drafting never timed
 
 
 def _self_drafting(target: str) -> LLM:

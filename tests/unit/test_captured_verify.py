@@ -22,6 +22,7 @@ from spec_backend.backends.graph_common import GraphUnsafeCall, PaddedGraphRunne
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.runtime.captured import GraphCaptureError
 from spec_backend.runtime.captured_verify import CapturedVerify
+from spec_backend.sampling.tuning import SamplerTuning
 from spec_backend.testing import host_reads
 from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
 from spec_backend.tools.tiny import make_tiny_model
@@ -40,7 +41,6 @@ class StrictGraphs(SimulatedGraphBackend):
     its capture policy reports none left (``None``: no limit)."""
 
     name = "strict-simulated-graphs"
-    strict = True
 
     def __init__(self, graphs: int | None = None) -> None:
         super().__init__()
@@ -247,3 +247,37 @@ def test_lossy_rules_verify_in_the_graph_as_eagerly(target: str, config: dict[st
     assert llm.engine.verifier.sampler.mode_name != "standard"  # the rule asked for
     assert _ids(llm, MIXED) == _ids(eager, MIXED)
     assert sum(n for (q, _), n in _replays(llm).items() if q == K + 1) > 0
+
+
+class GroupedSampler(StrictGraphs):
+    """A backend whose sampler verifies sampled batches above ``elements`` logits in groups of requests
+    (``SamplerTuning.group_elements``: built on the host, so not capturable)."""
+
+    def __init__(self, elements: int) -> None:
+        super().__init__()
+        self.elements = elements
+
+    def sampler_tuning(self) -> SamplerTuning:
+        return SamplerTuning(group_elements=self.elements)
+
+
+def test_a_sampler_that_verifies_in_groups_keeps_sampled_steps_eager(target: str) -> None:
+    """Groups are cut on the host from the batch's logits: the sampled kind is not captured where the
+    largest step's logits would be grouped (it failed the engine's start-up: a host read inside the
+    capture), greedy steps (never grouped) still are, and the tokens are the eager engine's."""
+    vocab = 128  # the tiny model's
+    llm = LLM(
+        target, dtype="float64", speculative_config=NGRAM, backend=GroupedSampler(3 * vocab), max_num_seqs=4
+    )
+    captured = llm.engine.captured
+    assert captured is not None and captured.verify is not None
+    assert set(captured.verify.runners) == {"greedy"}  # 8 rows of 128 logits > 3 x 128
+    assert llm.engine.captured_plain is not None and llm.engine.captured_plain.verify is not None
+    assert set(llm.engine.captured_plain.verify.runners) == {"greedy"}  # 4 rows > 3 x 128 too
+    eager = LLM(target, dtype="float64", speculative_config=NGRAM)
+    assert _ids(llm, MIXED) == _ids(eager, MIXED)
+    roomy = LLM(
+        target, dtype="float64", speculative_config=NGRAM, backend=GroupedSampler(8 * vocab), max_num_seqs=4
+    )
+    assert roomy.engine.captured is not None and roomy.engine.captured.verify is not None
+    assert set(roomy.engine.captured.verify.runners) == {"greedy", "sampled"}  # negative control: fits

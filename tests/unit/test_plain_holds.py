@@ -168,7 +168,7 @@ def _settled() -> AdaptiveDraftLength:
         policy.observe(1, 0, 1.0, [0], 0)
     policy.observe(1, K, 2.0, [K], 0)
     policy.observe(1, K, 2.0, [K], 0)
-    assert policy.choose(1, [0.1]) == 0 and policy.settled
+    assert policy.choose(1, [0.1]) == 0 and policy.settled is not None
     return policy
 
 
@@ -208,11 +208,44 @@ def test_a_hold_ends_with_the_batch_and_with_a_shadow_that_pays() -> None:
     assert not policy.held([request])
 
 
+def test_a_hold_is_for_its_requests_not_any_batch_of_their_size() -> None:
+    """A group retried request by request after a failure decides at batch 1 for each: a hold set for
+    one request does not hold another (its own choice and shadows may differ)."""
+    policy, request = _settled(), _Request("a")
+    policy.shadows.record(request, [], step=1)
+    policy.hold([request], shadowed=True)
+    other = _Request("b")
+    assert not policy.held([other]) and policy.held([request])
+
+
+def test_a_drafter_failing_on_the_last_tokens_leaves_the_output_whole(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Speculation off: the proposer is handed the tokens as the request leaves, and fails there. The
+    request's output is complete and stays as it ended (``length``); the failure is the drafter's, logged
+    with the request and the proposer's message."""
+    llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
+    llm.set_speculation(False)
+    proposer: Any = llm.engine.drafter.proposer  # type: ignore[union-attr]
+    update = proposer.update
+
+    def failing(request_id: str, tokens: Any) -> None:
+        if len(tokens) > 1:  # the held steps' tokens, as the request leaves
+            raise RuntimeError("index full")
+        update(request_id, tokens)
+
+    proposer.update = failing
+    with caplog.at_level("ERROR", logger="spec_backend.engine"):
+        out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 12
+    assert f"request {out.request_id}'s last tokens" in caplog.text and "index full" in caplog.text
+
+
 def test_no_hold_before_the_costs_are_measured_nor_while_drafting() -> None:
     fresh, request = AdaptiveDraftLength(K), _Request("a")
     fresh.shadows.record(request, [], step=0)
-    assert fresh.choose(1, [0.1]) == 0 and not fresh.settled  # plain decoding measured first
+    assert fresh.choose(1, [0.1]) == 0 and fresh.settled is None  # plain decoding measured first
     fresh.hold([request], shadowed=True)
     assert not fresh.held([request])
     policy = _settled()
-    assert policy.choose(1, [1.0]) == K and not policy.settled
+    assert policy.choose(1, [1.0]) == K and policy.settled is None
