@@ -164,6 +164,7 @@ class AdaptiveDraftLength:
     hold_until: int = 0  # held steps (``hold``) last while ``steps + 1`` is below it
     hold_batch: int = 0  # the batch size of the last choice
     hold_ids: tuple[str, ...] = ()  # the requests the hold was set for
+    held_steps: int = 0  # steps held so far (for benchmarks and logs)
     #: whether the drafter shadows (``Drafter.can_shadow``): then drafting is first timed only once the
     #: shadows' acceptance says it could pay (module docstring)
     shadowed: bool = False
@@ -252,6 +253,7 @@ class AdaptiveDraftLength:
                 self.hold_until = 0
                 return False
         self.steps += 1
+        self.held_steps += 1
         self._chose(0)
         return True
 
