@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 from test_engine_graphs import NGRAM, PROMPTS, K, SimulatedGraphBackend
+from test_step_syncs import PARAMS as SYNC_PARAMS
+from test_step_syncs import SPECS
 
 from spec_backend.backends.base import CapturePolicy
 from spec_backend.backends.graph_common import GraphUnsafeCall, PaddedGraphRunner, SimulatedGraphDriver
@@ -281,3 +283,18 @@ def test_a_sampler_that_verifies_in_groups_keeps_sampled_steps_eager(target: str
     )
     assert roomy.engine.captured is not None and roomy.engine.captured.verify is not None
     assert set(roomy.engine.captured.verify.runners) == {"greedy", "sampled"}  # negative control: fits
+
+
+@pytest.mark.parametrize("params", ["greedy", "sampled"])
+@pytest.mark.parametrize("method", [m for m in SPECS if m != "plain"])
+def test_every_drafter_through_the_captured_step_equals_eager(
+    target: str, tmp_path: Path, method: str, params: str
+) -> None:
+    """#38's acceptance on every drafter: greedy and seeded sampled output through the strict simulated
+    graphs (the forwards and the sampler captured) equal the eager engine's, token for token."""
+    spec = SPECS[method](target, tmp_path)
+    sampling = SYNC_PARAMS[params]
+    eager = _ids(LLM(target, dtype="float64", speculative_config=spec), sampling)
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=StrictGraphs(), max_num_seqs=4)
+    assert _ids(llm, sampling) == eager
+    assert llm.engine.captured is not None and llm.engine.captured.verify is not None
