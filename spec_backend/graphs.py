@@ -113,3 +113,9 @@ def padded_size(num_tokens: int, capture_sizes: Iterable[int]) -> int | None:
     """The smallest captured size that holds ``num_tokens``; ``None`` means run eagerly."""
     fitting = [s for s in capture_sizes if s >= num_tokens]
     return min(fitting) if fitting else None
+
+
+class GraphCaptureError(RuntimeError):
+    """A model's decode step (or its sampler) could not be captured as graphs (e.g. an op that copies from
+    the host, such as torch's float32 ``grouped_mm`` behind transformers' mixture-of-experts layers on
+    CUDA); ``spec_backend.runtime.captured`` raises it, naming ``enforce_eager=True``."""

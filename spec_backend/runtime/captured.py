@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.backends.base import Backend, GraphRunner
-from spec_backend.graphs import padded_size, plan_capture_sizes
+from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
 from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput
@@ -183,11 +183,6 @@ def maybe_capture(
             f"capturing the decode step of {type(runner.model).__name__} as graphs on the {backend.name} "
             f"backend failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
         ) from exc
-
-
-class GraphCaptureError(RuntimeError):
-    """A model's decode step could not be captured as graphs (e.g. an op that copies from the host, such
-    as torch's float32 ``grouped_mm`` behind transformers' mixture-of-experts layers on CUDA)."""
 
 
 __all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture"]

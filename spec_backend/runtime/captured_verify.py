@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.runtime.captured import GraphCaptureError
+from spec_backend.graphs import GraphCaptureError
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingFlags, SamplingMetadata
 
