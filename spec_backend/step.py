@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from spec_backend.sampling.metadata import SpecDecodeMetadata
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 
 
 @dataclass(frozen=True)
@@ -343,6 +343,13 @@ class StepPlanned(Protocol):
     def crop(self, tokens_to_remove: int) -> None: ...
 
 
+def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64
+    """Each request's drafts before its first placeholder, from the query tokens ``[B, 1 + K]`` (the
+    last token, then the drafts)."""
+    drafts = tokens[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, K]
+    return torch.cumprod(drafts.to(torch.int64), dim=1).sum(dim=1)
+
+
 __all__ = [
     "HiddenStateRequest",
     "RaggedAttentionMetadata",
@@ -353,4 +360,5 @@ __all__ = [
     "build_step_batch",
     "build_tree_batch",
     "build_tree_step_batch",
+    "valid_drafts",
 ]

@@ -162,7 +162,6 @@ class AdaptiveDraftLength:
     #: re-measurement is due (``None``: the last choice was another)
     settled: int | None = None
     hold_until: int = 0  # held steps (``hold``) last while ``steps + 1`` is below it
-    hold_batch: int = 0  # the batch size of the last choice
     hold_ids: tuple[str, ...] = ()  # the requests the hold was set for
     held_steps: int = 0  # steps held so far (for benchmarks and logs)
     #: whether the drafter shadows (``Drafter.can_shadow``): then drafting is first timed only once the
@@ -193,7 +192,7 @@ class AdaptiveDraftLength:
         request, whose drafts are verified every step, so none of its steps is a plain step to time
         drafting against: everyone keeps ``K`` (before, its greedy requests were held at 0 for good)."""
         self.steps += 1
-        self.settled, self.hold_batch = None, batch
+        self.settled = None
         if not acceptances or mixed or self.k == 0:
             return self.k
         measured = self.batch(batch)
@@ -224,11 +223,11 @@ class AdaptiveDraftLength:
         accepts nothing only lowers them (every draft length's expected tokens fall, plain decoding's stay),
         and one that accepts ends the hold. It lasts until the next re-measurement (none is due while drafting
         waits for shadows before it is first timed) and, when the drafter shadows (``shadowed``), the first
-        step at which one of ``requests`` (the batch's greedy requests) is due a shadow; a change of batch
-        ends it (``end_hold``)."""
+        step at which one of ``requests`` (the whole batch: every request greedy and unfinished) is due a
+        shadow; a change of batch ends it (``end_hold``)."""
         self.hold_until = 0
-        if self.settled is None or len(requests) != self.hold_batch:
-            return  # also a batch with finished or sampled requests
+        if self.settled is None:
+            return
         until = self.settled
         if shadowed:
             for request in requests:
@@ -245,13 +244,9 @@ class AdaptiveDraftLength:
             return False
         if any(r.finished or r.request_id != i for r, i in zip(requests, self.hold_ids, strict=True)):
             return False  # finished ones leave after this step, or another batch (a request retried alone)
-        if self.shadows.open:  # as ``EngineCore.plan_draft_length`` resolves them
-            drafted, accepted = self.shadows.resolve(requests)
-            self.drafted += drafted
-            self.accepted += accepted
-            if accepted:  # the acceptances rose: decide
-                self.hold_until = 0
-                return False
+        if self.shadows.open and self.resolve_shadows(requests):  # the acceptances rose: decide
+            self.hold_until = 0
+            return False
         self.steps += 1
         self.held_steps += 1
         self._chose(0)
@@ -329,11 +324,13 @@ class AdaptiveDraftLength:
         measured.slope = measured.slope + EMA_WEIGHT * (slope - measured.slope) if measured.samples else slope
         measured.samples += 1
 
-    def resolve_shadows(self, requests: Sequence[ShadowRequest]) -> None:
-        """Count the shadows of ``requests`` that their tokens since decide (``shadow_drafts``)."""
+    def resolve_shadows(self, requests: Sequence[ShadowRequest]) -> int:
+        """Count the shadows of ``requests`` that their tokens since decide (``shadow_drafts``); the drafts
+        they accepted."""
         drafted, accepted = self.shadows.resolve(requests)
         self.drafted += drafted
         self.accepted += accepted
+        return accepted
 
     def observe_shadows(
         self, batch: int, requests: Sequence[ShadowRequest], drafts: Sequence[Sequence[int]]

@@ -183,8 +183,8 @@ class EngineCore:
         ]
         mixed = any(not r.finished and r.params.temperature != 0 for r in requests)
         self._next_k = self.adaptive.choose(len(requests), acceptances, mixed)
-        drafter = self.drafter
-        if drafter is not None and drafter.defers_follow and self.tree is None:
+        drafter, whole = self.drafter, len(greedy) == len(requests)  # else a request leaves or verifies
+        if drafter is not None and drafter.defers_follow and self.tree is None and whole:
             self.adaptive.hold(greedy, drafter.can_shadow)
 
     def holds_plain(self, requests: list[Request]) -> bool:

@@ -153,11 +153,4 @@ class PendingDrafts:
             self.ids = wider
 
 
-def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64
-    """Each request's drafts before its first placeholder, from the query tokens ``[B, 1 + K]`` (the
-    last token, then the drafts)."""
-    drafts = tokens[:, 1:] != PLACEHOLDER_TOKEN_ID  # [B, K]
-    return torch.cumprod(drafts.to(torch.int64), dim=1).sum(dim=1)
-
-
-__all__ = ["DecodeInputs", "PendingDrafts", "valid_drafts"]
+__all__ = ["DecodeInputs", "PendingDrafts"]

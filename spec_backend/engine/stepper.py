@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
-from spec_backend.engine.pending import DecodeInputs, valid_drafts
+from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.runtime.captured_verify import verify_kind
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
-from spec_backend.step import StepBatch, TargetOutput, build_step_batch
+from spec_backend.step import StepBatch, TargetOutput, build_step_batch, valid_drafts
 
 if TYPE_CHECKING:
     from spec_backend.engine.pending import PendingDrafts

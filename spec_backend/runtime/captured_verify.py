@@ -24,7 +24,7 @@ before capture for every captured size (inside a capture its host-to-device copi
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +32,7 @@ import torch
 from spec_backend.graphs import GraphCaptureError
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingFlags, SamplingMetadata
+from spec_backend.step import valid_drafts
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphFn, GraphRunner
@@ -56,49 +57,21 @@ def verify_kind(sampling: SamplingMetadata) -> str | None:
 
 @dataclass(frozen=True)
 class _Layout:
-    """``B`` requests with ``q - 1`` drafts each: the metadata's index tensors, and the sampling
-    parameters every request here has (no top-k, no top-p)."""
+    """``B`` requests with ``q - 1`` drafts each: the verification metadata (``SpecDecodeMetadata``'s
+    standard layout, its draft ids replaced each step) and the sampling parameters every request here has
+    (no top-k, no top-p)."""
 
-    batch: int
-    cu: torch.Tensor  # [B] int32
-    target_rows: torch.Tensor  # [T] int32
-    bonus_rows: torch.Tensor  # [B] int32
-    logits_rows: torch.Tensor  # [N] int32
-    request_index: torch.Tensor  # [T] int64
-    slot_index: torch.Tensor  # [T] int64
+    metadata: SpecDecodeMetadata
     top_k: torch.Tensor  # [B] int64 zeros
     top_p: torch.Tensor  # [B] float32 ones
 
     @classmethod
     def of(cls, batch: int, k: int, device: torch.device) -> _Layout:
-        q = k + 1
-        starts = torch.arange(batch, dtype=torch.int64, device=device) * q  # [B]
-        slots = torch.arange(k, dtype=torch.int64, device=device)  # [K]
-        target = (starts[:, None] + slots[None, :]).reshape(-1)  # [T]
+        ids = torch.zeros(batch * k, dtype=torch.int32, device=device)  # [T] replaced each step
         return cls(
-            batch=batch,
-            cu=(torch.arange(1, batch + 1, dtype=torch.int32, device=device) * k),
-            target_rows=target.to(torch.int32),
-            bonus_rows=(starts + k).to(torch.int32),
-            logits_rows=torch.arange(batch * q, dtype=torch.int32, device=device),
-            request_index=torch.arange(batch, device=device).repeat_interleave(k),
-            slot_index=slots.repeat(batch),
-            top_k=torch.zeros(batch, dtype=torch.int64, device=device),
-            top_p=torch.ones(batch, dtype=torch.float32, device=device),
-        )
-
-    def metadata(self, draft_ids: torch.Tensor, k: int) -> SpecDecodeMetadata:  # draft_ids [T] int32
-        return SpecDecodeMetadata(
-            draft_token_ids=draft_ids,
-            num_draft_tokens=[k] * self.batch,
-            cu_num_draft_tokens=self.cu,
-            target_logits_indices=self.target_rows,
-            bonus_logits_indices=self.bonus_rows,
-            logits_indices=self.logits_rows,
-            max_spec_len=k,
-            request_index=self.request_index,
-            slot_index=self.slot_index,
-            standard_layout=True,
+            SpecDecodeMetadata.from_layout(ids, [k] * batch, None),
+            torch.zeros(batch, dtype=torch.int64, device=device),
+            torch.ones(batch, dtype=torch.float32, device=device),
         )
 
 
@@ -168,13 +141,13 @@ class CapturedVerify:
         batch = tokens.shape[0] // q
         layout = self._layouts.get(batch) or _Layout.of(batch, k, tokens.device)  # eager above the largest
         grid = tokens.view(batch, q)  # [B, q]
-        drafts = grid[:, 1:]  # [B, K]
-        metadata = layout.metadata(drafts.reshape(-1).to(torch.int32), k)
+        # the indices as they are (``replace`` rebuilds nothing that is given: no host copy in the graph)
+        metadata = replace(layout.metadata, draft_token_ids=grid[:, 1:].reshape(-1).to(torch.int32))
         sampling = SamplingMetadata.prevalidated(
             temperature[::q], layout.top_k, layout.top_p, seeds[::q], positions[::q], flags
         )
         out = self.sampler(metadata, None, logits, sampling)  # [B, q] int32
-        valid = torch.cumprod((drafts != PLACEHOLDER_TOKEN_ID).to(torch.int64), dim=1).sum(dim=1)  # [B]
+        valid = valid_drafts(grid)  # [B]
         return torch.stack([out.to(torch.int64).reshape(-1), valid.repeat_interleave(q)], dim=1)
 
     @torch.no_grad()
