@@ -30,6 +30,7 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -89,9 +90,17 @@ def one_pass(
     return _checked(texts, tallies)
 
 
-def in_lockstep(engines: dict[str, Any], prompt: str, params: Any) -> dict[str, tuple[str, int, float]]:
+#: ``in_lockstep``'s per-step callback: (engine name, its LLM, its request, the request's tokens before the
+#: step, the drafts pending before it, the step's seconds)
+StepObserver = Callable[[str, Any, Any, int, int, float], None]
+
+
+def in_lockstep(
+    engines: dict[str, Any], prompt: str, params: Any, observe: StepObserver | None = None
+) -> dict[str, tuple[str, int, float]]:
     """``prompt`` on every engine at once, one engine step each in turn: name -> (text, decode tokens,
-    seconds of its decode steps). A step is a decode step when its request already had a token."""
+    seconds of its decode steps). A step is a decode step when its request already had a token;
+    ``observe`` is called after each one."""
     import time
 
     from spec_backend.engine.request import merge_samples
@@ -107,11 +116,15 @@ def in_lockstep(engines: dict[str, Any], prompt: str, params: Any) -> dict[str, 
         for name, llm in engines.items():
             if not llm.engine.has_unfinished():
                 continue
-            decoding = bool(requests[name][0].output_token_ids)
+            request = requests[name][0]
+            before, drafts = len(request.output_token_ids), llm.engine.pending.total
             start = time.perf_counter()
             llm.engine.step()
-            if decoding:
-                seconds[name] += time.perf_counter() - start
+            if before:  # a decode step
+                took = time.perf_counter() - start
+                seconds[name] += took
+                if observe is not None:
+                    observe(name, llm, request, before, drafts, took)
     result = {}
     for name, llm in engines.items():
         out = merge_samples(requests[name], llm.tokenizer)[0].outputs[0]
@@ -126,6 +139,14 @@ def _checked(texts: dict[str, list[str]], tallies: dict[str, dict[str, Any]]) ->
     return {name: {kind: t.rate for kind, t in by_kind.items()} for name, by_kind in tallies.items()}
 
 
+def isa_line(cap: str) -> str:
+    """The CPU's SIMD flags, the kernels' cap (``--isa``) and the cores: every CPU figure names its ISA."""
+    from spec_backend.cpu.isa import cpu_flags
+
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
+    return f"CPU flags: {' '.join(flags)}; kernels capped to: {cap}; {os.cpu_count()} cores"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--isa", choices=("avx2", "avx512", "native"), default="native")
@@ -137,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.isa != "native":
         os.environ["SPEC_BACKEND_ISA"] = args.isa
-    from spec_backend.cpu.isa import cpu_flags
     from spec_backend.engine import LLM
     from spec_backend.tools.demo import CHAT_PROMPTS
     from spec_backend.tools.prompts import code_edit_prompts
@@ -148,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "open chat": [chat_template(m) for m in CHAT_PROMPTS],
     }
     passes = [one_pass(prompt_sets, args.k, args.max_tokens, i, args.lockstep) for i in range(args.passes)]
-    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
-    print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
+    print(isa_line(args.isa))
     mode = "engines in lockstep" if args.lockstep else "engines in turn per prompt"
     setup = f"batch 1, greedy, K={args.k}, {args.max_tokens} tokens, {args.passes} passes, {mode}"
     print(f"{setup}: the median rate")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -33,34 +32,20 @@ def _step_kinds(
 ) -> tuple[dict[str, list[float]], int]:
     """Run ``prompts`` on both engines in lockstep; per kind of speculative step [steps, seconds, tokens]
     (and ``plain``'s), and the held steps."""
-    from spec_backend.engine.request import merge_samples
+    from bench_adaptive import in_lockstep
 
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
     adaptive = [llm.engine.adaptive for llm in engines.values() if llm.engine.adaptive is not None]
     held = -sum(a.held_steps for a in adaptive)
+
+    def observe(name: str, llm: Any, request: Any, before: int, drafts: int, seconds: float) -> None:
+        kind = "plain" if name == "plain" else (f"verify {drafts}" if drafts else "no drafts")
+        tally = kinds[kind]
+        tally[0], tally[1] = tally[0] + 1, tally[1] + seconds
+        tally[2] += len(request.output_token_ids) - before
+
     for prompt in prompts:
-        requests = {}
-        for name, llm in engines.items():
-            llm.engine.ensure_idle()
-            requests[name] = llm.make_requests([prompt], params)
-            llm.engine.add(requests[name][0])
-        while any(llm.engine.has_unfinished() for llm in engines.values()):
-            for name, llm in engines.items():
-                engine, request = llm.engine, requests[name][0]
-                if not engine.has_unfinished():
-                    continue
-                decoding, before, drafts = bool(request.output_token_ids), len(request.output_token_ids), 0
-                drafts = engine.pending.total
-                start = time.perf_counter()
-                engine.step()
-                seconds = time.perf_counter() - start
-                if not decoding:
-                    continue
-                kind = "plain" if name == "plain" else (f"verify {drafts}" if drafts else "no drafts")
-                tally = kinds[kind]
-                tally[0], tally[1] = tally[0] + 1, tally[1] + seconds
-                tally[2] += len(request.output_token_ids) - before
-        texts = {merge_samples(requests[n], llm.tokenizer)[0].outputs[0].text for n, llm in engines.items()}
+        texts = {text for text, _, _ in in_lockstep(engines, prompt, params, observe).values()}
         if len(texts) != 1:
             raise SystemExit(f"greedy texts differ from plain decoding's on {prompt[:40]!r}")
     return kinds, held + sum(a.held_steps for a in adaptive)
@@ -77,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.isa != "native":
         os.environ["SPEC_BACKEND_ISA"] = args.isa
-    from spec_backend.cpu.isa import cpu_flags
+    from bench_adaptive import isa_line
+
     from spec_backend.engine import LLM, SamplingParams
     from spec_backend.tools.demo import CHAT_PROMPTS, drafter_specs
     from spec_backend.tools.prompts import code_edit_prompts
@@ -95,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             for prompt in code_edit_prompts(4):
                 llm.generate([template(prompt)], params)
     kinds, held = _step_kinds(engines, [template(m) for m in CHAT_PROMPTS] * args.rounds, params)
-    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
-    print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
+    print(isa_line(args.isa))
     print(f"open chat x{args.rounds}, batch 1, greedy, K={args.k}, {args.method} adaptive, warm={args.warm}")
     steps, seconds, _ = kinds.pop("plain")
     mean = seconds / steps

@@ -68,9 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.isa != "native":
         os.environ["SPEC_BACKEND_ISA"] = args.isa
-    from bench_adaptive import in_lockstep
+    from bench_adaptive import in_lockstep, isa_line
 
-    from spec_backend.cpu.isa import cpu_flags
     from spec_backend.engine import LLM, SamplingParams
     from spec_backend.tools.demo import CHAT_PROMPTS, drafter_specs
 
@@ -90,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for prompt in prompts:
             in_lockstep(engines, prompt, params)
-    flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "asimd")))
-    print(f"CPU flags: {' '.join(flags)}; kernels capped to: {args.isa}; {os.cpu_count()} cores")
+    print(isa_line(args.isa))
     print(f"open chat x{args.rounds}, batch 1, greedy, K=4: host us per step by stage")
     print(f"{'engine':18} " + " ".join(f"{s:>10}" for s in STAGES) + "      steps   held")
     for name, llm in engines.items():
