@@ -18,7 +18,7 @@ Algorithms in ``spec_backend`` never branch on device or vendor. They ask the ac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -129,8 +129,11 @@ class GraphRunner(ABC):
         self.capture_sizes: tuple[int, ...] = tuple(sorted(set(capture_sizes)))
 
     @abstractmethod
-    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
-        """Capture one graph per size; ``example_inputs`` are sized at the largest capture size."""
+    def capture(self, example_inputs: Mapping[str, torch.Tensor], shared: Collection[str] = ()) -> None:
+        """Capture one graph per size; ``example_inputs`` are sized at the largest capture size. The
+        inputs named in ``shared`` are the static buffers themselves, not copied: runners handed the same
+        tensor share its memory, and a caller that writes a step's input into it once (passing
+        ``buffer[:n]`` to ``run``) feeds whichever of them replays."""
 
     @abstractmethod
     def run(self, inputs: Mapping[str, torch.Tensor]) -> GraphOutput:

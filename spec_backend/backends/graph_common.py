@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -68,7 +68,14 @@ class GraphDriver(Protocol):
 class StaticInputs:
     """Static input buffers sized at the largest capture size; views, padded copies, validation."""
 
-    def __init__(self, example_inputs: Mapping[str, torch.Tensor], largest: int) -> None:
+    def __init__(
+        self, example_inputs: Mapping[str, torch.Tensor], largest: int, shared: Collection[str] = ()
+    ) -> None:
+        unknown = sorted(set(shared) - set(example_inputs))
+        if unknown:
+            raise ValueError(
+                f"shared inputs {unknown} are not among the example inputs {sorted(example_inputs)}"
+            )
         self.buffers: dict[str, torch.Tensor] = {}
         for name, tensor in example_inputs.items():
             if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
@@ -78,7 +85,8 @@ class StaticInputs:
                     f"example input {name!r} has {tensor.shape[0]} rows, "
                     f"the largest capture size needs {largest}"
                 )
-            self.buffers[name] = tensor[:largest].clone()  # [largest, ...]
+            # [largest, ...]: a shared input is the caller's tensor (``GraphRunner.capture``)
+            self.buffers[name] = tensor[:largest] if name in shared else tensor[:largest].clone()
         if not self.buffers:
             raise ValueError("capture needs at least one example input tensor")
 
@@ -213,12 +221,13 @@ class PaddedGraphRunner(GraphRunner):
             raise RuntimeError("capture() has not run yet: there are no static buffers")
         return self._static.buffers
 
-    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
-        """Capture one graph per size, largest first, in one pool, over buffers cloned from the example."""
+    def capture(self, example_inputs: Mapping[str, torch.Tensor], shared: Collection[str] = ()) -> None:
+        """Capture one graph per size, largest first, in one pool, over buffers cloned from the example
+        (those named in ``shared`` are the example's tensors: ``GraphRunner.capture``)."""
         self.driver.check_device()
         if self._graphs:
             raise RuntimeError("this runner has already captured its graphs; make a new runner to re-capture")
-        static = StaticInputs(example_inputs, self.capture_sizes[-1])
+        static = StaticInputs(example_inputs, self.capture_sizes[-1], shared)
         self.pool = self.driver.new_pool()
         with torch.no_grad():
             for size in _progress(list(reversed(self.capture_sizes)), self.desc, self.progress):

@@ -9,7 +9,7 @@ against this one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
@@ -31,8 +31,8 @@ from spec_backend.sampling.ops import SamplerOps
 class EagerGraphRunner(GraphRunner):
     """Runs the callable eagerly at the real size: 'capture' only records the planned sizes."""
 
-    def capture(self, example_inputs: Mapping[str, torch.Tensor]) -> None:
-        del example_inputs  # nothing to capture: eager execution
+    def capture(self, example_inputs: Mapping[str, torch.Tensor], shared: Collection[str] = ()) -> None:
+        del example_inputs, shared  # nothing to capture: eager execution
 
     def run(self, inputs: Mapping[str, torch.Tensor]) -> GraphOutput:
         return self.fn(**inputs)

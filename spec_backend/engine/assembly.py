@@ -222,10 +222,12 @@ def capture_steps(engine: EngineCore, backend: Backend, eager: bool) -> None:
         engine.captured_plain = maybe_capture(runner, backend, 1, engine.max_num_seqs, eager)
         if engine.adaptive is not None:  # a step with any drafts replays the K+1-token graph
             engine.adaptive.fixed_width = True
-    for captured in (engine.captured, engine.captured_plain) if tree is None else ():
-        if captured is not None:
-            sampler, sizes = engine.verifier.sampler, captured.graph.capture_sizes
-            captured.verify = capture_verify(sampler, backend, captured.q, sizes, runner.vocab_size)
+    chains = [c for c in (engine.captured, engine.captured_plain) if c is not None and tree is None]
+    logits = None  # one static logits buffer for every sampler graph set (the widest set's, made first)
+    for captured in sorted(chains, key=lambda c: c.graph.capture_sizes[-1], reverse=True):
+        sampler, sizes = engine.verifier.sampler, captured.graph.capture_sizes
+        captured.verify = capture_verify(sampler, backend, captured.q, sizes, runner.vocab_size, logits)
+        logits = captured.verify.logits if captured.verify is not None else logits
 
 
 __all__ = [

@@ -86,6 +86,7 @@ class CapturedVerify:
         capture_sizes: tuple[int, ...],
         vocab: int,
         device: torch.device,
+        logits: torch.Tensor | None = None,
     ) -> None:
         if q < 1 or any(size % q for size in capture_sizes):
             raise ValueError(f"capture sizes {list(capture_sizes)} must be multiples of q={q} >= 1")
@@ -93,8 +94,11 @@ class CapturedVerify:
         self.device = device
         self._layouts = {size // q: _Layout.of(size // q, self.k, device) for size in capture_sizes}
         largest = capture_sizes[-1]
+        #: [rows >= largest, V] float32: every kind's static logits, shared (``GraphRunner.capture``), and
+        #: may be another ``CapturedVerify``'s: a step writes its logits here once, whichever set replays
+        self.logits = _logits_buffer(logits, largest, vocab, device)
         example = {
-            "logits": torch.zeros((largest, vocab), dtype=torch.float32, device=device),  # [N, V]
+            "logits": self.logits[:largest],  # [N, V]
             "tokens": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
             "temperature": torch.zeros(largest, dtype=torch.float32, device=device),  # [N]
             "seeds": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
@@ -112,7 +116,7 @@ class CapturedVerify:
                                kind)  # fmt: skip
                 break
             self.runners[kind] = backend.graph_runner(self._callable(kind), capture_sizes)
-            self.runners[kind].capture(example)
+            self.runners[kind].capture(example, shared=("logits",))
         logger.info("captured the %d-token-per-request step's sampler (%s) for %s tokens", q,
                     ", ".join(self.runners), list(capture_sizes))  # fmt: skip
 
@@ -162,9 +166,14 @@ class CapturedVerify:
         draft count, as ``Verifier.__call__`` returns them, from one replay and one read."""
         if sampling.positions is None or sampling.seeds is None:
             raise ValueError("a captured verification needs each request's seed and RNG counter")
-        q = self.q
+        q, n = self.q, logits.shape[0]
+        if n <= self.runners[kind].capture_sizes[-1]:  # replayed: the one copy into the shared buffer
+            staged = self.logits[:n]  # [N, V] float32
+            staged.copy_(logits)
+        else:  # eager above the largest size, on the caller's tensors
+            staged = logits.float()
         inputs = {
-            "logits": logits.float(),
+            "logits": staged,
             "tokens": tokens.reshape(-1),
             "temperature": sampling.temperature.float().repeat_interleave(q),
             "seeds": sampling.seeds.repeat_interleave(q),
@@ -177,12 +186,36 @@ class CapturedVerify:
         return emitted, [row[0][1] for row in rows]
 
 
+def _logits_buffer(
+    given: torch.Tensor | None, largest: int, vocab: int, device: torch.device
+) -> torch.Tensor:  # [rows, V] float32
+    """The static logits of a ``CapturedVerify``: ``given`` (another's, checked to hold ``largest`` rows
+    of ``vocab`` float32 logits on ``device``) or a new one of ``largest`` rows."""
+    if given is None:
+        return torch.zeros((largest, vocab), dtype=torch.float32, device=device)
+    shape_ok = given.dim() == 2 and given.shape[0] >= largest and given.shape[1] == vocab
+    if given.dtype != torch.float32 or not shape_ok:
+        raise ValueError(
+            f"the shared logits buffer must be float32 [>= {largest}, {vocab}], got {given.dtype} "
+            f"{list(given.shape)}"
+        )
+    if given.device != device:
+        raise ValueError(f"the shared logits buffer is on {given.device}, the sampler's graphs on {device}")
+    return given
+
+
 def capture_verify(
-    sampler: RejectionSampler, backend: Backend, q: int, capture_sizes: tuple[int, ...], vocab: int
+    sampler: RejectionSampler,
+    backend: Backend,
+    q: int,
+    capture_sizes: tuple[int, ...],
+    vocab: int,
+    logits: torch.Tensor | None = None,
 ) -> CapturedVerify | None:
     """A ``CapturedVerify`` beside a captured forward of ``q`` tokens per request, unless the backend does
     not capture its sampler (``Backend.captures_sampler``) or has no graphs left (its steps then verify
-    eagerly after the forward's replay). A capture that fails is a
+    eagerly after the forward's replay). ``logits``: another ``CapturedVerify``'s static logits to share
+    (its ``logits``; one step replays one set, so one buffer serves every set). A capture that fails is a
     ``GraphCaptureError`` naming ``enforce_eager=True``, as the forward's."""
     if not backend.captures_sampler:
         return None
@@ -190,7 +223,7 @@ def capture_verify(
         logger.warning("the %s backend has no graphs left: the sampler is not captured", backend.name)
         return None
     try:
-        return CapturedVerify(sampler, backend, q, capture_sizes, vocab, backend.device())
+        return CapturedVerify(sampler, backend, q, capture_sizes, vocab, backend.device(), logits)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:

@@ -100,6 +100,23 @@ def test_captured_sampler_equals_eager(target: str, params: Any, kind: str) -> N
     assert samplers[1, kind].replays > 0  # a replayed graph, not only the eager calls above the largest
 
 
+def test_every_sampler_graph_set_shares_one_logits_buffer(target: str) -> None:
+    """The sampler's four graph sets (greedy and sampled, of the verify step and of the one-token step)
+    read their logits from one static buffer, written once a step (before, each set cloned its own
+    [largest, V] float32 buffer: four, ~1.2 GB at V = 152k and 512 tokens, and a step copied its logits
+    twice). Greedy and sampled steps through the same buffer keep the eager engine's tokens."""
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=StrictGraphs(), max_num_seqs=4)
+    buffers = {key: runner.static_inputs["logits"] for key, runner in _samplers(llm).items()}
+    assert len(buffers) == 4 and len({b.data_ptr() for b in buffers.values()}) == 1, buffers.keys()
+    captured = llm.engine.captured
+    assert captured is not None and captured.verify is not None
+    assert captured.verify.logits.data_ptr() == next(iter(buffers.values())).data_ptr()
+    reference = LLM(target, dtype="float64", speculative_config=NGRAM)
+    for params in (GREEDY, SAMPLED, GREEDY):
+        assert _ids(llm, params) == _ids(reference, params)
+    assert all(n > 0 for n in _replays(llm).values())
+
+
 def test_plain_decoding_verifies_in_its_graph(target: str) -> None:
     """Without a drafter the one-token step is the captured one, and its sampler too."""
     eager = _ids(LLM(target, dtype="float64"), SAMPLED)

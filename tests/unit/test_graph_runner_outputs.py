@@ -118,3 +118,26 @@ def test_slice_outputs_keeps_the_structure() -> None:
     pair = slice_outputs((a, b), 3, copy=True)
     assert isinstance(pair, tuple) and [t.shape[0] for t in pair] == [3, 3]
     assert pair[1].data_ptr() != b.data_ptr()
+
+
+def test_shared_inputs_are_the_callers_tensor_for_every_runner() -> None:
+    """Two runners capture with ``shared=("x",)`` over one tensor: their static ``x`` is that tensor (not
+    a clone each), a caller writes a step's rows into it once and passes the view, and either runner
+    replays on them with the padding rows zeroed; unshared inputs stay clones. A shared name that is not
+    an input is refused by name."""
+    x = torch.zeros(8, 3)
+    runners = [_runner([4, 8])[0] for _ in range(2)]
+    for runner in runners:
+        runner.capture({"x": x, "w": torch.zeros(8)}, shared=("x",))
+        assert runner.static_inputs["x"].data_ptr() == x.data_ptr()
+    assert runners[0].static_inputs["w"].data_ptr() != runners[1].static_inputs["w"].data_ptr()
+    x.fill_(7.0)  # stale rows from a wider step: the padding must not see them
+    for n, size, runner in zip((3, 5), (4, 8), runners, strict=True):
+        inputs = _inputs(n, n)
+        x[:n].copy_(inputs["x"])
+        out = runner.run({"x": x[:n], "w": inputs["w"]})
+        want = _expected(inputs)
+        assert isinstance(out, tuple) and torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+        assert not x[n:size].any()  # padded rows zeroed in the shared buffer itself
+    with pytest.raises(ValueError, match=r"shared inputs \['y'\] are not among the example inputs"):
+        _runner([4])[0].capture({"x": torch.zeros(4, 3), "w": torch.zeros(4)}, shared=("y",))
