@@ -3,17 +3,17 @@ decoding's steps in the same process.
 
     .venv/bin/python benchmarks/bench_step_kinds.py [--method suffix] [--rounds 1] [--isa avx2] [--warm]
 
-A plain engine and a speculative one (``--method`` ngram or suffix, adaptive drafting on: the default)
-take each open-chat prompt of ``make demo`` together and step in turn, one engine step each, every step
-timed alone (``bench_adaptive.in_lockstep``'s way, so the machine's drift lands on both within a step).
-With ``--warm`` both first run the benchmark's code-edit prompts one at a time, untimed: the order of
-``bench_adaptive.py``, which leaves the policy's measurements and acceptance primed by code edits. Each
-speculative decode step is classed by the drafts it verified (``no drafts``: a plain step, held or
-decided; ``verify j``: j drafts) and reported as steps, ms a step, that over plain decoding's mean step
-(``x plain``), tokens a step and its net gain in plain steps (tokens emitted minus the plain steps its
-time would have bought). ``held`` counts the steps the policy held (``AdaptiveDraftLength.hold``). Greedy
-speculation is lossless: the texts must equal plain decoding's (the script fails otherwise). The CPU's
-ISA flags are printed.
+A plain engine and a speculative one (``--method`` ngram or suffix, adaptive drafting on: the default) take
+each open-chat prompt of ``make demo`` together and step in turn, one engine step each, every step timed alone
+(``bench_adaptive.in_lockstep``'s way, so the machine's drift lands on both within a step). With ``--warm``
+both first run the benchmark's code-edit prompts one at a time, untimed: the order of ``bench_adaptive.py``,
+which leaves the policy's measurements and acceptance primed by code edits. Each speculative decode step is
+classed by the drafts it verified (``no drafts``: a plain step the policy decided, ``no drafts, held``: one it
+held; ``verify j``: j drafts) and reported as steps, ms a step, that over plain decoding's mean step
+(``x plain``), tokens a step and its net gain in plain steps (tokens emitted minus the plain steps its time
+would have bought). ``held`` counts the steps the policy held (``AdaptiveDraftLength.hold``). Greedy
+speculation is lossless: the texts must equal plain decoding's (the script fails otherwise). The CPU's ISA
+flags are printed.
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ def _step_kinds(
     adaptive = [llm.engine.adaptive for llm in engines.values() if llm.engine.adaptive is not None]
     held = -sum(a.held_steps for a in adaptive)
 
+    seen_held = [sum(a.held_steps for a in adaptive)]
+
     def observe(name: str, llm: Any, request: Any, before: int, drafts: int, seconds: float) -> None:
+        now_held = sum(a.held_steps for a in adaptive)
+        was_held, seen_held[0] = now_held > seen_held[0], now_held
         kind = "plain" if name == "plain" else (f"verify {drafts}" if drafts else "no drafts")
+        kind = f"{kind}, held" if was_held else kind
         tally = kinds[kind]
         tally[0], tally[1] = tally[0] + 1, tally[1] + seconds
         tally[2] += len(request.output_token_ids) - before

@@ -89,6 +89,9 @@ NEVER = 2**62
 #: consecutive steps one re-measurement lasts: the drafts of the step that switches are verified by the
 #: next one, so a one-step exploration timed nothing
 EXPLORE_HOLD = MIN_SAMPLES + 1
+#: the most recent choices ``chosen`` keeps (between this and twice it): an engine serving for days takes
+#: a step every few milliseconds, and a list of every choice would grow without end
+CHOSEN_KEPT = 4096
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -147,7 +150,8 @@ class AdaptiveDraftLength:
     drafted: int = 0  # every verified (or shadow) draft so far
     accepted: int = 0
     steps: int = 0
-    chosen: list[int] = field(default_factory=list)  # the k of each step that adapted (for tests, logs)
+    #: the k of each step that adapted, the most recent ``CHOSEN_KEPT`` at least (for tests, logs)
+    chosen: list[int] = field(default_factory=list)
     period: int = EXPLORE_EVERY  # steps from the end of one re-measurement to the start of the next
     next_explore: int = EXPLORE_EVERY  # the step at which the next re-measurement starts
     explored_from: int | None = None  # during a re-measurement: the choice it started from
@@ -345,6 +349,8 @@ class AdaptiveDraftLength:
 
     def _chose(self, k: int) -> int:
         self.chosen.append(k)
+        if len(self.chosen) > 2 * CHOSEN_KEPT:  # trimmed in halves: amortised O(1) a step
+            del self.chosen[:-CHOSEN_KEPT]
         return k
 
 

@@ -93,6 +93,7 @@ class EngineCore:
             logger.info("adaptive_draft_length: the drafter's confidences choose each request's draft length")
             self.adaptive = None  # one policy: the confidence scheduler measures the same step costs
         self._next_k = self.k  # the draft length greedy requests got at the last draft-next
+        self._holding: list[Request] | None = None  # the batch the last draft-next's plan tried to hold
         self.num_steps = 0
         self.stepper = Stepper(self)
 
@@ -184,7 +185,9 @@ class EngineCore:
         mixed = any(not r.finished and r.params.temperature != 0 for r in requests)
         self._next_k = self.adaptive.choose(len(requests), acceptances, mixed)
         drafter, whole = self.drafter, len(greedy) == len(requests)  # else a request leaves or verifies
+        self._holding = None
         if drafter is not None and drafter.defers_follow and self.tree is None and whole:
+            self._holding = greedy
             self.adaptive.hold(greedy, drafter.can_shadow)
 
     def holds_plain(self, requests: list[Request]) -> bool:
@@ -216,14 +219,22 @@ class EngineCore:
     def record_shadows(
         self, requests: list[Request], budgets: tuple[int, ...], drafts: list[list[int]]
     ) -> None:
-        """The drafts of a step's shadows (``shadow_budgets``), kept for the adaptive policy."""
+        """The drafts of a step's shadows (``shadow_budgets``), kept for the adaptive policy. Shadows that
+        found no draft leave nothing to resolve and only lower the reach, so a plain-decoding choice that
+        could not hold because they were due holds from this step on (``AdaptiveDraftLength.hold``):
+        before, the step after them decided again, to the same choice, at a decision's and a drafter
+        call's cost."""
         assert self.adaptive is not None
         shadowed = [b for b, budget in enumerate(budgets) if budget]
         self.adaptive.observe_shadows(  # the running batch's size (a prefill's group is part of it)
             len(self.running), [requests[b] for b in shadowed], [drafts[b] for b in shadowed]
         )
+        holding, drafter = self._holding, self.drafter
+        if holding is not None and drafter is not None and not any(drafts):
+            self.adaptive.hold(holding, drafter.can_shadow)
 
     def _admit(self, requests: list[Request]) -> None:
+        self._holding = None
         if self.adaptive is not None:
             self.adaptive.end_hold()  # the batch changes
         for request in requests:

@@ -9,6 +9,7 @@ from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
 
 from spec_backend.config import SpeculativeConfig
 from spec_backend.engine.adaptive import (
+    CHOSEN_KEPT,
     EXPLORE_EVERY,
     EXPLORE_HOLD,
     MARGIN,
@@ -321,3 +322,16 @@ def test_a_batch_with_a_sampled_request_keeps_k() -> None:
     policy = AdaptiveDraftLength(K)
     assert [policy.choose(2, [0.9], mixed=True) for _ in range(10)] == [K] * 10
     assert policy.choose(2, [0.9, 0.9]) == 0  # negative control: all greedy, plain decoding is timed first
+
+
+def test_the_history_of_choices_is_bounded() -> None:
+    """A long-running engine decides every few milliseconds: ``chosen`` keeps the most recent
+    ``CHOSEN_KEPT`` to ``2 * CHOSEN_KEPT`` choices, the newest last (before, one entry a step forever)."""
+    policy, longest = AdaptiveDraftLength(K), 0
+    for _ in range(5 * CHOSEN_KEPT):
+        policy.observe(1, 0, 1.0, [0], 0)
+        assert policy.choose(1, [0.1]) == policy.chosen[-1]
+        longest = max(longest, len(policy.chosen))
+    assert longest == 2 * CHOSEN_KEPT and CHOSEN_KEPT <= len(policy.chosen) < 2 * CHOSEN_KEPT
+    policy.hold_until, policy.hold_ids = policy.steps + 3, ()
+    assert policy.held([]) and policy.chosen[-1] == 0 and policy.steps == 5 * CHOSEN_KEPT + 1

@@ -5,6 +5,7 @@ order, and a suffix proposer caches whole responses."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -249,3 +250,43 @@ def test_no_hold_before_the_costs_are_measured_nor_while_drafting() -> None:
     assert not fresh.held([request])
     policy = _settled()
     assert policy.choose(1, [1.0]) == K and policy.settled is None
+
+
+def _steps_of(llm: LLM, found_nothing: bool) -> list[tuple[bool, bool]]:
+    """Per decode step of ``llm``'s engine: (held, shadowed); with ``found_nothing``, every shadow finds
+    no draft (a lookup that misses, as on open chat)."""
+    drafter: Any = llm.engine.drafter
+    shadow, holds, steps = drafter.shadow, llm.engine.holds_plain, []
+
+    def missing(inputs: Any) -> Any:
+        got = shadow(inputs)
+        steps[-1][1] = True
+        return got if got is None or not found_nothing else ([[] for _ in got[0]], got[1])
+
+    def recorded(requests: Any) -> bool:
+        steps.append([holds(requests), False])
+        return bool(steps[-1][0])
+
+    drafter.shadow, llm.engine.holds_plain = missing, recorded  # type: ignore[method-assign]
+    return steps  # type: ignore[return-value]
+
+
+def test_a_shadow_that_finds_nothing_holds_from_its_own_step(target: str) -> None:
+    """Shadows that found no draft leave nothing to resolve: the plain-decoding choice holds from the step
+    that asked them (before, the step after every shadow decided again, to the same choice, and called
+    the drafter). Against an engine that decides every step (the control): the same choices and tokens."""
+    runs = []
+    for defers in (True, False):
+        llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
+        _charged(llm, 0.2, wrong=True)
+        drafter: Any = llm.engine.drafter
+        drafter.defers_follow = defers
+        steps = _steps_of(llm, found_nothing=True)
+        out = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
+        assert llm.engine.adaptive is not None
+        runs.append((out, llm.engine.adaptive.chosen, steps))
+    (tokens, chosen, steps), (tokens0, chosen0, steps0) = runs
+    assert tokens == tokens0 and chosen == chosen0
+    after_shadows = [held for (_, shadowed), (held, _) in itertools.pairwise(steps) if shadowed]
+    assert len(after_shadows) >= 3 and all(after_shadows), steps
+    assert not any(held for held, _ in steps0)
