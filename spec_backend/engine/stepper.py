@@ -201,7 +201,8 @@ class Stepper:
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
             flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
-        valid = None if last_only else valid_drafts(inputs.tokens)  # [B]
+        # [B]; None where no request has a draft column (a plain step): the verifier counts zero
+        valid = None if last_only or inputs.tokens.shape[1] == 1 else valid_drafts(inputs.tokens)
         emitted, drafted = engine.verifier(
             batch, requests, target.logits, sampling, flat_probs, last_only, valid
         )

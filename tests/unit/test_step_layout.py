@@ -67,6 +67,24 @@ def test_verify_metadata_is_the_layout_of_per_request_draft_lists(
     assert got.standard_layout
 
 
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_a_plain_steps_layout_is_built_once_per_batch_size(batch: int) -> None:
+    """Steps without drafts (plain decoding) share their batch size's layout, equal to the one built
+    from empty draft lists (before, every plain step rebuilt it: host tensors, copies, checks)."""
+    tokens = torch.randint(0, 500, (batch, 1))  # [B, 1]
+    views = [build_step_batch(0, tokens, [1] * batch, [3] * batch, [0] * batch).spec_decode_metadata()]
+    views.append(
+        build_step_batch(0, tokens + 1, [1] * batch, [4] * batch, [0] * batch).spec_decode_metadata()
+    )
+    want = SpecDecodeMetadata.from_draft_tokens([[] for _ in range(batch)])
+    assert views[0] is views[1]
+    for name in ("draft_token_ids", "cu_num_draft_tokens", "target_logits_indices", "bonus_logits_indices"):
+        assert getattr(views[0], name).tolist() == getattr(want, name).tolist(), name
+    assert views[0].logits_indices.tolist() == list(range(batch)) and views[0].max_spec_len == 0
+    assert views[0].request_index is not None and views[0].request_index.numel() == 0
+    assert views[0].num_draft_tokens == [0] * batch and views[0].standard_layout
+
+
 def _mask_by_definition(
     query_lens: list[int], kv_lens: list[int], q_len: int, kv_len: int
 ) -> list[list[list[bool]]]:
