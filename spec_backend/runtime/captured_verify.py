@@ -199,9 +199,17 @@ def _logits_buffer(
             f"the shared logits buffer must be float32 [>= {largest}, {vocab}], got {given.dtype} "
             f"{list(given.shape)}"
         )
-    if given.device != device:
+    if not _same_device(given.device, device):
         raise ValueError(f"the shared logits buffer is on {given.device}, the sampler's graphs on {device}")
     return given
+
+
+def _same_device(tensor_device: torch.device, device: torch.device) -> bool:
+    """Whether a tensor's device is ``device``, either naming no index (``Backend.device()`` gives
+    ``cuda`` where a tensor made there reports ``cuda:0``, and a CPU tensor made on ``cpu:0`` reports
+    ``cpu``: each pair compares unequal in torch)."""
+    indices = (tensor_device.index, device.index)
+    return tensor_device.type == device.type and (None in indices or indices[0] == indices[1])
 
 
 def capture_verify(
@@ -223,7 +231,7 @@ def capture_verify(
         logger.warning("the %s backend has no graphs left: the sampler is not captured", backend.name)
         return None
     try:
-        return CapturedVerify(sampler, backend, q, capture_sizes, vocab, backend.device(), logits)
+        captured = CapturedVerify(sampler, backend, q, capture_sizes, vocab, backend.device(), logits)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:
@@ -231,6 +239,7 @@ def capture_verify(
             f"capturing the rejection sampler ({sampler.mode_name}) as graphs on the {backend.name} backend "
             f"failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
         ) from exc
+    return captured if captured.runners else None  # no kind captured: its buffer is not kept
 
 
 __all__ = ["KIND_FLAGS", "CapturedVerify", "capture_verify", "verify_kind"]

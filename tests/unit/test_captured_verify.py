@@ -22,6 +22,7 @@ from test_step_syncs import SPECS
 from spec_backend.backends.base import CapturePolicy
 from spec_backend.backends.graph_common import GraphUnsafeCall, PaddedGraphRunner, SimulatedGraphDriver
 from spec_backend.engine import LLM, SamplingParams
+from spec_backend.runtime import captured_verify
 from spec_backend.runtime.captured import GraphCaptureError
 from spec_backend.runtime.captured_verify import CapturedVerify
 from spec_backend.sampling.tuning import SamplerTuning
@@ -115,6 +116,32 @@ def test_every_sampler_graph_set_shares_one_logits_buffer(target: str) -> None:
     for params in (GREEDY, SAMPLED, GREEDY):
         assert _ids(llm, params) == _ids(reference, params)
     assert all(n > 0 for n in _replays(llm).values())
+
+
+class IndexedDevice(StrictGraphs):
+    """A backend whose ``device()`` names an index its tensors do not report (CUDA's is the other way:
+    ``cuda`` for tensors that report ``cuda:0``); torch compares the two unequal."""
+
+    def device(self) -> torch.device:
+        return torch.device("cpu", 0)
+
+
+def test_the_shared_logits_buffer_is_taken_on_a_device_named_without_its_index(target: str) -> None:
+    """The second sampler set checks the shared buffer's device: a device named with an index on one side
+    only is the same device (before, every CUDA engine with a drafter failed at start-up: the buffer is on
+    ``cuda:0``, ``Backend.device()`` is ``cuda``)."""
+    llm = LLM(target, dtype="float64", speculative_config=NGRAM, backend=IndexedDevice(), max_num_seqs=4)
+    buffers = {runner.static_inputs["logits"].data_ptr() for runner in _samplers(llm).values()}
+    assert len(buffers) == 1
+    assert _ids(llm, GREEDY) == _ids(LLM(target, dtype="float64", speculative_config=NGRAM), GREEDY)
+
+
+def test_devices_named_with_and_without_an_index() -> None:
+    """CUDA's case without a GPU: ``cuda`` (``Backend.device()``) is the ``cuda:0`` a tensor reports, not
+    ``cuda:1``, and no CPU device."""
+    cuda, same = torch.device("cuda"), captured_verify._same_device
+    assert same(torch.device("cuda", 0), cuda) and same(torch.device("cuda", 1), torch.device("cuda", 1))
+    assert not same(torch.device("cuda", 1), torch.device("cuda", 0)) and not same(torch.device("cpu"), cuda)
 
 
 def test_plain_decoding_verifies_in_its_graph(target: str) -> None:
