@@ -141,20 +141,9 @@ class StepBatch:
         """The sampler's metadata as a view: every query row has logits (K target rows + bonus row), or
         with ``last_only`` (a prefill) one bonus row per request and no drafts."""
         nums = list(self.num_draft_tokens)
-        if last_only:
-            if any(nums):
-                raise ValueError(f"last_only logits cannot verify drafts, got num_draft_tokens={nums}")
-            rows = torch.arange(self.batch_size, dtype=torch.int32, device=self.input_ids.device)  # [B]
-            return SpecDecodeMetadata(
-                draft_token_ids=self.draft_token_ids,
-                num_draft_tokens=nums,
-                cu_num_draft_tokens=torch.zeros_like(rows),
-                target_logits_indices=rows[:0],
-                bonus_logits_indices=rows,
-                logits_indices=rows,
-                standard_layout=True,
-            )
-        return _verify_layout(nums, self.draft_token_ids)
+        if last_only and any(nums):
+            raise ValueError(f"last_only logits cannot verify drafts, got num_draft_tokens={nums}")
+        return _verify_layout(nums, self.draft_token_ids)  # last_only: row b is request b's (no drafts)
 
 
 def _verify_layout(nums: list[int], draft_token_ids: torch.Tensor) -> SpecDecodeMetadata:
