@@ -36,9 +36,8 @@ def _step_kinds(
 
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
     adaptive = [llm.engine.adaptive for llm in engines.values() if llm.engine.adaptive is not None]
-    held = -sum(a.held_steps for a in adaptive)
-
-    seen_held = [sum(a.held_steps for a in adaptive)]
+    start = sum(a.held_steps for a in adaptive)
+    seen_held = [start]  # the held steps so far, read after each step to class it
 
     def observe(name: str, llm: Any, request: Any, before: int, drafts: int, seconds: float) -> None:
         now_held = sum(a.held_steps for a in adaptive)
@@ -53,7 +52,7 @@ def _step_kinds(
         texts = {text for text, _, _ in in_lockstep(engines, prompt, params, observe).values()}
         if len(texts) != 1:
             raise SystemExit(f"greedy texts differ from plain decoding's on {prompt[:40]!r}")
-    return kinds, held + sum(a.held_steps for a in adaptive)
+    return kinds, seen_held[0] - start
 
 
 def main(argv: list[str] | None = None) -> int:
