@@ -129,6 +129,7 @@ class _Batch:
         0.0  # s: extra time of a draft row per request (fixed_width: of a verify step), plain steps
     )
     samples: int = 0  # drafting steps timed against a recent plain step
+    sample_step: int = -(2**62)  # the step that timed drafting last
     plain: int = 0  # plain steps timed
     reference: float = 0.0  # a plain step's time now (moving average over recent plain steps)
     reference_step: int = -(2**62)  # the step that timed it last
@@ -265,8 +266,15 @@ class AdaptiveDraftLength:
         decoding while drafting would not pay even at no cost (``free`` false) by acceptances that
         shadows keep measured: measuring its cost again could not change the choice, and it verifies K
         drafts for nothing. Without recent shadows (a drafter that cannot shadow) the acceptance stands
-        still while nothing is verified, and only a re-measurement can see it change."""
+        still while nothing is verified, and only a re-measurement can see it change. One whose extreme was
+        timed within the period (drafting timed because shadows said it could pay, or plain steps where the
+        drafter found nothing) is put off to a period after that timing: it would learn nothing new."""
         if self.explored_from is None and self.steps >= self.next_explore:
+            measured = self.batch(batch)
+            timed = measured.reference_step if best else measured.sample_step  # the extreme not chosen
+            if self.steps - timed < self.period:  # timed within the period: put off until a period after
+                self.next_explore = timed + self.period
+                return best
             if not best and not free and self.steps - self.last_shadow <= 2 * SHADOW_MAX:
                 self.period = min(2 * self.period, EXPLORE_MAX)
                 self.next_explore = self.steps + self.period
@@ -326,7 +334,7 @@ class AdaptiveDraftLength:
         extra = seconds / measured.reference - 1.0
         slope = extra if self.fixed_width else extra * batch / rows
         measured.slope = measured.slope + EMA_WEIGHT * (slope - measured.slope) if measured.samples else slope
-        measured.samples += 1
+        measured.samples, measured.sample_step = measured.samples + 1, self.steps
 
     def resolve_shadows(self, requests: Sequence[ShadowRequest]) -> int:
         """Count the shadows of ``requests`` that their tokens since decide (``shadow_drafts``); the drafts

@@ -233,6 +233,27 @@ def _plain_step(policy: AdaptiveDraftLength, batch: int = 1, acceptance: float =
     policy.observe(batch, 0, 1.0, [0] * batch, 0)
 
 
+@pytest.mark.parametrize("timed_at", [EXPLORE_EVERY - 3, None], ids=["timed-just-before", "never-since"])
+def test_a_re_measurement_waits_a_period_after_its_extreme_was_last_timed(timed_at: int | None) -> None:
+    """Drafting was timed three steps before a re-measurement fell due (as when shadows say drafts could
+    pay): timing it again at once learns nothing and verifies K drafts for nothing (seen on open chat:
+    three more steps at K right after six). It starts a period after that timing. Failed before: it
+    started when due. Negative control: drafting not timed since the start is re-measured when due."""
+    policy = AdaptiveDraftLength(K)
+    _measured(policy, 1, 9.0)
+    policy.steps = 1  # the start's samples were timed at step 0
+    choices = []
+    while policy.steps < 3 * EXPLORE_EVERY:
+        if policy.steps == timed_at:
+            policy.observe(1, K, 9.0, [K], 0)  # a drafting step timed against the plain steps before it
+        choices.append(policy.choose(1, [0.1]))
+        policy.observe(1, choices[-1], 1.0 if choices[-1] == 0 else 9.0, [choices[-1]], 0)
+    start = EXPLORE_EVERY if timed_at is None else timed_at + EXPLORE_EVERY
+    assert [s + 2 for s, k in enumerate(choices) if k == K][:EXPLORE_HOLD] == list(
+        range(start, start + EXPLORE_HOLD)
+    )
+
+
 def test_a_re_measurement_that_changes_the_choice_resets_the_period() -> None:
     """Two re-measurements that change nothing double the period twice (128); then drafting has become
     cheap (the load fell): the third finds K faster, chooses it, and the period is ``EXPLORE_EVERY``
