@@ -99,15 +99,26 @@ histories = st.lists(st.integers(0, 3), max_size=40)
     n_min=st.integers(1, 3),
     extra=st.integers(0, 2),
     tiny_hash=st.booleans(),
+    vectorised=st.booleans(),
 )
 def test_ngram_matches_reference_and_gpu(
-    tokens: list[int], split: int, chunks: list[int], k: int, n_min: int, extra: int, tiny_hash: bool
+    tokens: list[int],
+    split: int,
+    chunks: list[int],
+    k: int,
+    n_min: int,
+    extra: int,
+    tiny_hash: bool,
+    vectorised: bool,
 ) -> None:
-    """Host == tensor == brute force after every step, with forced hash collisions half the time."""
+    """Host == tensor == brute force after every step, with forced hash collisions half the time, and the
+    prompt indexed by the vectorised build or (short prompts) into the dynamic tier."""
     n_max = n_min + extra
     host, gpu = NgramProposer(k, n_min, n_max), NgramGpuProposer(k, n_min, n_max)
     if tiny_hash:
         host._mask = 0x7  # 3-bit keys: collisions everywhere, results must stay exact
+    if vectorised:
+        host._short = -1  # every prompt, however short, takes the vectorised build
     pos = min(split, len(tokens))
     host.add_request("r", tokens[:pos])
     gpu.add_request("r", tokens[:pos])
@@ -140,6 +151,20 @@ def test_dynamic_tier_is_merged_into_the_static_tier(monkeypatch: pytest.MonkeyP
         assert len(index.dyn) <= max(4, index.static.size // 2)
         assert proposer.propose(["r"]) == [reference(tokens[: i + 3], 4, 2, 4)]
     assert proposer.memory_bytes > 0
+
+
+def test_a_short_prompt_is_indexed_in_the_dynamic_tier_and_a_long_one_vectorised() -> None:
+    """A prompt of at most ``_MIN_DYNAMIC`` n-grams skips the vectorised build (its fixed numpy cost was
+    ~0.7 ms at every admission); both give the brute force's drafts. Failed before: every prompt was
+    built into the static tier."""
+    rng = np.random.default_rng(1)
+    for length, short in ((40, True), (400, False)):
+        tokens = rng.integers(0, 8, length).tolist()
+        proposer = NgramProposer(4, 1, 4)
+        proposer.add_request("r", tokens)
+        index = proposer._reqs["r"]
+        assert (index.static.size == 0 and len(index.dyn) > 0) == short
+        assert proposer.propose(["r"]) == [reference(tokens, 4, 1, 4)]
 
 
 def test_last_occurrence() -> None:
