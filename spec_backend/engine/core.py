@@ -173,11 +173,8 @@ class EngineCore:
 
     def plan_draft_length(self, requests: list[Request]) -> None:
         """Before a decode step's draft-next: the draft length of its greedy requests (``K`` without
-        adaptive drafting; sampled requests always get ``K``). A batch whose every request finished this
-        step decides nothing: the last choice stands, and it is the draft length the next admitted greedy
-        requests' prefill drafts get (before, the policy was asked with no request to adapt, answered
-        ``K``, and every prefill after open chat proposed and verified ``K`` drafts it had not chosen)."""
-        if self.adaptive is None or all(r.finished for r in requests):
+        adaptive drafting; sampled requests always get ``K``)."""
+        if self.adaptive is None:
             return
         greedy = [r for r in requests if not r.finished and r.params.temperature == 0]
         self.adaptive.resolve_shadows(greedy)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
-from test_adaptive_engine import ADAPTIVE_NGRAM, K, _charged, _costly_adaptive_ngram
+from test_adaptive_engine import ADAPTIVE_NGRAM, K, _charged
 
 from spec_backend.engine import LLM, SamplingParams
 from spec_backend.engine.adaptive import MIN_SAMPLES, AdaptiveDraftLength
@@ -160,31 +160,6 @@ def test_the_suffix_cache_holds_whole_responses_after_held_steps(target: str) ->
     out = llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
     proposer: Any = llm.engine.drafter.proposer  # type: ignore[union-attr]
     assert [list(response) for _, response in proposer._cached] == [out]
-
-
-@pytest.mark.parametrize("paying", [False, True], ids=["drafts-never-pay", "drafts-pay"])
-def test_a_prefill_drafts_with_the_policys_last_choice(target: str, paying: bool) -> None:
-    """A batch's last step (its every request finished) decides nothing, so the next greedy request's
-    prefill drafts with the last choice: after drafts that never pay, plain decoding, and the prefill
-    proposes nothing. Failed before: the leaving step asked the policy with no request to adapt, which
-    answered ``K``, and every prefill after open chat proposed ``K`` drafts. Negative control: after drafts
-    that pay, the prefill proposes."""
-    llm = _costly_adaptive_ngram(target)
-    if paying:
-        llm = LLM(target, dtype="float64", speculative_config=ADAPTIVE_NGRAM)
-        _charged(llm, 0.0, wrong=False)
-    llm.generate([PROMPTS[0]], GREEDY)
-    assert llm.engine._next_k == (K if paying else 0)
-    calls, stepper, proposed = _calls(llm), llm.engine.stepper, []
-    prefill = stepper.prefill
-
-    def recorded(start: int, requests: Any) -> None:
-        prefill(start, requests)
-        proposed.append(calls["propose"])
-
-    stepper.prefill = recorded  # type: ignore[method-assign]
-    llm.generate([PROMPTS[1]], GREEDY)
-    assert proposed == [1 if paying else 0]
 
 
 def _settled() -> AdaptiveDraftLength:
