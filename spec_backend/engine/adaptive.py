@@ -28,17 +28,20 @@ batch of ``B``: the tokens a step emits over its cost, in plain steps.
   code edit's) and drifts with the load, so lengths timed during different prompts compared prompts
   (plain decoding once measured 18 ms during code edits against 11 ms for one draft during chat, and one
   draft was chosen where it verified almost none).
-* **Measuring.** Plain decoding is measured first, then ``K`` until its drafts have been timed — with a
-  drafter that shadows, only once shadows have decided drafts and the acceptances and reach say drafting would
-  pay were draft rows free (on open chat it may never be: each verify step timing ``K`` drafts cost ~1.5 plain
-  steps for nothing on the AVX2 demo machine, a fresh engine ~0.6 % of a 96-token chat reply); now and then
-  the extreme not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load is noticed (and,
-  while drafting is chosen, plain decoding is timed anew): first after ``EXPLORE_EVERY`` steps, then twice as
-  long after each re-measurement that left the choice as it was (up to ``EXPLORE_MAX``), and ``EXPLORE_EVERY``
-  again after one that changed it (one during which the batch size changed leaves the period as it was). On
-  open chat, where drafts rarely pay, a fixed period spent 3 steps in 32 verifying K drafts for nothing (~5 %
-  of the time); and no re-measurement starts from plain decoding while the acceptance (which shadows keep
-  measured) says drafting would not pay even if draft rows cost nothing: its cost could not change the choice.
+* **Measuring.** An engine profiles ``s(B)`` when it starts (``cost_profile.py``: its forward timed at one and
+  at ``K + 1`` rows per request), and a batch size starts from that profile: no step verifies drafts only to
+  time them. Without a profile, plain decoding is measured first, then ``K`` until its drafts have been timed
+  — with a drafter that shadows, only once shadows have decided drafts and the acceptances and reach say
+  drafting would pay were draft rows free (on open chat it may never be: each verify step timing ``K`` drafts
+  cost ~1.5 plain steps for nothing on the AVX2 demo machine, a fresh engine ~0.6 % of a 96-token chat reply);
+  now and then the extreme not chosen is measured again for ``EXPLORE_HOLD`` steps, so a change of load is
+  noticed (and, while drafting is chosen, plain decoding is timed anew): first after ``EXPLORE_EVERY`` steps,
+  then twice as long after each re-measurement that left the choice as it was (up to ``EXPLORE_MAX``), and
+  ``EXPLORE_EVERY`` again after one that changed it (one during which the batch size changed leaves the period
+  as it was). On open chat, where drafts rarely pay, a fixed period spent 3 steps in 32 verifying K drafts for
+  nothing (~5 % of the time); and no re-measurement starts from plain decoding while the acceptance (which
+  shadows keep measured) says drafting would not pay even if draft rows cost nothing: its cost could not
+  change the choice.
 * **Holding.** Once plain decoding is chosen by the measured rates, the steps up to the next one that must
   decide (a shadow due, the next re-measurement, a change of batch) are held (``hold``, ``held``): they
   choose plain decoding without deciding, and the engine skips the drafter for them when it
@@ -62,8 +65,9 @@ query row a verify step adds for one draft.
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spec_backend.engine.shadow_drafts import SHADOW_MAX, ShadowDrafts, ShadowRequest
@@ -119,6 +123,22 @@ def reach_of(drafts: Sequence[int], k: int) -> list[float]:
     return [sum(1 for d in drafts if d >= j) / n for j in range(1, k + 1)]
 
 
+def interpolated(profile: Mapping[int, float], batch: int) -> float:
+    """``s(batch)`` from a profile: linear between the two profiled sizes around it, the nearest end's
+    outside them."""
+    sizes = sorted(profile)
+    if not sizes:
+        raise ValueError("an empty profile has no slope")
+    if batch <= sizes[0]:
+        return profile[sizes[0]]
+    if batch >= sizes[-1]:
+        return profile[sizes[-1]]
+    hi = bisect.bisect_left(sizes, batch)
+    lo_size, hi_size = sizes[hi - 1], sizes[hi]
+    share = (batch - lo_size) / (hi_size - lo_size)
+    return profile[lo_size] + share * (profile[hi_size] - profile[lo_size])
+
+
 @dataclass
 class _Batch:
     """What is measured at one batch size (module docstring)."""
@@ -172,6 +192,9 @@ class AdaptiveDraftLength:
     #: whether the drafter shadows (``Drafter.can_shadow``): then drafting is first timed only once the
     #: shadows' acceptance says it could pay (module docstring)
     shadowed: bool = False
+    #: batch size -> ``s(B)`` timed when the engine started (``cost_profile``): a batch size first met
+    #: starts from it, its drafting already timed (empty: measured online first, as the docstring says)
+    profile: dict[int, float] = field(default_factory=dict)
 
     @property
     def mean_acceptance(self) -> float:
@@ -189,6 +212,10 @@ class AdaptiveDraftLength:
         found = self.batches.get(batch)
         if found is None:
             found = self.batches[batch] = _Batch([0.0] * self.k, [0] * self.k)
+            if self.profile:  # drafting already timed; a drafter that cannot shadow is taken to fill its
+                # budget until a verify step says otherwise (its reach is learnt only from those)
+                found.slope, found.samples = interpolated(self.profile, batch), MIN_SAMPLES
+                found.reach = [0.0 if self.shadowed else 1.0] * self.k
         return found
 
     def choose(self, batch: int, acceptances: Sequence[float], mixed: bool = False) -> int:
@@ -362,4 +389,4 @@ class AdaptiveDraftLength:
         return k
 
 
-__all__ = ["AdaptiveDraftLength", "expected_tokens", "reach_of", "reached_tokens"]
+__all__ = ["AdaptiveDraftLength", "expected_tokens", "interpolated", "reach_of", "reached_tokens"]

@@ -32,6 +32,7 @@ from spec_backend.engine.assembly import (
     step_policies,
 )
 from spec_backend.engine.core import EngineCore, seed_for
+from spec_backend.engine.cost_profile import profile_engine
 from spec_backend.engine.inputs import check_token_ids, params_per_prompt, parse_prompts
 from spec_backend.engine.params import RequestOutput, SamplingParams
 from spec_backend.engine.prefix import PrefixHits, PrefixSettings
@@ -214,6 +215,8 @@ class LLM:
         eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         eager |= tree is not None and not self.backend.captures_token_trees
         capture_steps(engine, self.backend, eager)
+        if engine.adaptive is not None:  # drafting's cost before any step verifies drafts (cost_profile.py)
+            engine.adaptive.profile = profile_engine(engine)
         return engine
 
     def _drafter_context(

@@ -18,6 +18,7 @@ from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
+from spec_backend.runtime.captured import plain_graph_replays_fewer
 from spec_backend.runtime.captured_verify import verify_kind
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch, valid_drafts
@@ -99,14 +100,6 @@ def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
     return replace(inputs, tokens=tokens, probs=probs)
 
 
-def _fewer_rows(plain: CapturedDecode | None, verify: CapturedDecode, requests: list[Request]) -> bool:
-    """Whether the one-token graph replays fewer rows than the verify graph for these requests (a backend
-    short of graphs may have captured only its largest size)."""
-    rows = plain.padded_tokens(len(requests)) if plain is not None else None
-    widest = verify.padded_tokens(len(requests))
-    return rows is not None and (widest is None or rows <= widest)
-
-
 def _graph_kind(
     captured: CapturedDecode | None, requests: list[Request], inputs: DecodeInputs, sampling: SamplingMetadata
 ) -> str | None:
@@ -169,7 +162,7 @@ class Stepper:
         if (
             captured is not None
             and not any(inputs.counts)
-            and _fewer_rows(engine.captured_plain, captured, requests)
+            and plain_graph_replays_fewer(engine.captured_plain, captured, len(requests))
         ):
             captured = engine.captured_plain  # no drafts: the one-token step, a plain step's cost
             inputs = replace(inputs, tokens=inputs.tokens[:, :1])  # [B, 1]

@@ -153,6 +153,17 @@ class CapturedDecode:
         return TargetOutput(logits=outputs[0], final=final, aux=aux)
 
 
+def plain_graph_replays_fewer(
+    plain: CapturedDecode | None, verify: CapturedDecode, num_requests: int
+) -> bool:
+    """Whether a step without drafts of ``num_requests`` requests replays the one-token graph ``plain``: it
+    replays fewer rows than the verify graph (a backend short of graphs may have captured only its largest
+    size, and a size above it runs eagerly)."""
+    rows = plain.padded_tokens(num_requests) if plain is not None else None
+    widest = verify.padded_tokens(num_requests)
+    return rows is not None and (widest is None or rows <= widest)
+
+
 def maybe_capture(
     runner: ModelRunner,
     backend: Backend | None,
@@ -185,4 +196,4 @@ def maybe_capture(
         ) from exc
 
 
-__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture"]
+__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture", "plain_graph_replays_fewer"]

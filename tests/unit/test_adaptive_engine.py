@@ -44,11 +44,12 @@ class StepClock:
 def _charged(llm: LLM, draft_cost: float, wrong: bool) -> None:
     """Proposals advance the engine's step clock by ``draft_cost`` per draft; ``wrong``: every draft id is
     shifted by one (a shadow's too: shadows cost a lookup, nothing on this clock), so drafts cost and
-    never pay."""
+    never pay. The start-up profile (``cost_profile``) was timed on the real clock: the policy starts
+    without it and measures on this one."""
     adaptive = llm.engine.adaptive
     clock = StepClock(draft_cost)
     if adaptive is not None:
-        adaptive.clock = clock
+        adaptive.clock, adaptive.profile = clock, {}
     drafter: Any = llm.engine.drafter
     propose, shadow = drafter.propose, drafter.shadow
 
