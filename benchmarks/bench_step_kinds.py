@@ -2,6 +2,7 @@
 decoding's steps in the same process.
 
     .venv/bin/python benchmarks/bench_step_kinds.py [--method suffix] [--rounds 1] [--isa avx2] [--warm]
+                                                    [--no-profile]
 
 A plain engine and a speculative one (``--method`` ngram or suffix, adaptive drafting on: the default) take
 each open-chat prompt of ``make demo`` together and step in turn, one engine step each, every step timed alone
@@ -13,7 +14,8 @@ held; ``verify j``: j drafts) and reported as steps, ms a step, that over plain 
 (``x plain``), tokens a step and its net gain in plain steps (tokens emitted minus the plain steps its time
 would have bought). ``held`` counts the steps the policy held (``AdaptiveDraftLength.hold``). Greedy
 speculation is lossless: the texts must equal plain decoding's (the script fails otherwise). The CPU's ISA
-flags are printed.
+flags are printed. ``--no-profile`` drops the engine's start-up cost profile (``engine/cost_profile.py``), so
+the policy times drafting online as it did before it: the negative control of the profile.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--warm", action="store_true", help="run the code-edit prompts first, untimed")
+    p.add_argument(
+        "--no-profile", action="store_true", help="drop the start-up cost profile: drafting timed online"
+    )
     args = p.parse_args(argv)
     if args.isa != "native":
         os.environ["SPEC_BACKEND_ISA"] = args.isa
@@ -77,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         "plain": LLM("smollm2", log_stats_interval=None),
         args.method: LLM("smollm2", speculative_config=spec, log_stats_interval=None),
     }
+    adaptive = engines[args.method].engine.adaptive
+    if args.no_profile and adaptive is not None:  # the negative control: measured online, as before it
+        adaptive.profile = {}
     template = engines["plain"].chat_prompt
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     for llm in engines.values():
@@ -86,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 llm.generate([template(prompt)], params)
     kinds, held = _step_kinds(engines, [template(m) for m in CHAT_PROMPTS] * args.rounds, params)
     print(isa_line(args.isa))
-    print(f"open chat x{args.rounds}, batch 1, greedy, K={args.k}, {args.method} adaptive, warm={args.warm}")
+    print(f"open chat x{args.rounds}, batch 1, greedy, K={args.k}, {args.method} adaptive, warm={args.warm}, "
+          f"profile={not args.no_profile}")  # fmt: skip
     steps, seconds, _ = kinds.pop("plain")
     mean = seconds / steps
     print(f"plain decoding: {int(steps)} steps, {1e3 * mean:.3f} ms a step")

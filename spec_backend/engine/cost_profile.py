@@ -8,7 +8,8 @@ chat), and once again at every batch size a server meets. At start-up the engine
 one and at ``K + 1`` query rows per request, for 1, 2, 4, … requests up to ``max_num_seqs``, on free
 cache slots and the way a decode step runs it (the captured graph a step of those rows replays, else the
 runner eagerly), and hands the policy those slopes (``AdaptiveDraftLength.profile``). A batch size between
-two profiled ones starts at the slope interpolated between theirs, one past the largest at the largest's.
+two profiled ones starts at the slope interpolated between theirs. Sizes are profiled from the smallest up
+until the forwards have taken ``PROFILE_BUDGET_S`` (a large model on a CPU); larger ones are measured online.
 Live steps then refine a batch size's slope as before (each drafting step's time against the plain steps
 of the same moment, a moving average): the profile times the target's forward only, and what verification
 and a drafter's own work (a draft model's ``K`` forwards) add is what those samples bring in.
@@ -38,6 +39,9 @@ logger = logging.getLogger("spec_backend.engine")
 
 #: timings of each batch size and row count; their median is kept
 PROFILE_REPEATS = 3
+#: seconds of forwards after which no larger batch size is profiled (a large model on a CPU): those are
+#: measured online, as without a profile
+PROFILE_BUDGET_S = 3.0
 
 #: ``time_step(batch, rows)``: seconds of one forward of ``batch`` requests at ``rows`` query rows each
 StepTimer = Callable[[int, int], float]
@@ -55,17 +59,28 @@ def profile_sizes(max_num_seqs: int) -> list[int]:
 
 
 def profile_slopes(
-    time_step: StepTimer, k: int, sizes: Sequence[int], fixed_width: bool, repeats: int = PROFILE_REPEATS
+    time_step: StepTimer,
+    k: int,
+    sizes: Sequence[int],
+    fixed_width: bool,
+    repeats: int = PROFILE_REPEATS,
+    budget_s: float = PROFILE_BUDGET_S,
 ) -> dict[int, float]:
     """Batch size -> ``s(B)`` from the median plain and verify forwards' times (a verify forward timed
-    faster than a plain one gives 0: a draft row costs something, and the rest was noise)."""
+    faster than a plain one gives 0: a draft row costs something, and the rest was noise), in the order of
+    ``sizes``, stopping after the size at which the forwards' times add up to ``budget_s``."""
     if k < 1 or repeats < 1:
         raise ValueError(f"a profile needs k >= 1 and repeats >= 1, got k={k}, repeats={repeats}")
     slopes: dict[int, float] = {}
+    spent = 0.0
     for batch in sizes:
-        time_step(batch, 1)  # a first call at a new shape pays one-off costs (allocations, kernel choice)
-        plain = statistics.median(time_step(batch, 1) for _ in range(repeats))
-        verify = statistics.median(time_step(batch, k + 1) for _ in range(repeats))
+        if spent >= budget_s:
+            break
+        warm = time_step(batch, 1)  # a first call at a new shape pays one-off costs (allocations, kernels)
+        plains = [time_step(batch, 1) for _ in range(repeats)]
+        verifies = [time_step(batch, k + 1) for _ in range(repeats)]
+        spent += warm + sum(plains) + sum(verifies)
+        plain, verify = statistics.median(plains), statistics.median(verifies)
         extra = max(verify / plain - 1.0, 0.0) if plain > 0.0 else 0.0
         slopes[batch] = extra if fixed_width else extra / k
     return slopes
@@ -115,9 +130,8 @@ def profile_engine(engine: EngineCore) -> dict[int, float]:
     adaptive = engine.adaptive
     if adaptive is None or engine.k < 1:
         return {}
-    slopes = profile_slopes(
-        forward_timer(engine), engine.k, profile_sizes(engine.max_num_seqs), adaptive.fixed_width
-    )
+    sizes = profile_sizes(engine.max_num_seqs)
+    slopes = profile_slopes(forward_timer(engine), engine.k, sizes, adaptive.fixed_width)
     if engine.captured is not None:
         engine.runner.cache.zero_all()
     logger.info(
@@ -126,6 +140,12 @@ def profile_engine(engine: EngineCore) -> dict[int, float]:
         "/".join(f"{s:.3f}" for s in slopes.values()),
         "/".join(str(b) for b in slopes),
     )
+    if len(slopes) < len(sizes):
+        logger.info(
+            "adaptive drafting: batches above %d request(s) are timed online (the profile spent its %.0f s)",
+            max(slopes),
+            PROFILE_BUDGET_S,
+        )
     return slopes
 
 

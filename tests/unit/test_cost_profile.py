@@ -58,9 +58,10 @@ def test_slopes_are_each_rows_share_of_a_plain_step_or_the_whole_verify_steps() 
     verify step (``fixed_width``); an outlier timing is the median's to drop, and a verify forward timed
     faster than a plain one costs nothing (never a negative slope)."""
     outlier = {(2, 1): 50.0, (4, K + 1): 50.0}
-    eager = profile_slopes(_timer(0.1, outlier), K, [1, 2, 4], fixed_width=False)
+    eager = profile_slopes(_timer(0.1, outlier), K, [1, 2, 4], fixed_width=False, budget_s=1e9)
     assert eager == pytest.approx({1: 0.1, 2: 0.1, 4: 0.1})
-    assert profile_slopes(_timer(0.1), K, [1, 8], fixed_width=True) == pytest.approx({1: 0.4, 8: 0.4})
+    flat = profile_slopes(_timer(0.1), K, [1, 8], fixed_width=True, budget_s=1e9)
+    assert flat == pytest.approx({1: 0.4, 8: 0.4})
     assert profile_slopes(_timer(-0.1), K, [1], fixed_width=False) == {1: 0.0}
     with pytest.raises(ValueError, match="k >= 1 and repeats >= 1, got k=0"):
         profile_slopes(_timer(0.1), 0, [1], fixed_width=False)
@@ -73,11 +74,23 @@ def test_each_shape_is_timed_once_to_warm_up_then_repeats_times() -> None:
         seen.append((batch, rows))
         return 1.0
 
-    profile_slopes(time_step, K, [1, 2], fixed_width=False)
+    profile_slopes(time_step, K, [1, 2], fixed_width=False, budget_s=1e9)
     expected = [
         shape for b in (1, 2) for shape in [(b, 1)] * (1 + PROFILE_REPEATS) + [(b, K + 1)] * PROFILE_REPEATS
     ]
     assert seen == expected
+
+
+def test_larger_batch_sizes_are_left_to_online_timing_once_the_budget_is_spent() -> None:
+    """The forwards' times add up as sizes are profiled from the smallest: at 1 request 8.2 s (a warm-up,
+    three plain and three verify forwards), at 2 requests 16.4 s more; with a 20 s budget the profile stops
+    after 2 requests, and the policy measures larger batches online (no seeded samples), as it does
+    without a profile. Negative control: an ample budget profiles every size."""
+    assert sorted(profile_slopes(_timer(0.1), K, [1, 2, 4, 8], False, budget_s=20.0)) == [1, 2]
+    assert sorted(profile_slopes(_timer(0.1), K, [1, 2, 4, 8], False, budget_s=1e9)) == [1, 2, 4, 8]
+    policy = AdaptiveDraftLength(K, profile={1: 0.1, 2: 0.2})
+    assert policy.batch(2).samples == MIN_SAMPLES and policy.batch(2).slope == pytest.approx(0.2)
+    assert policy.batch(4).samples == 0 and policy.batch(4).slope == 0.0
 
 
 def test_a_batch_size_between_two_profiled_ones_interpolates() -> None:
@@ -118,7 +131,7 @@ def test_a_shadowing_drafters_reach_starts_at_none_with_a_profile() -> None:
     shadowed = AdaptiveDraftLength(K, profile={1: 0.5 / K}, shadowed=True)
     assert _choices(shadowed, 0.9, 10) == [0] * 10
     assert shadowed.batches[1].reach == [0.0] * K
-    assert AdaptiveDraftLength(K, profile={1: 0.1}).batch(3).reach == [1.0] * K
+    assert AdaptiveDraftLength(K, profile={1: 0.1, 4: 0.2}).batch(3).reach == [1.0] * K
 
 
 def test_an_engine_profiles_its_forward_at_start_and_leaves_no_trace(
