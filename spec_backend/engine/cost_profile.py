@@ -76,7 +76,8 @@ def profile_slopes(
     for batch in sizes:
         if spent >= budget_s:
             break
-        warm = time_step(batch, 1)  # a first call at a new shape pays one-off costs (allocations, kernels)
+        # a first call at a new shape pays one-off costs (allocations, kernel choice): not kept
+        warm = time_step(batch, 1) + time_step(batch, k + 1)
         plains = [time_step(batch, 1) for _ in range(repeats)]
         verifies = [time_step(batch, k + 1) for _ in range(repeats)]
         spent += warm + sum(plains) + sum(verifies)
@@ -126,9 +127,11 @@ def forward_timer(engine: EngineCore, clock: Callable[[], float] = time.perf_cou
 
 def profile_engine(engine: EngineCore) -> dict[int, float]:
     """Profile ``engine``'s step cost (module docstring) and log it; its captured graphs, if any, read
-    whole slots, so the cache is zeroed after."""
+    whole slots, so the cache is zeroed after. None for a token tree's engine (adaptive drafting asked for
+    explicitly): its step feeds ``1 + nodes`` rows and its graph a tree mask, which a chain's profile does
+    not time, so its policy measures online (before, a captured tree's engine failed to start)."""
     adaptive = engine.adaptive
-    if adaptive is None or engine.k < 1:
+    if adaptive is None or engine.k < 1 or engine.tree is not None:
         return {}
     sizes = profile_sizes(engine.max_num_seqs)
     slopes = profile_slopes(forward_timer(engine), engine.k, sizes, adaptive.fixed_width)

@@ -165,7 +165,7 @@ class NgramProposer(Proposer):
         self._append(self._reqs[req_id], new_token_ids)
 
     def _append(self, index: _RequestIndex, new_token_ids: Sequence[int]) -> None:
-        if not new_token_ids:
+        if len(new_token_ids) == 0:  # a numpy array has no truth value
             return
         new = [int(t) for t in new_token_ids]
         p = len(index.tokens)

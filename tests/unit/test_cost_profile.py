@@ -76,16 +76,18 @@ def test_each_shape_is_timed_once_to_warm_up_then_repeats_times() -> None:
 
     profile_slopes(time_step, K, [1, 2], fixed_width=False, budget_s=1e9)
     expected = [
-        shape for b in (1, 2) for shape in [(b, 1)] * (1 + PROFILE_REPEATS) + [(b, K + 1)] * PROFILE_REPEATS
+        shape
+        for b in (1, 2)
+        for shape in [(b, 1), (b, K + 1)] + [(b, 1)] * PROFILE_REPEATS + [(b, K + 1)] * PROFILE_REPEATS
     ]
     assert seen == expected
 
 
 def test_larger_batch_sizes_are_left_to_online_timing_once_the_budget_is_spent() -> None:
-    """The forwards' times add up as sizes are profiled from the smallest: at 1 request 8.2 s (a warm-up,
-    three plain and three verify forwards), at 2 requests 16.4 s more; with a 20 s budget the profile stops
-    after 2 requests, and the policy measures larger batches online (no seeded samples), as it does
-    without a profile. Negative control: an ample budget profiles every size."""
+    """The forwards' times add up as sizes are profiled from the smallest: at 1 request 9.6 s (a warm-up of
+    each shape, three plain and three verify forwards), at 2 requests 19.2 s more; with a 20 s budget the
+    profile stops after 2 requests, and the policy measures larger batches online (no seeded samples), as
+    it does without a profile. Negative control: an ample budget profiles every size."""
     assert sorted(profile_slopes(_timer(0.1), K, [1, 2, 4, 8], False, budget_s=20.0)) == [1, 2]
     assert sorted(profile_slopes(_timer(0.1), K, [1, 2, 4, 8], False, budget_s=1e9)) == [1, 2, 4, 8]
     policy = AdaptiveDraftLength(K, profile={1: 0.1, 2: 0.2})
@@ -169,6 +171,26 @@ def test_the_profile_replays_the_graphs_a_step_would(target: str) -> None:
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params)] == [
         o.outputs[0].token_ids for o in eager.generate(PROMPTS[:2], params)
     ]
+
+
+def test_a_token_trees_engine_is_not_profiled_and_starts(target: str) -> None:
+    """A token tree with adaptive drafting asked for: its step feeds ``1 + nodes`` rows and its captured
+    graph a tree mask, which the chain's profile does not time. Failed before: the profile replayed the
+    tree's graph without a tree and ``LLM(...)`` raised; now the engine starts, profiles nothing, and its
+    greedy tokens are plain decoding's, captured and eager."""
+    tree = "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"
+    spec = {
+        **ADAPTIVE,
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": tree,
+        "adaptive_draft_length": True,
+    }
+    plain = [o.outputs[0].token_ids for o in LLM(target, dtype="float64").generate(PROMPTS[:2], GREEDY)]
+    for backend in (StrictGraphs(), None):
+        kwargs: dict[str, Any] = {"backend": backend} if backend is not None else {}
+        llm = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=2, **kwargs)
+        assert llm.engine.adaptive is not None and llm.engine.adaptive.profile == {}
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], GREEDY)] == plain
 
 
 def test_the_timer_refuses_an_engine_holding_requests(target: str) -> None:

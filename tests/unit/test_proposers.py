@@ -165,6 +165,8 @@ def test_a_short_prompt_is_indexed_in_the_dynamic_tier_and_a_long_one_vectorised
         index = proposer._reqs["r"]
         assert (index.static.size == 0 and len(index.dyn) > 0) == short
         assert proposer.propose(["r"]) == [reference(tokens, 4, 1, 4)]
+        proposer.add_request("a", np.asarray(tokens))  # an array prompt, on either path
+        assert proposer.propose(["a"]) == [reference(tokens, 4, 1, 4)]
 
 
 def test_last_occurrence() -> None:
