@@ -212,10 +212,9 @@ class AdaptiveDraftLength:
         found = self.batches.get(batch)
         if found is None:
             found = self.batches[batch] = _Batch([0.0] * self.k, [0] * self.k)
-            if self.profile and batch <= max(
-                self.profile
-            ):  # drafting already timed; a drafter that cannot shadow is taken to fill its
-                # budget until a verify step says otherwise (its reach is learnt only from those)
+            # drafting already timed; a drafter that cannot shadow is taken to fill its budget until a
+            # verify step says otherwise (its reach is learnt only from those)
+            if self.profile and batch <= max(self.profile):
                 found.slope, found.samples = interpolated(self.profile, batch), MIN_SAMPLES
                 found.reach = [0.0 if self.shadowed else 1.0] * self.k
         return found

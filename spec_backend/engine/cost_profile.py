@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.runtime.captured import plain_graph_replays_fewer
+from spec_backend.runtime.captured import step_graph
 from spec_backend.step import build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.engine.core import EngineCore
-    from spec_backend.runtime.captured import CapturedDecode
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -87,15 +86,6 @@ def profile_slopes(
     return slopes
 
 
-def _graph_for(engine: EngineCore, batch: int, rows: int) -> CapturedDecode | None:
-    """The captured step a decode step of ``batch`` requests at ``rows`` rows each replays (``Stepper._run``):
-    without drafts the one-token graph where it replays fewer rows, else the verify graph; None: eager."""
-    verify, plain = engine.captured, engine.captured_plain
-    if verify is not None and rows == 1 and plain_graph_replays_fewer(plain, verify, batch):
-        return plain
-    return verify
-
-
 def forward_timer(engine: EngineCore, clock: Callable[[], float] = time.perf_counter) -> StepTimer:
     """A ``StepTimer`` over ``engine``'s runner: dummy requests (token 0, no context) on slots ``0 ..`` of
     an engine that holds none, every cache's slots forgotten after each forward."""
@@ -107,7 +97,7 @@ def forward_timer(engine: EngineCore, clock: Callable[[], float] = time.perf_cou
             raise RuntimeError(
                 f"the step cost profile needs an idle engine, {slots.num_slots} slot(s) are live"
             )
-        graph = _graph_for(engine, batch, rows)
+        graph = step_graph(engine.captured, engine.captured_plain, batch, rows > 1)  # as a step would
         q = graph.q if graph is not None else rows
         for _ in range(batch):
             slots.add()

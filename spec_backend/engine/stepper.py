@@ -18,7 +18,7 @@ from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
-from spec_backend.runtime.captured import plain_graph_replays_fewer
+from spec_backend.runtime.captured import step_graph
 from spec_backend.runtime.captured_verify import verify_kind
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import StepBatch, TargetOutput, build_step_batch, valid_drafts
@@ -158,13 +158,9 @@ class Stepper:
         engine = self.engine
         if engine.tree is not None and not last_only:
             return self._run_tree(start, requests, inputs)
-        captured = engine.captured if not last_only and start == 0 else None
-        if (
-            captured is not None
-            and not any(inputs.counts)
-            and plain_graph_replays_fewer(engine.captured_plain, captured, len(requests))
-        ):
-            captured = engine.captured_plain  # no drafts: the one-token step, a plain step's cost
+        verify = engine.captured if not last_only and start == 0 else None
+        captured = step_graph(verify, engine.captured_plain, len(requests), any(inputs.counts))
+        if captured is not verify:  # no drafts: the one-token step, a plain step's cost
             inputs = replace(inputs, tokens=inputs.tokens[:, :1])  # [B, 1]
         if captured is not None:  # every request q tokens: placeholders where drafts are missing (an
             # eager step costs the host's launches of every layer, 10-20x a replay on a GPU)

@@ -153,15 +153,17 @@ class CapturedDecode:
         return TargetOutput(logits=outputs[0], final=final, aux=aux)
 
 
-def plain_graph_replays_fewer(
-    plain: CapturedDecode | None, verify: CapturedDecode, num_requests: int
-) -> bool:
-    """Whether a step without drafts of ``num_requests`` requests replays the one-token graph ``plain``: it
-    replays fewer rows than the verify graph (a backend short of graphs may have captured only its largest
-    size, and a size above it runs eagerly)."""
-    rows = plain.padded_tokens(num_requests) if plain is not None else None
-    widest = verify.padded_tokens(num_requests)
-    return rows is not None and (widest is None or rows <= widest)
+def step_graph(
+    verify: CapturedDecode | None, plain: CapturedDecode | None, num_requests: int, drafts: bool
+) -> CapturedDecode | None:
+    """The graph a decode step of ``num_requests`` requests replays (None: it runs eagerly): without
+    ``drafts``, the one-token graph ``plain`` where it replays no more rows than the verify graph (a backend
+    short of graphs may have captured only its largest size, and a size above it runs eagerly), else
+    ``verify``."""
+    if verify is None or drafts or plain is None:
+        return verify
+    rows, widest = plain.padded_tokens(num_requests), verify.padded_tokens(num_requests)
+    return plain if rows is not None and (widest is None or rows <= widest) else verify
 
 
 def maybe_capture(
@@ -196,4 +198,4 @@ def maybe_capture(
         ) from exc
 
 
-__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture", "plain_graph_replays_fewer"]
+__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture", "step_graph"]
