@@ -26,6 +26,10 @@ as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model predicts 
 length L for a free drafter (c = 0) whose K+1-token verify costs one plain step: L itself; ``efficiency``
 = measured vs plain / L.
 
+``--attention auto,triton`` runs every row once per attention path of the CUDA backend
+(``CudaBackend(attention=...)``); rows of a path other than ``auto`` carry it after the model's name
+(``smollm2-random/triton``), and a last table gives each such row's tok/s against ``auto``'s.
+
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
 left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
 (transformers runs assisted generation for one sequence only).
@@ -221,7 +225,10 @@ def eager_sampler(backend: Any) -> Any:
     """The same backend, but its decode steps' rejection sampler runs eagerly after the replayed forward
     (``Backend.captures_sampler`` off): the step before ``runtime/captured_verify``, for an A/B in one run."""
     cls = type(backend)
-    return type(f"{cls.__name__}EagerSampler", (cls,), {"captures_sampler": False})()
+    eager = type(f"{cls.__name__}EagerSampler", (cls,), {"captures_sampler": False})
+    copy = eager.__new__(eager)
+    copy.__dict__.update(vars(backend))  # the same settings (the attention path among them)
+    return copy
 
 
 def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backend: Any) -> list[Row]:
@@ -299,8 +306,18 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: off (eager), on (captured), on-eager-sampler (the forward captured, the "
         "sampler eager after it: the step before the captured sampler)",
     )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        help="comma-separated CUDA attention paths (auto, flash, sdpa, triton): every row once per path",
+    )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
+    args.attention = [a for a in args.attention.split(",") if a]
+    if bad := [a for a in args.attention if a not in ("auto", "flash", "sdpa", "triton")]:
+        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton")
+    if args.dry_run and args.attention != ["auto"]:
+        parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
     if bad := [m for m in args.modes if m not in ("plain", "ngram", "adaptive", "synthetic", "draft")]:
         parser.error(f"unknown modes {bad}: use plain, ngram, adaptive, synthetic, draft")
@@ -311,13 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"
         from spec_backend.backends.reference import ReferenceBackend
 
-        backend: Any = ReferenceBackend()
+        backends: dict[str, Any] = {"auto": ReferenceBackend()}
     else:
         if not torch.cuda.is_available():
             parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
         from spec_backend_cuda import CudaBackend
 
-        backend = CudaBackend()
+        backends = {a: CudaBackend(attention=a) for a in args.attention}
+    backend = next(iter(backends.values()))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.dry_run else "cpu"
     print(f"device: {device}, torch {torch.__version__}, backend {backend.name}, dtype {args.dtype}")
     if not engine_supports_graphs():
@@ -335,13 +353,31 @@ def main(argv: list[str] | None = None) -> int:
             )
             draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
             draft = make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
-            rows += run_model(name, path, draft, args, backend)
+            for attention, path_backend in backends.items():
+                label = name if attention == "auto" else f"{name}/{attention}"
+                rows += run_model(label, path, draft, args, path_backend)
             if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
                 rows += hf_rows(name, path, args)
     print()
     print(format_table(rows))
     print(vs_peer(rows))
+    print(vs_auto_attention(rows))
     return 0
+
+
+def vs_auto_attention(rows: list[Row]) -> str:
+    """Each row of an attention path other than ``auto`` (``model/path``) against ``auto``'s same row."""
+    auto = {(r.model, r.batch, r.mode, r.graphs): r for r in rows if r.tokens and "/" not in r.model}
+    lines = []
+    for r in rows:
+        base = auto.get((r.model.split("/")[0], r.batch, r.mode, r.graphs))
+        if "/" in r.model and r.tokens and base is not None:
+            graphs = "graphs" if r.graphs else "eager"
+            lines.append(
+                f"{r.model} b={r.batch} {r.mode} ({graphs}): {r.tokens_per_s:.1f} tok/s = "
+                f"{r.tokens_per_s / base.tokens_per_s:.2f}x auto's {base.tokens_per_s:.1f}"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

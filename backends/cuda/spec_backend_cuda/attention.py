@@ -1,4 +1,4 @@
-"""Ragged attention on CUDA for transformers' ``AttentionInterface``: flash-attn, else SDPA.
+"""Ragged attention on CUDA for transformers' ``AttentionInterface``: flash-attn, else SDPA; or triton.
 
 Contract (the reference, ``spec_backend.backends.attention``): request ``b`` carries
 ``query_lens[b]`` real query rows, right-padded to ``Q``; its cache view holds ``kv_lens[b]`` valid keys
@@ -27,6 +27,10 @@ it never synchronises with the host and can be captured in a CUDA graph):
   replay with new lengths would read the old mask. While a graph is captured, masks built outside that
   capture are dropped and rebuilt inside it (recorded once, shared by every layer); outside a capture,
   masks built inside one (they hold values only after a replay) are dropped.
+* **triton** (chosen by name, ``CudaBackend(attention="triton")``; not yet by ``auto``, which waits for a
+  GPU measurement against SDPA) — one kernel that reads only each request's valid keys
+  (``spec_backend_cuda.triton_attention``): every dtype of the engine, windows, soft caps, sinks, values
+  of another head dim. Token trees take the SDPA path.
 """
 
 from __future__ import annotations
@@ -261,11 +265,31 @@ def cuda_ragged_attention(
     return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 
+def triton_chain_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, Q, D]
+    key: torch.Tensor,  # [B, Hkv, L, D]
+    value: torch.Tensor,  # [B, Hkv, L, Dv]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The triton path: the triton kernel for chain steps (a call it cannot compute is refused by name),
+    the reference SDPA for a token tree's ancestor mask, as ``auto`` routes trees."""
+    from spec_backend_cuda.triton_attention import triton_ragged_attention
+
+    if ragged_metadata(kwargs, module).tree is not None:
+        return cuda_sdpa_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    return triton_ragged_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+
 #: The attention functions by path name (``CudaBackend(attention=...)``).
 ATTENTION_PATHS: dict[str, Callable[..., tuple[torch.Tensor, None]]] = {
     "auto": cuda_ragged_attention,
     "flash": flash_ragged_attention,
     "sdpa": cuda_sdpa_attention,
+    "triton": triton_chain_attention,
 }
 
 __all__ = [
@@ -283,4 +307,5 @@ __all__ = [
     "load_flash_kernel",
     "ragged_flash",
     "rotation_index",
+    "triton_chain_attention",
 ]

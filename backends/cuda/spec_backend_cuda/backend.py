@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from spec_backend.sampling.ops import SamplerOps
 
 #: Attention paths ``CudaBackend(attention=...)`` accepts (see ``spec_backend_cuda.attention``).
-ATTENTION_CHOICES = ("auto", "flash", "sdpa")
+ATTENTION_CHOICES = ("auto", "flash", "sdpa", "triton")
 
 
 def _flash_note() -> str:
@@ -39,7 +39,8 @@ class CudaBackend(Backend):
     """NVIDIA GPUs through CUDA: flash-attn/SDPA attention, CUDA graphs, triton sampler kernels.
 
     ``attention``: ``"auto"`` (flash-attn where it can run the tensors, else SDPA), ``"flash"`` or
-    ``"sdpa"`` (force one path). ``enforce_eager``: :meth:`graph_runner` returns an eager runner
+    ``"sdpa"`` (force one path), or ``"triton"`` (a kernel reading only each request's valid keys;
+    token trees on SDPA). ``enforce_eager``: :meth:`graph_runner` returns an eager runner
     (no CUDA graphs), like vLLM's ``enforce_eager``. ``graph_warmup_iters``, ``graph_copy_output`` and
     ``graph_progress`` configure every ``CudaGraphRunner`` this backend makes (see
     :class:`~spec_backend.backends.graph_common.PaddedGraphRunner`); they are instance attributes, so

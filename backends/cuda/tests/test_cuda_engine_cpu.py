@@ -1,5 +1,6 @@
 """End to end on CPU: the engine with the CUDA backend's parts (attention dispatch, the flash glue over an
-emulated ``flash_attn_with_kvcache``, the triton sampler ops interpreted) gives the reference tokens."""
+emulated ``flash_attn_with_kvcache``, the triton attention kernel and the triton sampler ops interpreted)
+gives the reference tokens."""
 
 from __future__ import annotations
 
@@ -82,11 +83,13 @@ def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> 
         # no GPU to capture on: the engine's captured-step path runs through the eager graph runner
         ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
         ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
+        ("cuda-triton", CpuEmulatedCuda(attention="triton", enforce_eager=True)),
     ):
         llm = engine.LLM(model, speculative_config=NGRAM, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
+    assert outputs["cuda-triton"] == outputs["reference"]
     assert all(len(o) == 10 for o in outputs["reference"])
 
 
@@ -114,6 +117,7 @@ def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str, 
         ("reference", "reference"),
         ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
         ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
+        ("cuda-triton", CpuEmulatedCuda(attention="triton", enforce_eager=True)),
     ):
         prefix = name == "reference" or not rings
         llm = engine.LLM(
@@ -123,6 +127,7 @@ def test_sliding_window_models_match_the_reference(tmp_path: Path, family: str, 
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
+    assert outputs["cuda-triton"] == outputs["reference"]
 
 
 @pytest.mark.skipif(
@@ -175,9 +180,14 @@ def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
     params = engine.SamplingParams(temperature=0.0, max_tokens=10)
     plain = engine.LLM(model, backend="reference", log_stats_interval=None).generate(PROMPTS, params)
     outputs = {}
-    for name, backend in (("reference", "reference"), ("cuda", CpuEmulatedCuda(enforce_eager=True))):
+    for name, backend in (
+        ("reference", "reference"),
+        ("cuda", CpuEmulatedCuda(enforce_eager=True)),
+        ("cuda-triton", CpuEmulatedCuda(attention="triton", enforce_eager=True)),  # trees on SDPA
+    ):
         llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
         assert llm.engine.tree is not None and llm.metrics.total.num_draft_tokens > 0
     assert outputs["reference"] == [list(o.outputs[0].token_ids) for o in plain]
     assert outputs["cuda"] == outputs["reference"]
+    assert outputs["cuda-triton"] == outputs["reference"]

@@ -1,4 +1,5 @@
-"""GPU tier: the flash and SDPA paths against the float32 reference, and attention inside a CUDA graph."""
+"""GPU tier: the flash, SDPA and triton paths against the float32 reference, and attention inside a CUDA
+graph (the triton kernel compiled here; on CPU it runs interpreted, bfloat16 excepted)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from spec_backend_cuda.attention import (
     flash_attn_installed,
     flash_ragged_attention,
     flash_unsupported_reason,
+    triton_chain_attention,
 )
 from spec_backend_cuda.graph_runner import CudaGraphDriver
 
@@ -27,7 +29,12 @@ LAYOUTS = [
     pytest.param([1] * 4, 1, 4, id="decode-Q1"),
     pytest.param([37, 1, 12], 37, 3, id="prefill-mixed"),
 ]
-PATHS = {"sdpa": cuda_sdpa_attention, "flash": flash_ragged_attention, "auto": cuda_ragged_attention}
+PATHS = {
+    "sdpa": cuda_sdpa_attention,
+    "flash": flash_ragged_attention,
+    "auto": cuda_ragged_attention,
+    "triton": triton_chain_attention,
+}
 
 
 def _needs(path: str, dtype: torch.dtype) -> None:
@@ -75,7 +82,7 @@ def test_auto_dispatch(dtype: torch.dtype) -> None:
     assert flash_ok == (flash_attn_installed() and dtype != torch.float32)
 
 
-@pytest.mark.parametrize("path", ["sdpa", "flash"])
+@pytest.mark.parametrize("path", ["sdpa", "flash", "triton"])
 def test_attention_replays_in_a_cuda_graph_with_new_lengths(path: str) -> None:
     """Lengths are device tensors read by the kernels: updating them in place is enough for a replay."""
     _needs(path, torch.float16)
@@ -124,7 +131,8 @@ def test_sliding_window_paths_match_the_reference(
 
 
 def test_attention_sinks_take_the_sdpa_path_on_the_gpu() -> None:
-    """GPT-OSS's sinks: the auto path computes them (SDPA's explicit path), the flash path refuses them."""
+    """GPT-OSS's sinks: the auto path computes them (SDPA's explicit path), the triton kernel too, the
+    flash path refuses them."""
     query, key, value, meta = ragged_batch(3, 4, 8, 2, 64, torch.bfloat16, "cuda", max_prefix=40, seed=8)
     sinks = torch.linspace(-2.0, 2.0, 8, device="cuda")
     kwargs: dict[str, Any] = {"spec_attn_metadata": meta, "s_aux": sinks, "sliding_window": 16}
@@ -141,6 +149,9 @@ def test_attention_sinks_take_the_sdpa_path_on_the_gpu() -> None:
         sliding_window=16,
     )
     for got, ref in zip(real_rows(auto.float().cpu(), meta), real_rows(want, cpu_meta), strict=True):
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    kernel, _ = triton_chain_attention(torch.nn.Identity(), query, key, value, None, **kwargs)
+    for got, ref in zip(real_rows(kernel.float().cpu(), meta), real_rows(want, cpu_meta), strict=True):
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
     if flash_attn_installed():
         with pytest.raises(ValueError, match="attention sinks"):
