@@ -190,7 +190,7 @@ if triton is not None:
         HAS_SINKS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):  # fmt: skip
-        b = tl.program_id(0) // kv_heads
+        b = (tl.program_id(0) // kv_heads).to(tl.int64)  # 64-bit offsets: B * stride may pass 2^31
         kv_head = tl.program_id(0) % kv_heads
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] (head of the group, query)
         live = rows < group * q_len

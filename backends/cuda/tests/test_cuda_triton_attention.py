@@ -224,3 +224,33 @@ def test_the_kernel_compiles_for_ampere_and_hopper_within_shared_memory() -> Non
         assert "error" not in result, result
         assert result["shared"] <= SHARED_MEMORY_BUDGET, result
     assert results[-1].get("shared", 0) > SHARED_MEMORY_BUDGET, results[-1]
+
+
+_WIDE_SLOTS = """
+import torch
+from spec_backend_cuda.triton_attention import triton_ragged_attention
+from spec_backend.step import RaggedAttentionMetadata
+stride = 2**30 + 4096  # an int32 stride whose multiple by the slot index passes 2**31
+keys = torch.empty(2 * stride + 256, dtype=torch.float16).as_strided((3, 1, 16, 16), (stride, 256, 16, 1))
+gen = torch.Generator().manual_seed(0)
+for slot in range(3):
+    keys[slot].copy_(torch.randn(1, 16, 16, generator=gen).half())
+query, value = torch.randn(3, 2, 1, 16, generator=gen).half(), torch.randn(3, 1, 16, 16, generator=gen).half()
+meta = RaggedAttentionMetadata(torch.tensor([1, 1, 1]), torch.tensor([16, 16, 16]))
+def attend(k):
+    return triton_ragged_attention(torch.nn.Identity(), query, k, value, None, spec_attn_metadata=meta)[0]
+print(torch.equal(attend(keys), attend(keys.contiguous())))
+"""
+
+
+def test_slot_offsets_past_two_to_the_31_are_64_bit() -> None:
+    """A cache whose slot stride fits int32 but whose last slot starts past element 2^31 (a large model's
+    long, wide cache): the kernel's offsets are 64-bit and read the right keys (with 32-bit offsets the
+    address wraps; run in its own process, as a wrapped read may crash it). The storage is reserved,
+    never touched past the three slots, so it costs little memory."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _WIDE_SLOTS], capture_output=True, text=True, env=env, timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "True", (done.returncode, done.stderr[-2000:])
