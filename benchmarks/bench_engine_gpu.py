@@ -27,8 +27,8 @@ length L for a free drafter (c = 0) whose K+1-token verify costs one plain step:
 = measured vs plain / L.
 
 ``--attention auto,triton`` runs every row once per attention path of the CUDA backend
-(``CudaBackend(attention=...)``); rows of a path other than ``auto`` carry it after the model's name
-(``smollm2-random/triton``), and a last table gives each such row's tok/s against ``auto``'s.
+(``CudaBackend(attention=...)``); rows of a path other than the first listed carry it after the model's
+name (``smollm2-random/triton``), and a last table gives each such row's tok/s against the first path's.
 
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
 left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
@@ -354,19 +354,20 @@ def main(argv: list[str] | None = None) -> int:
             draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
             draft = make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
             for attention, path_backend in backends.items():
-                label = name if attention == "auto" else f"{name}/{attention}"
+                label = name if attention == args.attention[0] else f"{name}/{attention}"
                 rows += run_model(label, path, draft, args, path_backend)
             if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
                 rows += hf_rows(name, path, args)
     print()
     print(format_table(rows))
-    print(vs_peer(rows))
-    print(vs_auto_attention(rows))
+    for text in (vs_peer(rows), vs_first_attention(rows, args.attention[0])):
+        if text:
+            print(text)
     return 0
 
 
-def vs_auto_attention(rows: list[Row]) -> str:
-    """Each row of an attention path other than ``auto`` (``model/path``) against ``auto``'s same row."""
+def vs_first_attention(rows: list[Row], first: str) -> str:
+    """Each row of another attention path (``model/path``) against the first path's same row."""
     auto = {(r.model, r.batch, r.mode, r.graphs): r for r in rows if r.tokens and "/" not in r.model}
     lines = []
     for r in rows:
@@ -375,7 +376,7 @@ def vs_auto_attention(rows: list[Row]) -> str:
             graphs = "graphs" if r.graphs else "eager"
             lines.append(
                 f"{r.model} b={r.batch} {r.mode} ({graphs}): {r.tokens_per_s:.1f} tok/s = "
-                f"{r.tokens_per_s / base.tokens_per_s:.2f}x auto's {base.tokens_per_s:.1f}"
+                f"{r.tokens_per_s / base.tokens_per_s:.2f}x {first}'s {base.tokens_per_s:.1f}"
             )
     return "\n".join(lines)
 

@@ -20,7 +20,9 @@ key block is read once for the whole group. *Online softmax* — the running max
 sum ``l`` and the unnormalised output rescaled as each key block arrives (a sink starts ``m`` at its logit
 and ``l`` at 1: one more softmax column, with no value).
 
-Token trees (an ancestor mask) are not computed here: the SDPA path serves them.
+Token trees (an ancestor mask) are not computed here: the SDPA path serves them. The engine's lengths
+always satisfy ``query_lens[b] <= kv_lens[b] <= L`` (a step's keys are in the view); outside that the
+kernel does not clip as the reference's mask does (rows before position 0 are written as zeros).
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def triton_attention(
     _ragged_attention_kernel[grid](
         query, key, value, out, meta.query_lens, meta.kv_lens, sinks,
         *query.stride(), *key.stride(), *value.stride(), *out.stride(),
+        meta.query_lens.stride(0), meta.kv_lens.stride(0),
         q_len, group, kv_heads, head_dim, value_dim, float(scale),
         float(layer.softcap or 1.0), int(layer.window or 1),
         HAS_SINKS=layer.sinks is not None, HAS_SOFTCAP=layer.softcap is not None,
@@ -185,7 +188,7 @@ if triton is not None:
     @triton.jit
     def _ragged_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, q_lens_ptr, kv_lens_ptr, sinks_ptr,
-        sqb, sqh, sqq, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soq, soh, sod,
+        sqb, sqh, sqq, sqd, skb, skh, skl, skd, svb, svh, svl, svd, sob, soq, soh, sod, sql, skv,
         q_len, group, kv_heads, head_dim, value_dim, scale, softcap, window,
         HAS_SINKS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -195,8 +198,8 @@ if triton is not None:
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] (head of the group, query)
         live = rows < group * q_len
         head, qi = kv_head * group + rows // q_len, rows % q_len  # [M], [M]
-        kv_len = tl.load(kv_lens_ptr + b)
-        first = kv_len - tl.load(q_lens_ptr + b)  # the position of the request's first query
+        kv_len = tl.load(kv_lens_ptr + b * skv)  # the lengths may be strided views
+        first = kv_len - tl.load(q_lens_ptr + b * sql)  # the position of the request's first query
         pos = first + qi  # [M]
         d, dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q = tl.load(

@@ -3,11 +3,11 @@ memory, one JSON line per configuration: ``{"case": ..., "shared": bytes}`` or `
 text}``. Run by ``test_cuda_triton_attention.py`` in a fresh process, without ``TRITON_INTERPRET`` (under
 it ``triton.jit`` makes interpreted functions, which do not compile).
 
-    python compile_triton_attention.py '[["bfloat16", 15, 64, 64, 90, null]]'
+    python compile_triton_attention.py '[["bfloat16", 15, 64, 64, 90, null, true]]'
 
 Each case: dtype, rows (query heads of a group x query tokens), head dim, value head dim, compute
-capability (80, 90), and tiles to force (``[block_m, block_n, num_stages]``) or null for the kernel's own
-``launch_config``.
+capability (80, 90), tiles to force (``[block_m, block_n, num_stages]``) or null for the kernel's own
+``launch_config``, and whether the window, soft cap and sink branches are on (all) or off (none).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-INTS = ("q_len", "group", "kv_heads", "head_dim", "value_dim", "window")
 
 
 def build(case: list[object]) -> dict[str, object]:
-    dtype, rows, head_dim, value_dim, arch, forced = case
-    assert isinstance(dtype, str) and isinstance(rows, int) and isinstance(arch, int)
+    dtype, rows, head_dim, value_dim, arch, forced, flags = case
+    assert (
+        isinstance(dtype, str) and isinstance(rows, int) and isinstance(arch, int) and isinstance(flags, bool)
+    )
     assert isinstance(head_dim, int) and isinstance(value_dim, int)
     tiles = triton_attention.launch_config(getattr(torch, dtype), rows, head_dim, value_dim)
     block_m, block_n, stages = (
@@ -47,10 +48,10 @@ def build(case: list[object]) -> dict[str, object]:
             )
         elif name.isupper():
             signature[name] = "constexpr"
-        else:
-            signature[name] = "i32" if name in INTS else "fp32" if name in ("scale", "softcap") else "i64"
+        else:  # as triton's launcher types an int that fits 32 bits (the test shapes' strides do)
+            signature[name] = "fp32" if name in ("scale", "softcap") else "i32"
     constants = {
-        "HAS_SINKS": True, "HAS_SOFTCAP": True, "HAS_WINDOW": True,  # every branch of the kernel
+        "HAS_SINKS": flags, "HAS_SOFTCAP": flags, "HAS_WINDOW": flags,  # every branch of the kernel, or none
         "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": tiles.block_d, "BLOCK_DV": tiles.block_dv,
     }  # fmt: skip
     source = ASTSource(

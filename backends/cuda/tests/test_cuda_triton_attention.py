@@ -129,6 +129,16 @@ def test_a_request_without_keys_is_written_as_zeros() -> None:
     torch.testing.assert_close(out[0], ref[0], atol=2e-6, rtol=2e-6)
 
 
+def test_lengths_given_as_strided_views_are_read_with_their_strides() -> None:
+    """Lengths that are columns of one ``[B, 2]`` buffer (stride 2): each request reads its own."""
+    query, key, value, meta = ragged_batch(3, 4, 4, 2, 16, max_prefix=40, seed=12)
+    both = torch.stack([meta.query_lens, meta.kv_lens], dim=1)  # [B, 2]
+    strided = RaggedAttentionMetadata(both[:, 0], both[:, 1])
+    assert strided.kv_lens.stride(0) == 2
+    out = _call(query, key, value, spec_attn_metadata=strided)
+    _assert_rows_close(out, reference(query, key, value, meta), meta, 2e-6)
+
+
 def test_lengths_updated_in_place_replay_under_a_strict_graph_driver() -> None:
     """The kernel reads the lengths on the device: a strict simulated graph (which refuses host reads at
     capture and replay) replays it with new lengths written in place, as a CUDA graph would."""
@@ -211,13 +221,14 @@ def _compiled(cases: list[list[Any]]) -> list[dict[str, Any]]:
 
 
 def test_the_kernel_compiles_for_ampere_and_hopper_within_shared_memory() -> None:
-    """The interpreter runs what a GPU would refuse: the kernel is compiled here for compute capability
-    9.0, and 8.0 at the widest tiles (triton's bundled ptxas, no GPU), with every branch on, at the tiles
-    ``launch_config`` picks, and each build's shared memory fits ``SHARED_MEMORY_BUDGET`` (the 99 KiB of
-    an 8.6/8.9 GPU). Negative control: float32 at 64 x 64 tiles, three stages deep, needs more
-    and is caught."""
-    cases = [[*shape, 90, None] for shape in COMPILED] + [[*shape, 80, None] for shape in COMPILED[2:5]]
-    cases.append(["float32", 64, 128, 128, 80, [64, 64, 3]])
+    """The interpreter runs what a GPU would refuse: the kernel is compiled here (triton's bundled ptxas,
+    no GPU) for compute capability 9.0 with every branch on and with none, and for 8.0 at the widest
+    tiles, at the tiles ``launch_config`` picks, with ints typed as a launch types them; each build's
+    shared memory fits ``SHARED_MEMORY_BUDGET`` (the 99 KiB of an 8.6/8.9 GPU). Negative control: float32
+    at 64 x 64 tiles, three stages deep, needs more and is caught."""
+    cases = [[*shape, 90, None, flags] for shape in COMPILED for flags in (True, False)]
+    cases += [[*shape, 80, None, True] for shape in COMPILED[2:5]]
+    cases.append(["float32", 64, 128, 128, 80, [64, 64, 3], True])
     results = _compiled(cases)
     assert [r["case"] for r in results] == cases
     for result in results[:-1]:
