@@ -26,9 +26,10 @@ as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model predicts 
 length L for a free drafter (c = 0) whose K+1-token verify costs one plain step: L itself; ``efficiency``
 = measured vs plain / L.
 
-``--attention auto,triton`` runs every row once per attention path of the CUDA backend
-(``CudaBackend(attention=...)``); rows of a path other than the first listed carry it after the model's
-name (``smollm2-random/triton``), and a last table gives each such row's tok/s against the first path's.
+``--attention auto,triton,triton+norms`` runs every row once per attention path of the CUDA backend
+(``CudaBackend(attention=...)``; ``+norms`` adds ``fused_norms=True``, the RMSNorms as one triton kernel
+each); rows of a path other than the first listed carry it after the model's name
+(``smollm2-random/triton``), and a last table gives each such row's tok/s against the first path's.
 
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
 left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
@@ -309,13 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--attention",
         default="auto",
-        help="comma-separated CUDA attention paths (auto, flash, sdpa, triton): every row once per path",
+        help="comma-separated CUDA attention paths (auto, flash, sdpa, triton), each optionally with "
+        "+norms (fused RMSNorms): every row once per path",
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
     args.attention = [a for a in args.attention.split(",") if a]
-    if bad := [a for a in args.attention if a not in ("auto", "flash", "sdpa", "triton")]:
-        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton")
+    paths = ("auto", "flash", "sdpa", "triton")
+    if bad := [a for a in args.attention if a.removesuffix("+norms") not in paths]:
+        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton, each with +norms or not")
     if args.dry_run and args.attention != ["auto"]:
         parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
@@ -334,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
         from spec_backend_cuda import CudaBackend
 
-        backends = {a: CudaBackend(attention=a) for a in args.attention}
+        backends = {
+            a: CudaBackend(attention=a.removesuffix("+norms"), fused_norms=a.endswith("+norms"))
+            for a in args.attention
+        }
     backend = next(iter(backends.values()))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.dry_run else "cpu"
     print(f"device: {device}, torch {torch.__version__}, backend {backend.name}, dtype {args.dtype}")

@@ -15,6 +15,7 @@ from spec_backend.backends.base import (
     CapturePolicy,
     GraphFn,
     GraphRunner,
+    ModelOptions,
     SamplerTuning,
     TokenLimits,
 )
@@ -40,9 +41,11 @@ class CudaBackend(Backend):
 
     ``attention``: ``"auto"`` (flash-attn where it can run the tensors, else SDPA), ``"flash"`` or
     ``"sdpa"`` (force one path), or ``"triton"`` (a kernel reading only each request's valid keys;
-    token trees on SDPA). ``enforce_eager``: :meth:`graph_runner` returns an eager runner
-    (no CUDA graphs), like vLLM's ``enforce_eager``. ``graph_warmup_iters``, ``graph_copy_output`` and
-    ``graph_progress`` configure every ``CudaGraphRunner`` this backend makes (see
+    token trees on SDPA). ``fused_norms``: Llama-family RMSNorms as one triton kernel each
+    (``spec_backend_cuda.fused_norm``; off until a GPU run measures it). ``enforce_eager``:
+    :meth:`graph_runner` returns an eager runner (no CUDA graphs), like vLLM's ``enforce_eager``.
+    ``graph_warmup_iters``, ``graph_copy_output`` and ``graph_progress`` configure every
+    ``CudaGraphRunner`` this backend makes (see
     :class:`~spec_backend.backends.graph_common.PaddedGraphRunner`); they are instance attributes, so
     ``graph_runner`` keeps the contract's ``(fn, capture_sizes)`` signature.
     """
@@ -57,7 +60,10 @@ class CudaBackend(Backend):
         graph_warmup_iters: int = 2,
         graph_copy_output: bool = True,
         graph_progress: bool = True,
+        fused_norms: bool = False,
     ) -> None:
+        if not isinstance(fused_norms, bool):
+            raise ValueError(f"fused_norms must be a bool, got {fused_norms!r}")
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
         if isinstance(graph_warmup_iters, bool) or not isinstance(graph_warmup_iters, int):
@@ -69,6 +75,7 @@ class CudaBackend(Backend):
         self.graph_warmup_iters = graph_warmup_iters
         self.graph_copy_output = graph_copy_output
         self.graph_progress = graph_progress
+        self.fused_norms = fused_norms
 
     def probe(self) -> Availability:
         try:
@@ -107,6 +114,15 @@ class CudaBackend(Backend):
             copy_output=self.graph_copy_output,
             progress=self.graph_progress,
         )
+
+    def prepare_model(self, model: torch.nn.Module, options: ModelOptions) -> None:
+        """With ``fused_norms``: every Llama-family RMSNorm computed by one triton kernel
+        (``spec_backend_cuda.fused_norm``), target and draft models alike."""
+        del options
+        if self.fused_norms:
+            from spec_backend_cuda.fused_norm import install_fused_norms
+
+            install_fused_norms(model)
 
     def attention_function(self) -> AttentionFn:
         from spec_backend_cuda.attention import ATTENTION_PATHS

@@ -1,0 +1,135 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
+"""RMSNorm as one triton kernel: ``CudaBackend(fused_norms=True)`` swaps it in at ``prepare_model``.
+
+transformers' Llama-family RMSNorm (``LlamaRMSNorm`` and the classes with its exact forward) is eight
+small kernels on a GPU — a cast to float32, the square, the mean, the epsilon, the reciprocal square
+root, the product, the cast back and the weight's product — and a plain decode step replays about 2 x
+layers + 1 of them: on a 30-layer model some 480 kernels of a few microseconds each, a large part of a
+graph step whose GEMMs take a quarter of its device time (docs/benchmarks.md, fifth CUDA round). The
+kernel reads each row once and computes the same formula in the same order:
+``weight * (x32 * rsqrt(mean(x32²) + eps)).to(x.dtype)``, the product in float32 rounded once to the
+promoted dtype, as torch's elementwise product does. Only the mean's summation order differs (a blocked
+sum), so outputs may differ from transformers' in the last bit.
+
+Glossary: *row* — one vector normalised over the hidden size (``[..., H]`` flattened to ``[N, H]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import cast
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CudaBackend(fused_norms=True) then refuses at prepare_model
+    triton = None
+
+logger = logging.getLogger("spec_backend.backends")
+
+#: transformers classes whose forward is exactly ``LlamaRMSNorm``'s (checked against its source in
+#: ``test_cuda_fused_norm.py`` for the installed release)
+FUSABLE_NORMS = frozenset(
+    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Phi3RMSNorm"}
+)
+#: dtypes the kernel reads and writes
+NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: the widest hidden size one program holds in registers
+MAX_HIDDEN = 16384
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """An RMSNorm computed by one triton launch; holds the replaced module's own ``weight`` parameter."""
+
+    def __init__(self, weight: torch.nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        if hidden_states.dtype not in NORM_DTYPES:
+            raise ValueError(
+                f"FusedRMSNorm takes {[str(d) for d in NORM_DTYPES]} inputs, got {hidden_states.dtype}"
+            )
+        if hidden_states.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"FusedRMSNorm runs on CUDA (or anywhere under TRITON_INTERPRET=1), got a tensor on "
+                f"{hidden_states.device.type}"
+            )
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., H] -> [..., H]
+    hidden = x.shape[-1]
+    rows = x.reshape(-1, hidden)  # [N, H]
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if rows.shape[0]:
+        block = max(16, int(triton.next_power_of_2(hidden)))
+        grid = (min(rows.shape[0], 1024),)  # persistent: program p takes rows p, p + grid, ...
+        _rms_norm_kernel[grid](
+            rows, weight, out, rows.shape[0], hidden, rows.stride(0), out.stride(0), float(eps),
+            BLOCK=block, num_warps=min(16, max(1, block // 512)),
+        )  # fmt: skip
+    return out.view(x.shape)
+
+
+def fusable(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an RMSNorm this kernel computes exactly as its own forward does: one of
+    ``FUSABLE_NORMS``, a 1-D weight of a supported dtype and width, a float epsilon, and no hooks."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ in FUSABLE_NORMS
+        and isinstance(weight, torch.nn.Parameter)
+        and weight.dim() == 1
+        and weight.dtype in NORM_DTYPES
+        and weight.shape[0] <= MAX_HIDDEN
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+        and not (module._forward_hooks or module._forward_pre_hooks)
+    )
+
+
+def install_fused_norms(model: torch.nn.Module) -> int:
+    """Replace every fusable RMSNorm of ``model`` (``fusable``) by a ``FusedRMSNorm`` sharing its weight;
+    the number replaced."""
+    if triton is None:
+        raise ValueError("CudaBackend(fused_norms=True) needs triton (pip install spec-backend-cuda)")
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if fusable(child)
+    ]
+    for parent, name, child in swaps:
+        weight, eps = cast(torch.nn.Parameter, child.weight), cast(float, child.variance_epsilon)
+        setattr(parent, name, FusedRMSNorm(weight, eps))
+    if swaps:
+        logger.info("spec_backend: %d RMSNorm modules computed by one triton kernel each", len(swaps))
+    return len(swaps)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, hidden, sx, so, eps, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        live = cols < hidden
+        weight = tl.load(w_ptr + cols, mask=live, other=0.0).to(tl.float32)  # [H]
+        for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+            at = tl.cast(row, tl.int64)  # 64-bit offsets: N * H may pass 2^31
+            x = tl.load(x_ptr + at * sx + cols, mask=live, other=0.0)  # [H], the input dtype
+            x32 = x.to(tl.float32)
+            variance = tl.sum(x32 * x32, 0) / hidden
+            normed = (x32 * (1.0 / tl.sqrt_rn(variance + eps))).to(x.dtype)  # .to(input_dtype)
+            tl.store(
+                out_ptr + at * so + cols,
+                (weight * normed.to(tl.float32)).to(out_ptr.dtype.element_ty),
+                mask=live,
+            )
+
+
+__all__ = ["FUSABLE_NORMS", "FusedRMSNorm", "fusable", "install_fused_norms", "rms_norm"]

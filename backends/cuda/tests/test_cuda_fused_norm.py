@@ -1,0 +1,118 @@
+"""The fused RMSNorm (``CudaBackend(fused_norms=True)``) on CPU under ``TRITON_INTERPRET=1`` against
+transformers' ``LlamaRMSNorm``; which modules it replaces; the engine's tokens with it. bfloat16 is left
+to a GPU (the interpreter computes it through float32 as the kernel does, but the engine test's models
+are float32 and float16 covers the rounding step)."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from spec_backend_cuda import CudaBackend
+from spec_backend_cuda.fused_norm import FUSABLE_NORMS, FusedRMSNorm, fusable, install_fused_norms, rms_norm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from spec_backend.backends.base import ModelOptions
+
+#: float32: the blocked sum of squares differs from torch's mean in the last bits; float16: a row may
+#: round one unit of the last place the other way
+TOLERANCE = {torch.float32: 4e-6, torch.float16: 2e-3}
+
+
+def _norm(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None = None) -> LlamaRMSNorm:
+    norm = LlamaRMSNorm(hidden, eps=1e-5).to(weight_dtype or dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=torch.Generator().manual_seed(hidden)) * 0.5 + 1)
+    return norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hidden", [64, 96, 576])
+@pytest.mark.parametrize("shape", [(3, 7), (1, 1), (0,)])
+def test_the_kernel_matches_llama_rms_norm(dtype: torch.dtype, hidden: int, shape: tuple[int, ...]) -> None:
+    """Hidden sizes on and off the power-of-two tile (SmolLM2's 576), one row, many, none."""
+    norm = _norm(hidden, dtype)
+    x = (torch.randn(*shape, hidden, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    got, want = rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_a_float32_weight_over_half_inputs_promotes_as_transformers_does() -> None:
+    """``weight * x.to(input_dtype)`` with a float32 weight and float16 rows is float32 in torch."""
+    norm = _norm(96, torch.float16, weight_dtype=torch.float32)
+    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(2)).half()
+    got, want = rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=4e-6, rtol=4e-6)
+
+
+def test_strided_rows_are_normalised_as_their_values() -> None:
+    """A transposed view (rows not contiguous) gives what its contiguous copy gives."""
+    norm = _norm(64, torch.float32)
+    x = torch.randn(64, 5, generator=torch.Generator().manual_seed(3)).t()  # [5, 64], stride (1, 5)
+    assert torch.equal(rms_norm(x, norm.weight, 1e-5), rms_norm(x.contiguous(), norm.weight, 1e-5))
+
+
+def test_the_fusable_classes_have_llama_rms_norms_forward() -> None:
+    """Each class in ``FUSABLE_NORMS`` that the installed transformers has runs ``LlamaRMSNorm``'s forward
+    word for word (a release that changes one must drop it from the list)."""
+    import importlib
+
+    want = textwrap.dedent(inspect.getsource(LlamaRMSNorm.forward))
+    found = 0
+    for name in sorted(FUSABLE_NORMS):
+        family = {"Qwen3MoeRMSNorm": "qwen3_moe"}.get(name, name.removesuffix("RMSNorm").lower())
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        cls = getattr(module, name, None)
+        if cls is not None:
+            found += 1
+            assert textwrap.dedent(inspect.getsource(cls.forward)) == want, name
+    assert found >= 4
+
+
+def test_install_replaces_the_llama_norms_and_keeps_their_weights(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.tools.tiny import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    weights = {id(m.weight) for m in model.modules() if isinstance(m, LlamaRMSNorm)}
+    hooked = model.model.layers[0].input_layernorm
+    hooked.register_forward_hook(lambda *_: None)  # a hook's module is left as it is
+    layers = model.config.num_hidden_layers
+    assert install_fused_norms(model) == 2 * layers  # every norm but the hooked one
+    fused = [m for m in model.modules() if isinstance(m, FusedRMSNorm)]
+    assert {id(m.weight) for m in fused} | {id(hooked.weight)} == weights
+    assert model.model.layers[0].input_layernorm is hooked and not fusable(torch.nn.LayerNorm(8))
+
+
+def test_the_backend_option_fuses_at_prepare_model_and_is_checked(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.tools.tiny import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    CudaBackend().prepare_model(model, ModelOptions())
+    assert not any(isinstance(m, FusedRMSNorm) for m in model.modules())  # off by default
+    CudaBackend(fused_norms=True).prepare_model(model, ModelOptions())
+    assert sum(isinstance(m, FusedRMSNorm) for m in model.modules()) == 2 * model.config.num_hidden_layers + 1
+    with pytest.raises(ValueError, match="fused_norms must be a bool, got 'yes'"):
+        CudaBackend(fused_norms="yes")  # type: ignore[arg-type]
+
+
+def test_inputs_it_cannot_compute_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    fused = FusedRMSNorm(_norm(16, torch.float32).weight, 1e-5)
+    with pytest.raises(ValueError, match=r"inputs, got torch.float64"):
+        fused(torch.randn(2, 16, dtype=torch.float64))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match=r"runs on CUDA .* got a tensor on cpu"):
+        fused(torch.randn(2, 16))
