@@ -26,9 +26,9 @@ as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model predicts 
 length L for a free drafter (c = 0) whose K+1-token verify costs one plain step: L itself; ``efficiency``
 = measured vs plain / L.
 
-``--attention auto,triton,triton+norms`` runs every row once per attention path of the CUDA backend
-(``CudaBackend(attention=...)``; ``+norms`` adds ``fused_norms=True``, the RMSNorms as one triton kernel
-each); rows of a path other than the first listed carry it after the model's name
+``--attention auto,triton,triton+fused`` runs every row once per attention path of the CUDA backend
+(``CudaBackend(attention=...)``; ``+fused`` adds ``fused_kernels=True``: RMSNorms and gated MLPs with
+fewer kernels); rows of a path other than the first listed carry it after the model's name
 (``smollm2-random/triton``), and a last table gives each such row's tok/s against the first path's.
 
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
@@ -311,14 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         "--attention",
         default="auto",
         help="comma-separated CUDA attention paths (auto, flash, sdpa, triton), each optionally with "
-        "+norms (fused RMSNorms): every row once per path",
+        "+fused (fused_kernels=True): every row once per path",
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
     args.attention = [a for a in args.attention.split(",") if a]
     paths = ("auto", "flash", "sdpa", "triton")
-    if bad := [a for a in args.attention if a.removesuffix("+norms") not in paths]:
-        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton, each with +norms or not")
+    if bad := [a for a in args.attention if a.removesuffix("+fused") not in paths]:
+        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton, each with +fused or not")
     if args.dry_run and args.attention != ["auto"]:
         parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         from spec_backend_cuda import CudaBackend
 
         backends = {
-            a: CudaBackend(attention=a.removesuffix("+norms"), fused_norms=a.endswith("+norms"))
+            a: CudaBackend(attention=a.removesuffix("+fused"), fused_kernels=a.endswith("+fused"))
             for a in args.attention
         }
     backend = next(iter(backends.values()))

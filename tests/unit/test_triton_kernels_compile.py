@@ -32,13 +32,13 @@ WORKLOAD = [
     "tests/unit/test_triton_fused_verify.py",
     "tests/unit/test_tree_ops.py",
     "backends/cuda/tests/test_cuda_triton_attention.py",
-    "backends/cuda/tests/test_cuda_fused_norm.py",
+    "backends/cuda/tests/test_cuda_fused_kernels.py",
 ]
 #: every module of the project that defines kernels: each must have launches in the record
 KERNEL_MODULES = {
     "spec_backend.sampling.triton." + name
     for name in ("fused", "greedy", "rng", "softmax", "split", "tree", "tree_sampled", "verify")
-} | {"spec_backend_cuda.triton_attention", "spec_backend_cuda.fused_norm"}
+} | {"spec_backend_cuda." + name for name in ("triton_attention", "fused_norm", "fused_mlp")}
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="a CUDA GPU compiles the kernels itself (the cuda test tier)"
@@ -96,20 +96,26 @@ def test_a_kernel_the_interpreter_runs_and_the_compiler_refuses_is_caught(tmp_pa
     assert "CompilationError" in result["error"] and "global variable Any" in result["error"], result
 
 
-def test_the_widest_rms_norm_compiles(tmp_path: Path) -> None:
-    """The fused RMSNorm at its widest hidden size (``MAX_HIDDEN``, one row in registers, 16 warps), in
-    bfloat16 and float32: sizes no CPU test launches."""
+def test_the_widest_fused_kernels_compile(tmp_path: Path) -> None:
+    """The fused RMSNorm at its widest hidden size (``MAX_HIDDEN``, one row in registers, 16 warps) and
+    the gating kernel at its widest tile (1024), in bfloat16 and float32: sizes no CPU test launches."""
     record = tmp_path / "launches.jsonl"
     lines = []
     for dtype in ("bfloat16", "float32"):
-        args = {
+        norm = {
             "x_ptr": ["ptr", dtype], "w_ptr": ["ptr", dtype], "out_ptr": ["ptr", dtype], "rows": ["int", 64],
             "hidden": ["int", 16384], "sx": ["int", 16384], "so": ["int", 16384], "eps": ["float", 1e-5],
             "BLOCK": ["int", 16384], "num_warps": ["int", 16],
         }  # fmt: skip
-        lines.append(
-            json.dumps({"module": "spec_backend_cuda.fused_norm", "name": "_rms_norm_kernel", "args": args})
-        )
+        gating = {
+            "x_ptr": ["ptr", dtype], "out_ptr": ["ptr", dtype], "width": ["int", 8192], "sx": ["int", 16384],
+            "so": ["int", 8192], "BLOCK": ["int", 1024],
+        }  # fmt: skip
+        for module, name, args in (
+            ("fused_norm", "_rms_norm_kernel", norm),
+            ("fused_mlp", "_silu_and_mul_kernel", gating),
+        ):
+            lines.append(json.dumps({"module": f"spec_backend_cuda.{module}", "name": name, "args": args}))
     record.write_text("\n".join(lines) + "\n")
     results = _compile(record, "spec_backend_cuda")
-    assert len(results) == 2 and all(r.get("ok") for r in results), results
+    assert len(results) == 4 and all(r.get("ok") for r in results), results

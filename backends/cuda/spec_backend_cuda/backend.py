@@ -41,8 +41,8 @@ class CudaBackend(Backend):
 
     ``attention``: ``"auto"`` (flash-attn where it can run the tensors, else SDPA), ``"flash"`` or
     ``"sdpa"`` (force one path), or ``"triton"`` (a kernel reading only each request's valid keys;
-    token trees on SDPA). ``fused_norms``: Llama-family RMSNorms as one triton kernel each
-    (``spec_backend_cuda.fused_norm``; off until a GPU run measures it). ``enforce_eager``:
+    token trees on SDPA). ``fused_kernels``: Llama-family RMSNorms and gated MLPs with fewer kernels
+    (``spec_backend_cuda.fused_norm``, ``fused_mlp``; off until a GPU run measures it). ``enforce_eager``:
     :meth:`graph_runner` returns an eager runner (no CUDA graphs), like vLLM's ``enforce_eager``.
     ``graph_warmup_iters``, ``graph_copy_output`` and ``graph_progress`` configure every
     ``CudaGraphRunner`` this backend makes (see
@@ -60,10 +60,10 @@ class CudaBackend(Backend):
         graph_warmup_iters: int = 2,
         graph_copy_output: bool = True,
         graph_progress: bool = True,
-        fused_norms: bool = False,
+        fused_kernels: bool = False,
     ) -> None:
-        if not isinstance(fused_norms, bool):
-            raise ValueError(f"fused_norms must be a bool, got {fused_norms!r}")
+        if not isinstance(fused_kernels, bool):
+            raise ValueError(f"fused_kernels must be a bool, got {fused_kernels!r}")
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, got {attention!r}")
         if isinstance(graph_warmup_iters, bool) or not isinstance(graph_warmup_iters, int):
@@ -75,7 +75,7 @@ class CudaBackend(Backend):
         self.graph_warmup_iters = graph_warmup_iters
         self.graph_copy_output = graph_copy_output
         self.graph_progress = graph_progress
-        self.fused_norms = fused_norms
+        self.fused_kernels = fused_kernels
 
     def probe(self) -> Availability:
         try:
@@ -116,13 +116,16 @@ class CudaBackend(Backend):
         )
 
     def prepare_model(self, model: torch.nn.Module, options: ModelOptions) -> None:
-        """With ``fused_norms``: every Llama-family RMSNorm computed by one triton kernel
-        (``spec_backend_cuda.fused_norm``), target and draft models alike."""
+        """With ``fused_kernels``: Llama-family RMSNorms as one triton kernel each
+        (``spec_backend_cuda.fused_norm``) and gated MLPs with merged gate/up projections and one gating
+        kernel (``spec_backend_cuda.fused_mlp``), target and draft models alike."""
         del options
-        if self.fused_norms:
+        if self.fused_kernels:
+            from spec_backend_cuda.fused_mlp import install_fused_mlps
             from spec_backend_cuda.fused_norm import install_fused_norms
 
             install_fused_norms(model)
+            install_fused_mlps(model)
 
     def attention_function(self) -> AttentionFn:
         from spec_backend_cuda.attention import ATTENTION_PATHS

@@ -1,5 +1,5 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
-"""RMSNorm as one triton kernel: ``CudaBackend(fused_norms=True)`` swaps it in at ``prepare_model``.
+"""RMSNorm as one triton kernel: ``CudaBackend(fused_kernels=True)`` swaps it in at ``prepare_model``.
 
 transformers' Llama-family RMSNorm (``LlamaRMSNorm`` and the classes with its exact forward) is eight
 small kernels on a GPU — a cast to float32, the square, the mean, the epsilon, the reciprocal square
@@ -25,13 +25,13 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CudaBackend(fused_norms=True) then refuses at prepare_model
+except ImportError:  # CudaBackend(fused_kernels=True) then refuses at prepare_model
     triton = None
 
 logger = logging.getLogger("spec_backend.backends")
 
 #: transformers classes whose forward is exactly ``LlamaRMSNorm``'s (checked against its source in
-#: ``test_cuda_fused_norm.py`` for the installed release)
+#: ``test_cuda_fused_kernels.py`` for the installed release)
 FUSABLE_NORMS = frozenset(
     {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Phi3RMSNorm"}
 )
@@ -54,12 +54,17 @@ class FusedRMSNorm(torch.nn.Module):
             raise ValueError(
                 f"FusedRMSNorm takes {[str(d) for d in NORM_DTYPES]} inputs, got {hidden_states.dtype}"
             )
-        if hidden_states.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                f"FusedRMSNorm runs on CUDA (or anywhere under TRITON_INTERPRET=1), got a tensor on "
-                f"{hidden_states.device.type}"
-            )
+        check_device(hidden_states, "FusedRMSNorm")
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def check_device(tensor: torch.Tensor, what: str) -> None:
+    """``ValueError`` unless ``tensor`` is on CUDA (or the triton interpreter runs the kernels)."""
+    if tensor.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"{what} runs on CUDA (or anywhere under TRITON_INTERPRET=1), "
+            f"got a tensor on {tensor.device.type}"
+        )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., H] -> [..., H]
@@ -97,7 +102,7 @@ def install_fused_norms(model: torch.nn.Module) -> int:
     """Replace every fusable RMSNorm of ``model`` (``fusable``) by a ``FusedRMSNorm`` sharing its weight;
     the number replaced."""
     if triton is None:
-        raise ValueError("CudaBackend(fused_norms=True) needs triton (pip install spec-backend-cuda)")
+        raise ValueError("CudaBackend(fused_kernels=True) needs triton (pip install spec-backend-cuda)")
     swaps = [
         (parent, name, child)
         for parent in model.modules()
@@ -132,4 +137,4 @@ if triton is not None:
             )
 
 
-__all__ = ["FUSABLE_NORMS", "FusedRMSNorm", "fusable", "install_fused_norms", "rms_norm"]
+__all__ = ["FUSABLE_NORMS", "FusedRMSNorm", "check_device", "fusable", "install_fused_norms", "rms_norm"]

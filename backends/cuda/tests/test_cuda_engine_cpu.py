@@ -1,6 +1,6 @@
 """End to end on CPU: the engine with the CUDA backend's parts (attention dispatch, the flash glue over an
-emulated ``flash_attn_with_kvcache``, the triton attention and RMSNorm kernels and the triton sampler ops
-interpreted) gives the reference tokens."""
+emulated ``flash_attn_with_kvcache``, the triton attention, RMSNorm and gating kernels and the triton
+sampler ops interpreted) gives the reference tokens."""
 
 from __future__ import annotations
 
@@ -84,14 +84,14 @@ def test_greedy_speculative_generation_matches_the_reference(tmp_path: Path) -> 
         ("cuda-sdpa", CpuEmulatedCuda(enforce_eager=True)),
         ("cuda-flash-glue", CpuEmulatedCudaFlash(enforce_eager=True)),
         ("cuda-triton", CpuEmulatedCuda(attention="triton", enforce_eager=True)),
-        ("cuda-fused", CpuEmulatedCuda(attention="triton", fused_norms=True, enforce_eager=True)),
+        ("cuda-fused", CpuEmulatedCuda(attention="triton", fused_kernels=True, enforce_eager=True)),
     ):
         llm = engine.LLM(model, speculative_config=NGRAM, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert outputs["cuda-sdpa"] == outputs["reference"]
     assert outputs["cuda-flash-glue"] == outputs["reference"]
     assert outputs["cuda-triton"] == outputs["reference"]
-    assert outputs["cuda-fused"] == outputs["reference"]  # RMSNorms as one kernel each, triton attention
+    assert outputs["cuda-fused"] == outputs["reference"]  # fused norms and MLPs, triton attention
     assert all(len(o) == 10 for o in outputs["reference"])
 
 
@@ -186,7 +186,7 @@ def test_token_trees_match_the_reference(tmp_path: Path, method: str) -> None:
         ("reference", "reference"),
         ("cuda", CpuEmulatedCuda(enforce_eager=True)),
         ("cuda-triton", CpuEmulatedCuda(attention="triton", enforce_eager=True)),  # trees on SDPA
-        ("cuda-fused", CpuEmulatedCuda(fused_norms=True, enforce_eager=True)),  # the heads' norms too
+        ("cuda-fused", CpuEmulatedCuda(fused_kernels=True, enforce_eager=True)),  # the heads' too
     ):
         llm = engine.LLM(model, speculative_config=spec, backend=backend, log_stats_interval=None)
         outputs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]

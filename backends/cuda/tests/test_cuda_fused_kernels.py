@@ -1,7 +1,7 @@
-"""The fused RMSNorm (``CudaBackend(fused_norms=True)``) on CPU under ``TRITON_INTERPRET=1`` against
-transformers' ``LlamaRMSNorm``; which modules it replaces; the engine's tokens with it. bfloat16 is left
-to a GPU (the interpreter computes it through float32 as the kernel does, but the engine test's models
-are float32 and float16 covers the rounding step)."""
+"""The fused kernels of ``CudaBackend(fused_kernels=True)`` on CPU under ``TRITON_INTERPRET=1``: the
+RMSNorm against transformers' ``LlamaRMSNorm``, the gated MLP against ``LlamaMLP``, which modules they
+replace (the engine's tokens with them: ``test_cuda_engine_cpu.py``). bfloat16 is left to a GPU (float16
+covers the rounding steps)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ import torch
 pytest.importorskip("triton")
 
 from spec_backend_cuda import CudaBackend
+from spec_backend_cuda.fused_mlp import (
+    FUSABLE_MLPS,
+    FusedGatedMLP,
+    fusable_mlp,
+    install_fused_mlps,
+    silu_and_mul,
+)
 from spec_backend_cuda.fused_norm import FUSABLE_NORMS, FusedRMSNorm, fusable, install_fused_norms, rms_norm
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from spec_backend.backends.base import ModelOptions
 
@@ -60,17 +67,18 @@ def test_strided_rows_are_normalised_as_their_values() -> None:
     assert torch.equal(rms_norm(x, norm.weight, 1e-5), rms_norm(x.contiguous(), norm.weight, 1e-5))
 
 
-def test_the_fusable_classes_have_llama_rms_norms_forward() -> None:
-    """Each class in ``FUSABLE_NORMS`` that the installed transformers has runs ``LlamaRMSNorm``'s forward
-    word for word (a release that changes one must drop it from the list)."""
+@pytest.mark.parametrize(("classes", "base"), [(FUSABLE_NORMS, LlamaRMSNorm), (FUSABLE_MLPS, LlamaMLP)])
+def test_the_fusable_classes_have_llamas_forward(classes: frozenset[str], base: type) -> None:
+    """Each class in ``FUSABLE_NORMS`` / ``FUSABLE_MLPS`` that the installed transformers has runs
+    ``LlamaRMSNorm``'s / ``LlamaMLP``'s forward word for word (a release that changes one must drop it)."""
     import importlib
 
-    want = textwrap.dedent(inspect.getsource(LlamaRMSNorm.forward))
+    want = textwrap.dedent(inspect.getsource(base.forward))
     found = 0
-    for name in sorted(FUSABLE_NORMS):
-        family = {"Qwen3MoeRMSNorm": "qwen3_moe"}.get(name, name.removesuffix("RMSNorm").lower())
-        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        cls = getattr(module, name, None)
+    for name in sorted(classes):
+        stem = name.removesuffix("RMSNorm").removesuffix("MLP")
+        family = {"Qwen3Moe": "qwen3_moe"}.get(stem, stem.lower())
+        cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name, None)
         if cls is not None:
             found += 1
             assert textwrap.dedent(inspect.getsource(cls.forward)) == want, name
@@ -103,10 +111,12 @@ def test_the_backend_option_fuses_at_prepare_model_and_is_checked(tmp_path: Path
     model = AutoModelForCausalLM.from_pretrained(path)
     CudaBackend().prepare_model(model, ModelOptions())
     assert not any(isinstance(m, FusedRMSNorm) for m in model.modules())  # off by default
-    CudaBackend(fused_norms=True).prepare_model(model, ModelOptions())
-    assert sum(isinstance(m, FusedRMSNorm) for m in model.modules()) == 2 * model.config.num_hidden_layers + 1
-    with pytest.raises(ValueError, match="fused_norms must be a bool, got 'yes'"):
-        CudaBackend(fused_norms="yes")  # type: ignore[arg-type]
+    CudaBackend(fused_kernels=True).prepare_model(model, ModelOptions())
+    layers = model.config.num_hidden_layers
+    assert sum(isinstance(m, FusedRMSNorm) for m in model.modules()) == 2 * layers + 1
+    assert sum(isinstance(m, FusedGatedMLP) for m in model.modules()) == layers
+    with pytest.raises(ValueError, match="fused_kernels must be a bool, got 'yes'"):
+        CudaBackend(fused_kernels="yes")  # type: ignore[arg-type]
 
 
 def test_inputs_it_cannot_compute_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,3 +126,48 @@ def test_inputs_it_cannot_compute_are_refused(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match=r"runs on CUDA .* got a tensor on cpu"):
         fused(torch.randn(2, 16))
+
+
+class _Config:
+    hidden_size, intermediate_size, mlp_bias, hidden_act = 48, 80, False, "silu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_gated_mlp_matches_llama_mlp(dtype: torch.dtype, bias: bool) -> None:
+    """Merged gate/up projections and the gating kernel against ``LlamaMLP`` (intermediate size 80: off
+    the tile), with and without biases; the down projection is the module's own."""
+    config = _Config()
+    config.mlp_bias = bias
+    torch.manual_seed(4)
+    mlp = LlamaMLP(config).to(dtype)
+    x = torch.randn(3, 5, 48).to(dtype)
+    fused = FusedGatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    assert fused.down_proj is mlp.down_proj and fusable_mlp(mlp)
+    torch.testing.assert_close(fused(x), mlp(x), atol=TOLERANCE[dtype] * 2, rtol=TOLERANCE[dtype] * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_gating_kernel_rounds_as_torch(dtype: torch.dtype) -> None:
+    """``silu(g) * u`` from one ``[N, 2I]`` tensor against torch's two ops on its halves: float16 bit for
+    bit (the kernel rounds where torch does); float32 within the last bits of ``exp`` (torch's vectorised
+    exp and the interpreter's differ there)."""
+    gate_up = (torch.randn(4, 2, 2 * 80, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    want = torch.nn.functional.silu(gate_up[..., :80]) * gate_up[..., 80:]
+    if dtype == torch.float16:
+        assert torch.equal(silu_and_mul(gate_up, 80), want)
+    torch.testing.assert_close(silu_and_mul(gate_up, 80), want, atol=1e-6, rtol=1e-6)
+    assert silu_and_mul(gate_up[:0], 80).shape == (0, 2, 80)
+
+
+def test_install_replaces_silu_mlps_only(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.tools.tiny import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    other = model.model.layers[0].mlp
+    other.act_fn = torch.nn.GELU()  # another gating is left alone
+    assert install_fused_mlps(model) == model.config.num_hidden_layers - 1
+    assert model.model.layers[0].mlp is other and isinstance(model.model.layers[1].mlp, FusedGatedMLP)
