@@ -58,13 +58,26 @@ def test_greedy_speculative_equals_plain_float32(model_dir: str) -> None:
     assert _generate(model_dir, ReferenceBackend(), "float32", speculate=False) == plain
 
 
-@pytest.mark.parametrize("attention", ["auto", "sdpa"])
+def _backend(path: str) -> CudaBackend:
+    """``auto``, ``sdpa``, ``triton``, each with ``+fused`` (``fused_kernels=True``) or not."""
+    return CudaBackend(attention=path.removesuffix("+fused"), fused_kernels=path.endswith("+fused"))
+
+
+@pytest.mark.parametrize("path", ["triton", "triton+fused"])
+def test_triton_kernels_greedy_speculative_equals_plain_float32(model_dir: str, path: str) -> None:
+    """The triton attention (and the fused RMSNorm and gating kernels) compiled: float32 greedy
+    speculative decoding gives plain decoding's tokens on the same backend."""
+    plain = _generate(model_dir, _backend(path), "float32", speculate=False)
+    assert _generate(model_dir, _backend(path), "float32", speculate=True) == plain
+
+
+@pytest.mark.parametrize("attention", ["auto", "sdpa", "triton", "triton+fused"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_runs_on_both_attention_paths(model_dir: str, attention: str, dtype: str) -> None:
     """Half precision: speculative and plain greedy agree on each request's first two tokens (numerics
     of Q=1 and Q=K+1 kernels differ in the last bits, so later near-ties may diverge)."""
-    plain = _generate(model_dir, CudaBackend(attention=attention), dtype, speculate=False)
-    spec = _generate(model_dir, CudaBackend(attention=attention), dtype, speculate=True)
+    plain = _generate(model_dir, _backend(attention), dtype, speculate=False)
+    spec = _generate(model_dir, _backend(attention), dtype, speculate=True)
     assert all(len(o) == 24 for o in plain + spec)
     assert [o[:2] for o in spec] == [o[:2] for o in plain]
 
