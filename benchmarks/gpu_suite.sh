@@ -10,7 +10,8 @@
 # Knobs (environment): PYTEST_TARGETS (test paths), ENGINE_SECONDS, ENGINE_PROFILE_SECONDS (per mode of
 # ENGINE_PROFILE_MODES, default "plain ngram"; empty: none), VLLM_SAMPLER_SECONDS, PYTEST_SECONDS,
 # TREES_SECONDS, ENGINE2_SECONDS, SAMPLER_SECONDS (0 skips a stage) cap the stages; ENGINE_ARGS and ENGINE2_ARGS add flags
-# to the engine runs (e.g. "--modes plain,ngram --graphs on --no-peer"), ENGINE2_MODELS names the second
+# to the engine runs (e.g. "--modes plain,ngram --graphs on --no-peer"; "--attention auto,triton,triton+fused"
+# adds the triton attention and the fused kernels as an A/B in the same run), ENGINE2_MODELS names the second
 # run's models (empty: no second run); VLLM_FILE is vLLM's rejection_sampler.py taken from its wheel
 # (default .peer/vllm_0.33.0_rejection_sampler.py; absent: that stage is skipped), VLLM_SAMPLER_ARGS adds
 # flags to bench_sampler_vllm.py;
