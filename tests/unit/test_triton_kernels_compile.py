@@ -6,7 +6,9 @@ every CPU test and fail at its first launch on one. Here the triton tests run ag
 that records each distinct launch (``triton_launch_record.py``: kernel, argument dtypes, constexprs,
 compiler options), and each recorded specialisation of the project's kernels is compiled for compute
 capability 9.0 with triton's bundled ptxas (``triton_compile_recorded.py``); no GPU is needed. Negative
-control: ``triton_broken_kernel.py`` runs interpreted and is refused by the compiler.
+control, through the same record and compile path: ``triton_broken_kernel.py`` runs interpreted and is
+refused by the compiler. The check is per module (each module with kernels must have launches in the
+record): a kernel of a listed module that no test launches is not compiled.
 """
 
 from __future__ import annotations
@@ -60,16 +62,21 @@ def _compile(record: Path, prefix: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
-def test_every_interpreted_kernel_compiles_for_a_gpu(tmp_path: Path) -> None:
-    record = tmp_path / "launches.jsonl"
+def _record(record: Path, targets: list[str], *selection: str) -> None:
+    """Run ``targets`` in a child pytest that records every interpreted launch to ``record``."""
     env = {**os.environ, "SPEC_BACKEND_TRITON_RECORD": str(record), "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     workload = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "triton_launch_record",
-         "-k", "not compiles and not 64_bit", *WORKLOAD],
+         *selection, *targets],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert workload.returncode == 0, workload.stdout[-3000:]
+
+
+def test_every_interpreted_kernel_compiles_for_a_gpu(tmp_path: Path) -> None:
+    record = tmp_path / "launches.jsonl"
+    _record(record, WORKLOAD, "-k", "not compiles and not 64_bit")
     launched = {json.loads(line)["module"] for line in record.read_text().splitlines()}
     assert launched >= KERNEL_MODULES, f"no launches recorded from {sorted(KERNEL_MODULES - launched)}"
     results = _compile(record, "spec_backend")
@@ -78,20 +85,21 @@ def test_every_interpreted_kernel_compiles_for_a_gpu(tmp_path: Path) -> None:
     assert {r["kernel"].rsplit(".", 1)[0] for r in results} == KERNEL_MODULES
 
 
-def test_a_kernel_the_interpreter_runs_and_the_compiler_refuses_is_caught(tmp_path: Path) -> None:
-    """The negative control: ``doubled_kernel`` doubles its input interpreted, and fails to compile."""
+def test_the_broken_kernel_runs_interpreted() -> None:
+    """``doubled_kernel`` doubles its input under the interpreter (the negative control's workload)."""
     import triton_broken_kernel  # the test session's interpreter (TRITON_INTERPRET=1 by the root conftest)
-    import triton_launch_record
 
     values = torch.arange(5, dtype=torch.float32)
     out = torch.empty_like(values)
     triton_broken_kernel.doubled_kernel[(1,)](values, out, 5, BLOCK=8)
     assert torch.equal(out, values * 2)
+
+
+def test_a_kernel_the_interpreter_runs_and_the_compiler_refuses_is_caught(tmp_path: Path) -> None:
+    """The negative control, through the same path as the check: a child pytest records the interpreted
+    launch of ``doubled_kernel`` (its test passes), and compiling the record reports the refusal."""
     record = tmp_path / "launches.jsonl"
-    args = {"x_ptr": values, "out_ptr": out, "n": 5, "BLOCK": 8}
-    line = {"module": "triton_broken_kernel", "name": "doubled_kernel"}
-    line["args"] = {name: triton_launch_record.argument_kind(value) for name, value in args.items()}
-    record.write_text(json.dumps(line) + "\n")
+    _record(record, [f"{Path(__file__).relative_to(ROOT)}::test_the_broken_kernel_runs_interpreted"])
     [result] = _compile(record, "triton_broken_kernel")
     assert "CompilationError" in result["error"] and "global variable Any" in result["error"], result
 

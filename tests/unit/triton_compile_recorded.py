@@ -4,7 +4,10 @@ compute capability given, and one JSON line per build reports ``ok`` or the comp
 
     python triton_compile_recorded.py RECORD.jsonl [ARCH] [MODULE_PREFIX]
 
-Kernels outside ``MODULE_PREFIX`` (default ``spec_backend``: the project's kernels) are left out.
+Kernels outside ``MODULE_PREFIX`` (default ``spec_backend``: the project's kernels) are left out. An int
+argument equal to 1 is compiled as a constant, as the launcher specialises it; the launcher's alignment
+hints (pointers and ints divisible by 16) are not reproduced, so a failure only those builds would show
+is not caught here.
 Run without ``TRITON_INTERPRET`` (under it ``triton.jit`` makes interpreted functions, which do not
 compile); it is removed here before triton is imported.
 """
@@ -56,7 +59,9 @@ def specialisation(
     constexprs: dict[tuple[int], Any] = {}
     for index, param in enumerate(kernel.params):
         kind = args.get(param.name, ["default", param.default])
-        if param.is_constexpr or kind[0] in ("none", "str", "default"):
+        ones = kind[0] == "int" and kind[1] == 1 and not param.do_not_specialize
+        if param.is_constexpr or ones or kind[0] in ("none", "str", "default"):
+            # an int argument equal to 1 is a constant of the build, as triton's launcher specialises it
             signature[param.name], constexprs[(index,)] = "constexpr", kind[1]
         else:
             signature[param.name] = _argument_type(param.name, kind)

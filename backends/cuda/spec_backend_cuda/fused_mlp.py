@@ -40,24 +40,18 @@ class FusedGatedMLP(torch.nn.Module):
 
     def __init__(self, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Module) -> None:
         super().__init__()
-        biased = gate.bias is not None
         self.intermediate_size = gate.out_features
-        self.gate_up_proj = torch.nn.Linear(
-            gate.in_features,
-            2 * gate.out_features,
-            bias=biased,
-            device=gate.weight.device,
-            dtype=gate.weight.dtype,
-        )
-        with torch.no_grad():
-            self.gate_up_proj.weight.copy_(torch.cat([gate.weight, up.weight], 0))  # [2I, H]
-            if biased:
-                assert gate.bias is not None and up.bias is not None
-                self.gate_up_proj.bias.copy_(torch.cat([gate.bias, up.bias], 0))  # [2I]
+        with torch.no_grad():  # the concatenation is the parameter: no second copy, no initialisation
+            self.gate_up_weight = torch.nn.Parameter(torch.cat([gate.weight, up.weight], 0), False)  # [2I, H]
+            self.gate_up_bias = (
+                torch.nn.Parameter(torch.cat([gate.bias, up.bias], 0), False)  # [2I]
+                if gate.bias is not None and up.bias is not None
+                else None
+            )
         self.down_proj = down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
-        gate_up = self.gate_up_proj(x)  # [..., 2I]
+        gate_up = torch.nn.functional.linear(x, self.gate_up_weight, self.gate_up_bias)  # [..., 2I]
         check_device(gate_up, "FusedGatedMLP")
         return self.down_proj(silu_and_mul(gate_up, self.intermediate_size))  # type: ignore[no-any-return]
 
@@ -97,18 +91,22 @@ def fusable_mlp(module: torch.nn.Module) -> bool:
 
 def install_fused_mlps(model: torch.nn.Module) -> int:
     """Replace every fusable gated MLP of ``model`` (``fusable_mlp``) by a ``FusedGatedMLP``; the number
-    replaced. The gate and up weights are merged into a new matrix (the old ones are freed with the
-    replaced module)."""
+    replaced. One MLP at a time, so that each replaced module's gate and up weights are freed before the
+    next merge (at most one layer's merged matrix is extra at any time); an MLP shared by several parents
+    gets one replacement, still shared."""
     if triton is None:
         raise ValueError("CudaBackend(fused_kernels=True) needs triton (pip install spec-backend-cuda)")
-    swaps = [(p, name, c) for p in model.modules() for name, c in p.named_children() if fusable_mlp(c)]
-    for parent, name, child in swaps:
-        setattr(parent, name, FusedGatedMLP(child.gate_proj, child.up_proj, child.down_proj))  # type: ignore[arg-type]
-    if swaps:
-        logger.info(
-            "spec_backend: %d gated MLPs with merged gate/up projections and one gating kernel", len(swaps)
-        )
-    return len(swaps)
+    places = [(p, name, id(c)) for p in model.modules() for name, c in p.named_children() if fusable_mlp(c)]
+    fused: dict[int, FusedGatedMLP] = {}
+    for parent, name, key in places:
+        if key not in fused:
+            child: Any = getattr(parent, name)
+            fused[key] = FusedGatedMLP(child.gate_proj, child.up_proj, child.down_proj)
+            del child
+        setattr(parent, name, fused[key])
+    if fused:
+        logger.info("spec_backend: %d gated MLPs: gate/up merged, one gating kernel", len(fused))
+    return len(fused)
 
 
 if triton is not None:

@@ -8,8 +8,12 @@ layers + 1 of them: on a 30-layer model some 480 kernels of a few microseconds e
 graph step whose GEMMs take a quarter of its device time (docs/benchmarks.md, fifth CUDA round). The
 kernel reads each row once and computes the same formula in the same order:
 ``weight * (x32 * rsqrt(mean(x32²) + eps)).to(x.dtype)``, the product in float32 rounded once to the
-promoted dtype, as torch's elementwise product does. Only the mean's summation order differs (a blocked
-sum), so outputs may differ from transformers' in the last bit.
+promoted dtype, as torch's elementwise product does. The mean's summation order differs (a blocked sum)
+and the reciprocal square root is ``1 / sqrt_rn`` (torch's CUDA kernel uses an approximate ``rsqrtf``), so
+the normalised row, rounded to the input dtype, may differ from transformers' by one unit in its last
+place — a float32 weight then carries that unit (about 0.4 % of a bfloat16 value) into its float32 output.
+Tests compare float32 and float16 on CPU; bfloat16 only on a GPU: the triton interpreter converts float32
+to bfloat16 by truncation, not by rounding to nearest as a GPU does.
 
 Glossary: *row* — one vector normalised over the hidden size (``[..., H]`` flattened to ``[N, H]``).
 """
@@ -69,6 +73,10 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., H] -> [..., H]
     hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(
+            f"rms_norm: rows of {hidden} values need a weight of shape ({hidden},), got {tuple(weight.shape)}"
+        )
     rows = x.reshape(-1, hidden)  # [N, H]
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

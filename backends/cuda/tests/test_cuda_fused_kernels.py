@@ -1,13 +1,15 @@
 """The fused kernels of ``CudaBackend(fused_kernels=True)`` on CPU under ``TRITON_INTERPRET=1``: the
 RMSNorm against transformers' ``LlamaRMSNorm``, the gated MLP against ``LlamaMLP``, which modules they
-replace (the engine's tokens with them: ``test_cuda_engine_cpu.py``). bfloat16 is left to a GPU (float16
-covers the rounding steps)."""
+replace (the engine's tokens with them: ``test_cuda_engine_cpu.py``). bfloat16 is left to a GPU: the
+triton interpreter converts float32 to bfloat16 by truncation, not by rounding to nearest as a GPU does, so
+a CPU comparison in bfloat16 would test the interpreter (float16 covers the rounding steps)."""
 
 from __future__ import annotations
 
 import inspect
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -177,3 +179,47 @@ def test_install_replaces_silu_mlps_only(tmp_path: Path) -> None:
     other.act_fn = torch.nn.GELU()  # another gating is left alone
     assert install_fused_mlps(model) == model.config.num_hidden_layers - 1
     assert model.model.layers[0].mlp is other and isinstance(model.model.layers[1].mlp, FusedGatedMLP)
+
+
+def test_merging_frees_each_layers_gate_and_up_weights_before_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Peak memory of the swap: when a layer's merged matrix is built, the gate weights of the layers
+    already merged are gone (before the fix every layer's were alive until the last merge: a large
+    model could run out of memory at start-up)."""
+    import weakref
+
+    from spec_backend_cuda import fused_mlp
+    from transformers import AutoModelForCausalLM
+
+    from spec_backend.tools.tiny import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    olds = [weakref.ref(layer.mlp.gate_proj.weight) for layer in model.model.layers]
+    alive: list[int] = []
+    build = fused_mlp.FusedGatedMLP.__init__
+
+    def counted(self: Any, *args: Any) -> None:
+        alive.append(sum(ref() is not None for ref in olds))
+        build(self, *args)
+
+    monkeypatch.setattr(fused_mlp.FusedGatedMLP, "__init__", counted)
+    assert install_fused_mlps(model) == len(olds) >= 2
+    assert alive == list(range(len(olds), 0, -1))  # the merged layers' old weights are freed as it goes
+    assert all(ref() is None for ref in olds)
+
+
+def test_an_mlp_shared_by_two_parents_stays_shared() -> None:
+    config = _Config()
+    torch.manual_seed(6)
+    shared = LlamaMLP(config)
+    parents = torch.nn.ModuleList([torch.nn.Module(), torch.nn.Module()])
+    parents[0].mlp, parents[1].mlp = shared, shared
+    assert install_fused_mlps(parents) == 1
+    assert isinstance(parents[0].mlp, FusedGatedMLP) and parents[0].mlp is parents[1].mlp
+
+
+def test_a_weight_of_another_width_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"need a weight of shape \(16,\), got \(8,\)"):
+        rms_norm(torch.randn(2, 16), torch.ones(8), 1e-5)
