@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from spec_backend_cuda.fused_norm import NORM_DTYPES, check_device
+from spec_backend_cuda.fused_norm import NORM_DTYPES, check_input, replace_modules
 
 try:
     import triton
@@ -52,14 +52,12 @@ class FusedGatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
         gate_up = torch.nn.functional.linear(x, self.gate_up_weight, self.gate_up_bias)  # [..., 2I]
-        check_device(gate_up, "FusedGatedMLP")
         return self.down_proj(silu_and_mul(gate_up, self.intermediate_size))  # type: ignore[no-any-return]
 
 
 def silu_and_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:  # [..., 2I] -> [..., I]
     """``silu(gate_up[..., :I]) * gate_up[..., I:]``, rounded as torch rounds the two ops."""
-    if gate_up.dtype not in NORM_DTYPES:
-        raise ValueError(f"silu_and_mul takes {[str(d) for d in NORM_DTYPES]}, got {gate_up.dtype}")
+    check_input(gate_up, "silu_and_mul")
     rows = gate_up.reshape(-1, 2 * width)  # [N, 2I]
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -91,22 +89,17 @@ def fusable_mlp(module: torch.nn.Module) -> bool:
 
 def install_fused_mlps(model: torch.nn.Module) -> int:
     """Replace every fusable gated MLP of ``model`` (``fusable_mlp``) by a ``FusedGatedMLP``; the number
-    replaced. One MLP at a time, so that each replaced module's gate and up weights are freed before the
-    next merge (at most one layer's merged matrix is extra at any time); an MLP shared by several parents
-    gets one replacement, still shared."""
-    if triton is None:
-        raise ValueError("CudaBackend(fused_kernels=True) needs triton (pip install spec-backend-cuda)")
-    places = [(p, name, id(c)) for p in model.modules() for name, c in p.named_children() if fusable_mlp(c)]
-    fused: dict[int, FusedGatedMLP] = {}
-    for parent, name, key in places:
-        if key not in fused:
-            child: Any = getattr(parent, name)
-            fused[key] = FusedGatedMLP(child.gate_proj, child.up_proj, child.down_proj)
-            del child
-        setattr(parent, name, fused[key])
-    if fused:
-        logger.info("spec_backend: %d gated MLPs: gate/up merged, one gating kernel", len(fused))
-    return len(fused)
+    replaced. ``replace_modules`` builds one at a time, so each replaced module's gate and up weights are
+    freed before the next merge (at most one layer's merged matrix is extra at any time), and an MLP
+    shared by several parents gets one replacement, still shared."""
+    count = replace_modules(model, fusable_mlp, _merged)
+    if count:
+        logger.info("spec_backend: %d gated MLPs: gate/up merged, one gating kernel", count)
+    return count
+
+
+def _merged(mlp: Any) -> FusedGatedMLP:
+    return FusedGatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
 if triton is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -54,16 +55,14 @@ class FusedRMSNorm(torch.nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
-        if hidden_states.dtype not in NORM_DTYPES:
-            raise ValueError(
-                f"FusedRMSNorm takes {[str(d) for d in NORM_DTYPES]} inputs, got {hidden_states.dtype}"
-            )
-        check_device(hidden_states, "FusedRMSNorm")
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
-def check_device(tensor: torch.Tensor, what: str) -> None:
-    """``ValueError`` unless ``tensor`` is on CUDA (or the triton interpreter runs the kernels)."""
+def check_input(tensor: torch.Tensor, what: str) -> None:
+    """``ValueError`` unless ``tensor`` is of a dtype the kernels take (``NORM_DTYPES``) and on CUDA (or
+    the triton interpreter runs the kernels)."""
+    if tensor.dtype not in NORM_DTYPES:
+        raise ValueError(f"{what} takes {[str(d) for d in NORM_DTYPES]} inputs, got {tensor.dtype}")
     if tensor.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"{what} runs on CUDA (or anywhere under TRITON_INTERPRET=1), "
@@ -72,6 +71,7 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., H] -> [..., H]
+    check_input(x, "rms_norm")
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(
@@ -106,23 +106,36 @@ def fusable(module: torch.nn.Module) -> bool:
     )
 
 
+def replace_modules(
+    model: torch.nn.Module,
+    fusable: Callable[[torch.nn.Module], bool],
+    build: Callable[[torch.nn.Module], torch.nn.Module],
+) -> int:
+    """Replace every submodule of ``model`` for which ``fusable`` holds by ``build(module)``; the number
+    replaced. One at a time, so that a replaced module (and what only it holds) is freed before the next
+    is built; a module shared by several parents gets one replacement, still shared."""
+    if triton is None:
+        raise ValueError("CudaBackend(fused_kernels=True) needs triton (pip install spec-backend-cuda)")
+    places = [(p, name, id(c)) for p in model.modules() for name, c in p.named_children() if fusable(c)]
+    built: dict[int, torch.nn.Module] = {}
+    for parent, name, key in places:
+        if key not in built:
+            built[key] = build(getattr(parent, name))
+        setattr(parent, name, built[key])
+    return len(built)
+
+
 def install_fused_norms(model: torch.nn.Module) -> int:
     """Replace every fusable RMSNorm of ``model`` (``fusable``) by a ``FusedRMSNorm`` sharing its weight;
     the number replaced."""
-    if triton is None:
-        raise ValueError("CudaBackend(fused_kernels=True) needs triton (pip install spec-backend-cuda)")
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if fusable(child)
-    ]
-    for parent, name, child in swaps:
-        weight, eps = cast(torch.nn.Parameter, child.weight), cast(float, child.variance_epsilon)
-        setattr(parent, name, FusedRMSNorm(weight, eps))
-    if swaps:
-        logger.info("spec_backend: %d RMSNorm modules computed by one triton kernel each", len(swaps))
-    return len(swaps)
+    count = replace_modules(
+        model,
+        fusable,
+        lambda norm: FusedRMSNorm(cast(torch.nn.Parameter, norm.weight), cast(float, norm.variance_epsilon)),
+    )
+    if count:
+        logger.info("spec_backend: %d RMSNorm modules computed by one triton kernel each", count)
+    return count
 
 
 if triton is not None:
@@ -145,4 +158,12 @@ if triton is not None:
             )
 
 
-__all__ = ["FUSABLE_NORMS", "FusedRMSNorm", "check_device", "fusable", "install_fused_norms", "rms_norm"]
+__all__ = [
+    "FUSABLE_NORMS",
+    "FusedRMSNorm",
+    "check_input",
+    "fusable",
+    "install_fused_norms",
+    "replace_modules",
+    "rms_norm",
+]
