@@ -316,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
     args.attention = [a for a in args.attention.split(",") if a]
-    paths = ("auto", "flash", "sdpa", "triton")
-    if bad := [a for a in args.attention if a.removesuffix("+fused") not in paths]:
-        parser.error(f"unknown attention paths {bad}: use auto, flash, sdpa, triton, each with +fused or not")
+    from spec_backend_cuda.backend import ATTENTION_CHOICES  # the backend's own list (no CUDA needed)
+
+    if bad := [a for a in args.attention if a.removesuffix("+fused") not in ATTENTION_CHOICES]:
+        parser.error(
+            f"unknown attention paths {bad}: use {', '.join(ATTENTION_CHOICES)}, each with +fused or not"
+        )
     if args.dry_run and args.attention != ["auto"]:
         parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
