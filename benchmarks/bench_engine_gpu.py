@@ -30,6 +30,8 @@ length L for a free drafter (c = 0) whose K+1-token verify costs one plain step:
 (``CudaBackend(attention=...)``; ``+fused`` adds ``fused_kernels=True``: RMSNorms and gated MLPs with
 fewer kernels); rows of a path other than the first listed carry it after the model's name
 (``smollm2-random/triton``), and a last table gives each such row's tok/s against the first path's.
+``--graphs on,on-sync`` sets async scheduling (``engine/lookahead.py``) off in the second (its rows say
+``(sync)``): on a GPU, ``on`` runs it (the CUDA backend's default); ``on-async`` turns it on anywhere.
 
 The peer, on the same GPU in the same run: transformers' ``generate`` (greedy, bf16, the same prompts,
 left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_tokens=K``) at batch 1
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import os
 import sys
 import tempfile
@@ -82,9 +83,8 @@ LLAMA_1B = {
 SMOLLM2 = {**SMOLLM2_SHAPE, "max_position_embeddings": 8192, "rope_theta": 100000.0}
 
 
-def engine_supports_graphs() -> bool:
-    """Whether the engine's ``LLM`` exposes a graph switch (``enforce_eager``)."""
-    return "enforce_eager" in inspect.signature(LLM.__init__).parameters
+GRAPH_SUFFIX = {"off": "", "on": "", "on-eager-sampler": " (sampler eager)", "on-sync": " (sync)"}
+GRAPH_SUFFIX |= {"on-async": " (async)"}
 
 
 def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | None = None) -> str:
@@ -241,12 +241,11 @@ def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backen
     for mode, mode_label in modes:
         for setting in args.graphs:
             graphs = setting != "off"
-            label = mode_label + (" (sampler eager)" if setting == "on-eager-sampler" else "")
+            label = mode_label + GRAPH_SUFFIX[setting]
             step_backend = eager_sampler(backend) if setting == "on-eager-sampler" else backend
-            if graphs and not engine_supports_graphs():
-                rows += [Row(name, b, label, True, note="engine has no graph mode yet") for b in args.batches]
-                continue
-            kwargs: dict[str, Any] = {"enforce_eager": not graphs} if engine_supports_graphs() else {}
+            kwargs: dict[str, Any] = {"enforce_eager": not graphs}
+            if setting in ("on-sync", "on-async"):  # async scheduling off / on (default: the backend's)
+                kwargs["async_scheduling"] = setting == "on-async"
             try:
                 llm = LLM(
                     path,
@@ -305,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         "--graphs",
         default="off,on",
         help="comma-separated: off (eager), on (captured), on-eager-sampler (the forward captured, the "
-        "sampler eager after it: the step before the captured sampler)",
+        "sampler eager after it: the step before the captured sampler), on-sync / on-async (captured, "
+        "async_scheduling off / on; on: the backend's default)",
     )
     parser.add_argument(
         "--attention",
@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
     if bad := [m for m in args.modes if m not in ("plain", "ngram", "adaptive", "synthetic", "draft")]:
         parser.error(f"unknown modes {bad}: use plain, ngram, adaptive, synthetic, draft")
-    if bad := [g for g in args.graphs if g not in ("on", "off", "on-eager-sampler")]:
-        parser.error(f"--graphs takes on, off and on-eager-sampler, got {bad}")
+    if bad := [g for g in args.graphs if g not in GRAPH_SUFFIX]:
+        parser.error(f"--graphs takes {', '.join(GRAPH_SUFFIX)}, got {bad}")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.dry_run:
         args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"
@@ -347,8 +347,6 @@ def main(argv: list[str] | None = None) -> int:
     backend = next(iter(backends.values()))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.dry_run else "cpu"
     print(f"device: {device}, torch {torch.__version__}, backend {backend.name}, dtype {args.dtype}")
-    if not engine_supports_graphs():
-        print("note: spec_backend.engine.LLM has no enforce_eager/graph mode: graph rows are not measured")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in [m for m in args.models.split(",") if m]:

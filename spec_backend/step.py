@@ -362,6 +362,13 @@ def valid_drafts(tokens: torch.Tensor) -> torch.Tensor:  # [B] int64
     return torch.cumprod(drafts.to(torch.int64), dim=1).sum(dim=1)
 
 
+def unpack_emitted(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """A step's packed verification read back (per request its emitted tokens, placeholders after them,
+    then its verified draft count; ``Verifier.launch``): the emitted tokens and the counts."""
+    emitted = [[t for t in row[:-1] if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+    return emitted, [row[-1] for row in rows]
+
+
 __all__ = [
     "HiddenStateRequest",
     "RaggedAttentionMetadata",
@@ -372,5 +379,6 @@ __all__ = [
     "build_step_batch",
     "build_tree_batch",
     "build_tree_step_batch",
+    "unpack_emitted",
     "valid_drafts",
 ]

@@ -163,6 +163,10 @@ class Backend(ABC):
     #: whether its graph runner may capture the rejection sampler after a decode step's forward
     #: (``runtime/captured_verify``: its sampler ops launched inside a graph); False: verified eagerly
     captures_sampler: ClassVar[bool] = True
+    #: whether the device runs launched work while the host goes on (a GPU's or an NPU's stream): then
+    #: ``async_scheduling`` (``engine/lookahead.py``) is on by default, and a plain step's host work
+    #: overlaps the next step's device time; False (the host computes each op as it is called): off
+    launches_async: ClassVar[bool] = False
 
     @abstractmethod
     def probe(self) -> Availability:

@@ -3,10 +3,7 @@ received and what is allowed."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger("spec_backend.engine")
 
 
 def check_args(
@@ -76,8 +73,6 @@ def check_parallel_args(tensor_parallel_size: Any, executor: Any, async_scheduli
         )
     if async_scheduling not in (None, False, True):
         raise ValueError(f"async_scheduling must be a bool or None, got {async_scheduling!r}")
-    if async_scheduling:
-        logger.info("async_scheduling=True: the embedded engine schedules each step synchronously")
 
 
 def resolve_max_model_len(model: Any, requested: int | None) -> int:

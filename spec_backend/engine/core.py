@@ -26,6 +26,7 @@ from typing import Any
 
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.confidence import ConfidenceVerification
+from spec_backend.engine.lookahead import Lookahead
 from spec_backend.engine.pending import PendingDrafts
 from spec_backend.engine.prefix import PrefixHits
 from spec_backend.engine.request import Request
@@ -64,6 +65,7 @@ class EngineCore:
         prefix: PrefixHits | None = None,
         confidence: ConfidenceVerification | None = None,
         tree: Plan | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.runner = runner
         self.slots = slots
@@ -96,6 +98,8 @@ class EngineCore:
         self._holding: list[Request] | None = None  # the batch the last draft-next's plan tried to hold
         self.num_steps = 0
         self.stepper = Stepper(self)
+        #: plain steps launched before the host lands the step before them (``lookahead.py``); None: off
+        self.lookahead = Lookahead(self) if async_scheduling else None
 
     @property
     def max_model_len(self) -> int:
@@ -136,6 +140,9 @@ class EngineCore:
         finished: list[Request] = []
         admitted: list[Request] = []
         limit = min(self.max_num_seqs, self.slots.capacity)  # a cap raised after start-up meets the slots
+        ahead = self.lookahead
+        if ahead is not None and ahead.drains(self.running, bool(self.waiting) and len(self.running) < limit):
+            finished += self._release_finished()
         while self.waiting and len(self.running) + len(admitted) < limit:
             admitted.append(self.waiting.popleft())
         if admitted:
@@ -144,8 +151,13 @@ class EngineCore:
             finished += self._release_finished()
         if self.running:
             self.num_steps += 1
-            self._timed_decode()
+            if ahead is not None and ahead.ready(self.running):
+                ahead.step(list(self.running))
+            else:
+                self._timed_decode()
             finished += self._release_finished()
+        if ahead is not None and not self.running:
+            ahead.clear()  # every request of the flight ended: its tokens are dropped
         return finished
 
     def _timed_decode(self) -> None:
@@ -341,6 +353,8 @@ class EngineCore:
             self._forget(request, report=False)
         self.waiting.clear()
         self.running.clear()
+        if self.lookahead is not None:
+            self.lookahead.clear()
         self.slots.reset()
         self.runner.cache.end_step()
         return pending

@@ -93,7 +93,9 @@ class LLM:
     ``metrics_registry``: a ``prometheus_client`` registry for the acceptance counters.
     ``log_stats_interval``: seconds between acceptance log lines (``None``: off).
     ``enforce_eager``: never capture graphs (backends that capture replay the decode forward otherwise:
-    the verify step at K+1 tokens per request, or plain decoding's one-token step).
+    the verify step at K+1 tokens per request, or plain decoding's one-token step). ``async_scheduling``:
+    plain steps launched before the host takes in the step before them (``engine/lookahead.py``; default:
+    on where the device queues launched work, ``Backend.launches_async``: CUDA, Ascend).
     ``kv_cache_memory_bytes``: KV cache budget for the target's and the drafter's caches together
     (default: ``max_num_seqs`` full-length requests); fewer slots are preallocated when it holds fewer.
     ``kv_transfer_config``: vLLM's connector config, for ``extract_hidden_states``
@@ -135,6 +137,7 @@ class LLM:
         )
         self.enforce_eager = enforce_eager
         self.backend = _available_backend(backend, quantization)
+        self.async_scheduling = self.backend.launches_async if async_scheduling is None else async_scheduling
         try:  # the checkpoints' config.json complete the speculative config (spec_config)
             source: ModelSource | None = resolve_model(model)
         except ModelLoadError:
@@ -210,7 +213,7 @@ class LLM:
         )
         engine = EngineCore(
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer,
-            adaptive, hits, confidence, tree,
+            adaptive, hits, confidence, tree, self.async_scheduling,
         )  # fmt: skip
         eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         eager |= tree is not None and not self.backend.captures_token_trees

@@ -8,7 +8,7 @@ one ends with ``finish_reason="error"``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
+from spec_backend.engine.step_result import Launched, StepResult, one_token_rows
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.runtime.captured import step_graph
@@ -53,6 +54,7 @@ class StepEngine(Protocol):
     metrics: SpecDecodingMetrics
     tokenizer: Any
     tree: Plan | None
+    running: list[Request]
 
     @property
     def max_model_len(self) -> int: ...
@@ -79,14 +81,6 @@ class StepEngine(Protocol):
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-@dataclass(frozen=True)
-class _Result:
-    batch: StepBatch
-    target: TargetOutput
-    emitted: list[list[int]]  # per request: accepted drafts, then the recovered or bonus token
-    drafted: list[int]  # per request: drafts verified (those before its first placeholder)
 
 
 def _widen(inputs: DecodeInputs, k: int) -> DecodeInputs:
@@ -139,11 +133,38 @@ class Stepper:
         inputs = self.engine.pending.take(0, requests, self.device)
         self._group(0, requests, inputs, False)
 
+    def launch(self, requests: list[Request], ahead: Launched | None) -> Launched:
+        """A plain decode step of every running request (slots ``0 ..``) launched, not read or landed
+        (``lookahead.py``). Its query tokens are the tokens ``ahead`` emitted, on the device (None: each
+        request's last token), and its RNG counters count them."""
+        if ahead is None:
+            inputs = self.engine.pending.take(0, requests, self.device)
+        else:
+            tokens = ahead.next_tokens(requests)  # [B, 1]
+            inputs = DecodeInputs(tokens, [0] * len(requests), None, [()] * len(requests))
+        return Launched(list(requests), self._run(0, requests, inputs, False, 0 if ahead is None else 1))
+
+    def land(self, launched: Launched) -> None:
+        """A launched step's tokens appended (stop checks, detokenization, metrics), then the draft-next,
+        as a synchronous one-token step does; a request that finished since the launch drops its token.
+        The cache is not rolled back: a one-token step keeps its position, and the next step may hold the
+        next already. Where requests left since the launch (their slots moved), the draft-next sees the
+        requests running now in their slots, as the synchronous step of that batch would."""
+        result, requests, running = launched.result.read(), launched.requests, self.engine.running
+        kept = self._append(0, requests, result, False, False)
+        if len(running) == len(requests) and all(a is b for a, b in zip(running, requests, strict=True)):
+            self._draft_next(0, requests, result, False, kept)
+        elif self.engine.drafter is not None:
+            at = {id(r): i for i, r in enumerate(requests)}
+            index = [at[id(r)] for r in running]
+            live = one_token_rows(result, index, self.engine.runner.cache.lengths)
+            self._draft_next(0, list(running), live, False, [kept[i] for i in index])
+
     def _group(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> None:
         lengths = self.engine.runner.cache.lengths
         saved = list(lengths)
         try:
-            result = self._run(start, requests, inputs, last_only)
+            result = self._run(start, requests, inputs, last_only).read()
         except Exception as exc:
             lengths[: len(saved)] = saved  # undo this step's reservations
             if len(requests) == 1:
@@ -154,7 +175,9 @@ class Stepper:
             return
         self._accept(start, requests, result, last_only)
 
-    def _run(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> _Result:
+    def _run(
+        self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool, ahead: int = 0
+    ) -> StepResult:
         engine = self.engine
         if engine.tree is not None and not last_only:
             return self._run_tree(start, requests, inputs)
@@ -181,28 +204,30 @@ class Stepper:
             target = replace(target, logits=target.logits[batch.last_token_index])  # [B, V]
         else:
             target = engine.runner.forward(batch, last_only)
-        sampling = self._sampling(start, requests)
+        sampling = self._sampling(start, requests, ahead)
         kind = _graph_kind(captured, requests, inputs, sampling)
         if captured is not None and captured.verify is not None and kind is not None:
-            emitted, drafted = captured.verify(kind, target.logits, inputs.tokens, sampling)
-            return _Result(batch, target, emitted, drafted)
+            packed = captured.verify.launch(kind, target.logits, inputs.tokens, sampling)
+            return StepResult(batch, target, [], [], packed, unread=True)
         flat_probs = None
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
             flat_probs = inputs.probs[k_idx[None, :] < (batch.query_lens - 1)[:, None]]
         # [B]; None where no request has a draft column (a plain step): the verifier counts zero
         valid = None if last_only or inputs.tokens.shape[1] == 1 else valid_drafts(inputs.tokens)
-        emitted, drafted = engine.verifier(
+        packed = engine.verifier.launch(
             batch, requests, target.logits, sampling, flat_probs, last_only, valid
         )
-        return _Result(batch, target, emitted, drafted)
+        return StepResult(batch, target, [], [], packed, unread=True)
 
-    def _sampling(self, start: int, requests: list[Request]) -> SamplingMetadata:
-        """The step's sampling metadata; each request's first draft position is its RNG counter."""
-        positions = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(self.device)  # [B]
+    def _sampling(self, start: int, requests: list[Request], ahead: int = 0) -> SamplingMetadata:
+        """The step's sampling metadata; each request's first draft position is its RNG counter (``ahead``:
+        tokens emitted but not appended yet, a step launched ahead)."""
+        counters = [r.num_tokens + ahead for r in requests]
+        positions = torch.tensor(counters, dtype=torch.int64).to(self.device)  # [B]
         return self.engine.sampling_state.metadata(start, positions)
 
-    def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> _Result:
+    def _run_tree(self, start: int, requests: list[Request], inputs: DecodeInputs) -> StepResult:
         """A token-tree step (``tree_step``), returned in its chain view."""
         engine = self.engine
         refuse_grammars(requests)
@@ -222,9 +247,19 @@ class Stepper:
             self._sampling(start, requests), engine.runner.cache.keep_path, engine.verifier.sampler.ops,
             width, inputs.probs, plan.paths,
         )  # fmt: skip
-        return _Result(out.batch, out.target, out.emitted, out.drafted)
+        return StepResult(out.batch, out.target, out.emitted, out.drafted)
 
-    def _accept(self, start: int, requests: list[Request], result: _Result, last_only: bool) -> None:
+    def _accept(self, start: int, requests: list[Request], result: StepResult, last_only: bool) -> None:
+        kept = self._append(start, requests, result, last_only, True)
+        self._draft_next(start, requests, result, last_only, kept)
+        if last_only and self.engine.prefix is not None:
+            self.engine.prefix.remember(start, requests, result.batch, result.target)
+
+    def _append(
+        self, start: int, requests: list[Request], result: StepResult, last_only: bool, truncate: bool
+    ) -> list[list[int]]:
+        """Append each request's emitted tokens (stop checks, detokenization) and count the verification;
+        each request's kept tokens. ``truncate``: roll each cache slot back to its kept tokens."""
         engine = self.engine
         kept_all: list[list[int]] = []
         drafted, accepted = [], []
@@ -237,8 +272,8 @@ class Stepper:
                         drafted.append(result.drafted[i])
                         accepted.append(len(tokens) - 1)
                     kept = request.append_tokens(tokens, engine.tokenizer, engine.max_model_len)
-                    # the cache holds every token but the newest (the next step's first input)
-                    engine.slots.truncate(start + i, request.num_tokens - 1)
+                    if truncate:  # the cache holds every token but the newest (the next step's first input)
+                        engine.slots.truncate(start + i, request.num_tokens - 1)
                 except Exception as exc:
                     request.fail(_error_text(exc))
             kept_all.append(kept)
@@ -246,12 +281,10 @@ class Stepper:
             record_logprobs(requests, kept_all, result.target.logits, result.batch.query_lens_host, last_only)
         if drafted:
             engine.metrics.observe_many(drafted, accepted)
-        self._draft_next(start, requests, result, last_only, kept_all)
-        if last_only and engine.prefix is not None:
-            engine.prefix.remember(start, requests, result.batch, result.target)
+        return kept_all
 
     def _draft_next(
-        self, start: int, requests: list[Request], result: _Result, last_only: bool, kept: list[list[int]]
+        self, start: int, requests: list[Request], result: StepResult, last_only: bool, kept: list[list[int]]
     ) -> None:
         engine, drafter = self.engine, self.engine.drafter
         if drafter is None or (not last_only and engine.holds_plain(requests)):

@@ -19,7 +19,7 @@ from spec_backend.engine.request import Request
 from spec_backend.engine.structured import constrain
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingMetadata
-from spec_backend.step import StepBatch
+from spec_backend.step import StepBatch, unpack_emitted
 
 
 def batch_drafts(batch: StepBatch) -> list[list[int]]:
@@ -65,6 +65,21 @@ class Verifier:
         Returns, per request, its accepted drafts followed by the recovered or bonus token, and its valid
         draft count; both reach the host in the step's one device-to-host copy.
         """
+        packed = self.launch(batch, requests, logits, sampling, draft_probs, last_only, valid_drafts)
+        return unpack_emitted(packed.tolist())  # the step's one device-to-host copy
+
+    def launch(
+        self,
+        batch: StepBatch,
+        requests: Sequence[Request],
+        logits: torch.Tensor,
+        sampling: SamplingMetadata,
+        draft_probs: torch.Tensor | None = None,
+        last_only: bool = False,
+        valid_drafts: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [B, max_K + 2] the sampler's integer dtype
+        """``__call__``'s verification left on the device: per request its emitted tokens (placeholders
+        after them), then its valid draft count (``step.unpack_emitted`` reads it)."""
         metadata = batch.spec_decode_metadata(last_only)
         if any(r.params.processes_logits for r in requests):
             drafts = batch_drafts(batch)
@@ -85,10 +100,7 @@ class Verifier:
         out = self.sampler(metadata, draft_probs, logits, sampling)  # [B, max_K + 1] int32
         if valid_drafts is None:
             valid_drafts = torch.zeros(out.shape[0], dtype=out.dtype, device=out.device)  # [B]
-        packed = torch.cat([out, valid_drafts.to(out.dtype)[:, None]], dim=1)  # [B, max_K + 2]
-        rows: list[list[int]] = packed.tolist()  # the step's one device-to-host copy
-        emitted = [[t for t in row[:-1] if t != PLACEHOLDER_TOKEN_ID] for row in rows]
-        return emitted, [row[-1] for row in rows]
+        return torch.cat([out, valid_drafts.to(out.dtype)[:, None]], dim=1)
 
 
 def _constrained(

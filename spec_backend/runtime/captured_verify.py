@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.graphs import GraphCaptureError
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingFlags, SamplingMetadata
-from spec_backend.step import valid_drafts
+from spec_backend.step import unpack_emitted, valid_drafts
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphFn, GraphRunner
@@ -164,6 +164,19 @@ class CapturedVerify:
     ) -> tuple[list[list[int]], list[int]]:
         """Each request's emitted tokens (accepted drafts, then the recovered or bonus token) and verified
         draft count, as ``Verifier.__call__`` returns them, from one replay and one read."""
+        return unpack_emitted(self.launch(kind, logits, tokens, sampling).tolist())  # the one copy
+
+    @torch.no_grad()
+    def launch(
+        self,
+        kind: str,
+        logits: torch.Tensor,  # [N, V] the verify forward's
+        tokens: torch.Tensor,  # [B, q] int64 query tokens as fed, placeholders where drafts are missing
+        sampling: SamplingMetadata,  # [B] the requests' (``SamplingState.metadata``)
+    ) -> torch.Tensor:  # [B, q + 1] int64
+        """``__call__`` left on the device, packed as ``Verifier.launch`` packs it: per request its emitted
+        tokens (placeholders after them), then its verified draft count. A new tensor: the next replay
+        does not overwrite it."""
         if sampling.positions is None or sampling.seeds is None:
             raise ValueError("a captured verification needs each request's seed and RNG counter")
         q, n = self.q, logits.shape[0]
@@ -181,9 +194,8 @@ class CapturedVerify:
         }
         out = self.runners[kind].run(inputs)
         assert isinstance(out, torch.Tensor)
-        rows: list[list[list[int]]] = out.view(-1, q, 2).tolist()  # the step's one device-to-host copy
-        emitted = [[t for t, _ in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]
-        return emitted, [row[0][1] for row in rows]
+        grid = out.view(-1, q, 2)  # [B, q, 2]: each row's token, the request's verified drafts
+        return torch.cat([grid[:, :, 0], grid[:, :1, 1]], dim=1)  # [B, q + 1]
 
 
 def _logits_buffer(

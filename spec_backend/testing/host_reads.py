@@ -48,16 +48,26 @@ class HostReads(CallCounter):
 def wrapped_decode(llm: Any, around: Callable[[Callable[[], None]], None]) -> Iterator[None]:
     """While active, each decode step of ``llm`` runs as ``around(step)``; ``around`` must call ``step``."""
     stepper: Any = llm.engine.stepper
+    lookahead: Any = llm.engine.lookahead  # async scheduling's steps (``engine/lookahead.py``)
     decode = stepper.decode
+    ahead = lookahead.step if lookahead is not None else None
 
     def step(requests: Any) -> None:
         around(lambda: decode(requests))
 
+    def step_ahead(requests: Any) -> None:
+        assert ahead is not None
+        around(lambda: ahead(requests))
+
     stepper.decode = step
+    if lookahead is not None:
+        lookahead.step = step_ahead
     try:
         yield
     finally:
-        del stepper.decode  # the class's method again
+        del stepper.decode  # the class's methods again
+        if lookahead is not None:
+            del lookahead.step
 
 
 @contextmanager

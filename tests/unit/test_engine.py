@@ -224,13 +224,15 @@ def test_failure_inside_a_batched_step_is_isolated(llama_dir: str, monkeypatch: 
     bad_id = str(llm._next_id + 2)
     calls = {"n": 0}
 
-    def flaky(batch: Any, requests: list, logits: torch.Tensor, *args: Any) -> list[list[int]]:
+    launch = verifier.launch
+
+    def flaky(batch: Any, requests: list, logits: torch.Tensor, *args: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] > 3 and any(r.request_id == bad_id for r in requests):
             raise RuntimeError("kernel fault")
-        return verifier(batch, requests, logits, *args)
+        return launch(batch, requests, logits, *args)
 
-    monkeypatch.setattr(llm.engine, "verifier", flaky)
+    monkeypatch.setattr(verifier, "launch", flaky)
     outs = llm.generate(PROMPTS, GREEDY)
     assert outs[2].outputs[0].finish_reason == "error" and "kernel fault" in (outs[2].outputs[0].error or "")
     assert 0 < len(outs[2].outputs[0].token_ids) < GREEDY.max_tokens

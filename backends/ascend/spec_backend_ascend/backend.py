@@ -48,6 +48,7 @@ class AscendBackend(Backend):
     # triton-ascend's sampler kernels inside an ACLGraph are not shown to work on a device yet: the
     # sampler runs eagerly after the replayed forward
     captures_sampler = False
+    launches_async = True  # operators and ACLGraph replays queue on a stream
 
     def __init__(self) -> None:
         #: streams of every graph this backend's runners capture (target and drafter): a heuristic budget

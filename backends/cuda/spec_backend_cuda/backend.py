@@ -52,6 +52,7 @@ class CudaBackend(Backend):
 
     name = "cuda"
     device_type = "cuda"
+    launches_async = True  # kernels and graph replays queue on a stream
 
     def __init__(
         self,

@@ -100,3 +100,19 @@ def test_flash_path_is_used_for_half_precision_when_installed(model_dir: str) ->
     finally:
         cuda_attention.ragged_flash = original
     assert calls
+
+
+def test_async_scheduling_gives_the_synchronous_tokens_with_graphs(model_dir: str) -> None:
+    """On by default on CUDA (``launches_async``): plain steps launched ahead over CUDA graphs give the
+    synchronous engine's greedy and seeded sampled tokens; 3 slots for 4 prompts: an admission drains."""
+    from spec_backend.engine import LLM, SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=24), SamplingParams(temperature=0.9, seed=5)]
+    outs = {}
+    for setting in (None, False):
+        llm = LLM(model_dir, backend=CudaBackend(), dtype="float32", max_num_seqs=3, async_scheduling=setting)
+        assert (llm.engine.lookahead is not None) is (setting is None) and llm.engine.captured is not None
+        done = llm.generate(PROMPTS, params * 2)
+        outs[setting] = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in done]
+    assert outs[None] == outs[False]
+    assert all(reason != "error" for _, reason in outs[None])

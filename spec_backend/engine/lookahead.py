@@ -1,0 +1,136 @@
+"""Async scheduling: a plain decode step launched before the host has taken in the step before it.
+
+A synchronous step launches its forward and sampler, reads the emitted tokens (the step's one
+device-to-host copy), then appends them on the host: stop checks, detokenization, metrics, outputs.
+On a GPU or an NPU the device is idle during that host work. With ``async_scheduling``, each engine
+step instead
+
+1. *launches* step n+1, its query tokens gathered on the device from step n's emitted tokens (no copy
+   from the host while the slots stay as they were) and its RNG counters counting step n's token;
+2. *lands* step n on the host (its tokens read at the end of the last engine step) while the device
+   runs step n+1;
+3. *reads* step n+1's tokens: the step's one synchronisation, after the host work.
+
+Only plain steps (no drafts) are launched ahead: the engine drafts nothing (no drafter, or speculation
+off for the batch with a drafter that takes its tokens at its next call, ``Drafter.defers_follow``), and
+no request reads host state in its sampling or its output that step n changes: no penalties, biases,
+bad words, min-p, allowed tokens or grammars (``SamplingParams.processes_logits``), no logprobs (the
+forward's logits buffer is the next replay's). A request that ends at step n (a stop token, a stop
+string, ``max_tokens``, ``max_model_len``, an abort) drops its step n+1 token (that step wrote the
+position of step n's token, at most ``max_model_len - 1``: within its slot). Before admitting new
+requests, and when the batch stops qualifying, the engine lands the flight first (*drains*). Tokens are
+the synchronous engine's, token for token; a request admitted while a step is in flight joins at the
+step after it (the synchronous engine admits it into that step).
+
+Glossary: *launch* — the step's forward and sampler issued to the device; *land* — its tokens appended
+to the requests on the host (``Stepper.land``); *flight* — the launched step not yet landed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from spec_backend.runtime.captured import step_graph
+
+if TYPE_CHECKING:
+    from spec_backend.engine.core import EngineCore
+    from spec_backend.engine.request import Request
+    from spec_backend.engine.step_result import Launched
+
+logger = logging.getLogger(__name__)
+
+
+class Lookahead:
+    """The engine's step launched ahead (module docstring); ``flight`` is the step not landed yet."""
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+        self.flight: Launched | None = None
+
+    def plain(self) -> bool:
+        """Whether the engine's next decode step drafts nothing, decided as its draft-next would: no
+        drafter, or speculation off for the batch with a drafter that is handed its tokens later."""
+        engine, drafter = self.engine, self.engine.drafter
+        if drafter is None:
+            return True
+        held = drafter.defers_follow and engine.tree is None and engine.confidence is None
+        return held and engine.speculation_disabled
+
+    def can_launch(self, requests: list[Request]) -> bool:
+        """Whether a one-token step of ``requests`` can be launched, a step in flight or not: no
+        drafts wait (``PendingDrafts``; a draft-next before speculation went off stored them), the step
+        replays no verify graph padded with placeholders, and each request samples from its logits alone
+        (a request that ends at the step in flight drops the next step's token: ``max_tokens`` and
+        ``max_model_len`` as a stop token)."""
+        engine = self.engine
+        graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
+        if not self.plain() or engine.pending.total or (graph is not None and graph.q != 1):
+            return False  # drafts of an earlier draft-next, or a padded verify graph: K+1 positions
+        return all(
+            not r.finished and not r.params.processes_logits and r.params.logprobs is None for r in requests
+        )
+
+    def ready(self, requests: list[Request]) -> bool:
+        """Whether the next decode step of ``requests`` goes ahead (``step``): a step is in flight (the
+        engine drained it otherwise, ``drains``), or one can start."""
+        return self.flight is not None or self.can_launch(requests)
+
+    def step(self, requests: list[Request]) -> None:
+        """One decode step of ``requests`` (``ready``): launch the next step and land the flight while it
+        runs, or start a flight."""
+        if self.flight is not None:
+            self._advance(requests)
+            return
+        lengths = self.engine.runner.cache.lengths
+        saved = list(lengths)
+        try:
+            self.flight = self.engine.stepper.launch(requests, None).read()
+        except Exception:  # the synchronous step finds which request fails, and ends that one alone
+            lengths[: len(saved)] = saved
+            logger.warning("a step launched ahead failed: stepping synchronously", exc_info=True)
+            self.engine.stepper.decode(requests)
+
+    def _advance(self, requests: list[Request]) -> None:
+        flight, stepper = self.flight, self.engine.stepper
+        assert flight is not None
+        lengths = self.engine.runner.cache.lengths
+        saved = list(lengths)
+        try:
+            launched = stepper.launch(requests, flight)
+        except Exception:  # land the tokens read; the next engine step starts over (synchronous there)
+            lengths[: len(saved)] = saved
+            logger.warning("a step launched ahead failed: landing the one before it", exc_info=True)
+            self.drain()
+            return
+        stepper.land(flight)  # the host's work, while the device runs ``launched``
+        self.flight = None
+        try:
+            self.flight = launched.read()
+        except Exception as exc:  # the device failed the step: its requests cannot go on
+            for request in launched.requests:
+                if not request.finished:
+                    request.fail(f"step failed: {type(exc).__name__}: {exc}")
+
+    def drains(self, requests: list[Request], admitting: bool) -> bool:
+        """Land the flight where the next step cannot be launched ahead of it: requests are admitted
+        (a prefill starts from every token landed), or the batch no longer qualifies (``can_launch``).
+        Whether it landed one."""
+        if self.flight is None or not (admitting or not self.can_launch(requests)):
+            return False
+        self.drain()
+        return True
+
+    def drain(self) -> None:
+        """Land the flight, if any: afterwards every request holds all its tokens, the cache every
+        position but the newest (the synchronous engine's state between steps)."""
+        flight, self.flight = self.flight, None
+        if flight is not None:
+            self.engine.stepper.land(flight)
+
+    def clear(self) -> None:
+        """Forget the flight (its requests were ended)."""
+        self.flight = None
+
+
+__all__ = ["Lookahead"]

@@ -1,0 +1,90 @@
+"""A decode step's outcome as the stepper hands it on: its batch and target outputs, and the emitted
+tokens, on the device until read (``StepResult.read``: the step's one device-to-host copy); and a plain
+step launched ahead of the host (``Launched``, ``lookahead.py``).
+
+Glossary: *packed* — per request its emitted tokens (placeholders after them), then its verified draft
+count, one ``[B, W + 1]`` device tensor (``Verifier.launch``, ``CapturedVerify.launch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.step import StepBatch, TargetOutput, build_step_batch, unpack_emitted
+
+if TYPE_CHECKING:
+    from spec_backend.engine.request import Request
+
+
+@dataclass(frozen=True)
+class StepResult:
+    batch: StepBatch
+    target: TargetOutput
+    emitted: list[list[int]]  # per request: accepted drafts, then the recovered or bonus token
+    drafted: list[int]  # per request: drafts verified (those before its first placeholder)
+    #: [B, W + 1] on the device: per request its emitted tokens (placeholders after them), then its
+    #: verified drafts (``Verifier.launch``); None for a tree step (its lists are read already)
+    packed: torch.Tensor | None = None
+    unread: bool = False  # ``emitted`` and ``drafted`` wait for ``read``
+
+    def read(self) -> StepResult:
+        """The emitted tokens and counts on the host: the step's one device-to-host copy."""
+        if not self.unread:
+            return self
+        assert self.packed is not None
+        emitted, drafted = unpack_emitted(self.packed.tolist())
+        return replace(self, emitted=emitted, drafted=drafted, unread=False)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A plain step launched ahead (``lookahead.py``): its requests in their slot order at launch, and
+    its result, read or not."""
+
+    requests: list[Request]
+    result: StepResult
+
+    def read(self) -> Launched:
+        """This step with its tokens on the host (``StepResult.read``)."""
+        return replace(self, result=self.result.read())
+
+    def next_tokens(self, requests: list[Request]) -> torch.Tensor:  # [B, 1] int64
+        """The query tokens of the step after this one, for ``requests`` (each one of this step's): each
+        one's emitted token, gathered on the device (no host read)."""
+        packed = self.result.packed
+        assert packed is not None
+        tokens = packed[:, :1].to(torch.int64)  # [B_launched, 1]
+        same = len(requests) == len(self.requests)
+        if same and all(a is b for a, b in zip(requests, self.requests, strict=True)):
+            return tokens  # the same slots: no copy from the host
+        at = {id(r): i for i, r in enumerate(self.requests)}  # requests left since: the slots moved
+        index = torch.tensor([at[id(r)] for r in requests], dtype=torch.int64)  # [B]
+        return tokens[index.to(tokens.device)]
+
+
+def one_token_rows(result: StepResult, index: Sequence[int], lengths: Sequence[int]) -> StepResult:
+    """A one-token step's result for its requests at ``index``, as a step of those requests alone would
+    hold it: they fill the slots ``0 ..`` now (``lengths``: the cache's host lengths, this step's
+    position included), the batch is rebuilt over their tokens and the target's rows are theirs."""
+    batch, target = result.batch, result.target
+    rows = torch.tensor(list(index), dtype=torch.int64).to(batch.input_ids.device)  # [b]
+    tokens = batch.input_ids.view(batch.batch_size, 1)[rows]  # [b, 1]
+    cached = [lengths[i] - 1 for i in range(len(index))]
+    picked = TargetOutput(
+        logits=target.logits[rows],  # [b, V]
+        final=target.final[rows] if target.final is not None else None,  # [b, H]
+        aux=target.aux[rows] if target.aux is not None else None,  # [b, n_aux, H]
+    )
+    return StepResult(
+        batch=build_step_batch(0, tokens, [1] * len(index), cached, [0] * len(index)),
+        target=picked,
+        emitted=[result.emitted[i] for i in index],
+        drafted=[result.drafted[i] for i in index],
+    )
+
+
+__all__ = ["Launched", "StepResult", "one_token_rows"]
