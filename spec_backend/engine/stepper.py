@@ -196,6 +196,9 @@ class Stepper:
             query_lens, drafts = [1 + c for c in inputs.counts], list(inputs.counts)
         cached = engine.runner.cache.lengths[start : start + len(requests)]
         batch = build_step_batch(start, inputs.tokens, query_lens, cached, drafts)
+        # before the forward: a copy from the host waits for the device's queue (pageable memory), so
+        # none follows the forward's launch (``lookahead.py``: the host lands a step while it runs)
+        sampling = self._sampling(start, requests, ahead)
         if captured is not None:
             target = captured.forward(batch)
         elif last_only and any(r.params.prompt_logprobs is not None for r in requests):
@@ -204,7 +207,6 @@ class Stepper:
             target = replace(target, logits=target.logits[batch.last_token_index])  # [B, V]
         else:
             target = engine.runner.forward(batch, last_only)
-        sampling = self._sampling(start, requests, ahead)
         kind = _graph_kind(captured, requests, inputs, sampling)
         if captured is not None and captured.verify is not None and kind is not None:
             packed = captured.verify.launch(kind, target.logits, inputs.tokens, sampling)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from engine_fixtures import PROMPTS, CapturingReference, one_thread  # noqa: F401 - autouse
 
 from spec_backend.backends.reference import ReferenceBackend
@@ -148,6 +149,52 @@ def test_a_decode_step_reads_the_device_once(target: str) -> None:
     counts = _count_ahead(llm)
     reads = host_reads.reads_per_decode_step(llm, PROMPTS, MIXED)
     assert counts["ahead"] > 0 and max(reads) == 1, reads
+
+
+class _HostTensors(host_reads.CallCounter):
+    """Counts tensors made from host data (on a GPU each is a copy that waits for the device's queue)
+    while ``armed`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__({torch.tensor, torch.as_tensor, torch.from_numpy})
+        self.armed = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.armed and func in self.funcs:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_step_launched_ahead_copies_nothing_from_the_host_after_its_forward(
+    target: str, graphs: bool
+) -> None:
+    """Once a launch has queued its forward, it queues the sampler without a copy from the host: on a
+    GPU such a copy waits for the forward, and the host could not land the step before while it runs.
+    Fails before the sampling metadata moved ahead of the forward (its RNG counters were copied after)."""
+    llm = _llm(target, True, graphs)
+    engine, counter = llm.engine, _HostTensors()
+    owner: Any = engine.captured if graphs else engine.runner
+    forward, stepper = owner.forward, engine.stepper
+    launch, launches = stepper.launch, []
+
+    def armed_forward(*args: Any) -> Any:
+        out = forward(*args)
+        counter.armed = True
+        return out
+
+    def counted_launch(requests: Any, ahead: Any) -> Any:
+        launches.append(ahead)
+        counter.armed = False  # a prefill's forward armed it
+        with counter:
+            try:
+                return launch(requests, ahead)
+            finally:
+                counter.armed = False
+
+    owner.forward, stepper.launch = armed_forward, counted_launch
+    llm.generate(PROMPTS, [SamplingParams(temperature=0.0, max_tokens=8)] * 4)
+    assert len(launches) > 4 and counter.count == 0
 
 
 def test_an_aborted_request_leaves_mid_flight(target: str) -> None:
