@@ -11,16 +11,19 @@ step instead
    runs step n+1;
 3. *reads* step n+1's tokens: the step's one synchronisation, after the host work.
 
-Only plain steps (no drafts) are launched ahead: the engine drafts nothing (no drafter, or speculation
-off for the batch with a drafter that takes its tokens at its next call, ``Drafter.defers_follow``), and
-no request reads host state in its sampling or its output that step n changes: no penalties, biases,
-bad words, min-p, allowed tokens or grammars (``SamplingParams.processes_logits``), no logprobs (the
-forward's logits buffer is the next replay's). A request that ends at step n (a stop token, a stop
-string, ``max_tokens``, ``max_model_len``, an abort) drops its step n+1 token (that step wrote the
-position of step n's token, at most ``max_model_len - 1``: within its slot). Before admitting new
-requests, and when the batch stops qualifying, the engine lands the flight first (*drains*). Tokens are
+Only plain steps (no drafts) are launched ahead: the engine drafts nothing, whatever step n's tokens
+(no drafter; or one that takes its tokens at its next call, ``Drafter.defers_follow``, with speculation
+off for the batch or adaptive drafting holding plain decoding past step n's draft-next,
+``holds_past_next``), and no request reads host state in its sampling or its output that step n
+changes: no penalties, biases, bad words, min-p, allowed tokens or grammars
+(``SamplingParams.processes_logits``), no logprobs (the forward's logits buffer is the next replay's).
+A request that ends at step n (a stop token, a stop string, ``max_tokens``, ``max_model_len``, an
+abort) drops its step n+1 token (that step wrote the position of step n's token, at most
+``max_model_len - 1``: within its slot). Before admitting new requests, and when the batch stops
+qualifying, the engine lands the flight first (*drains*). Tokens are
 the synchronous engine's, token for token; a request admitted while a step is in flight joins at the
-step after it (the synchronous engine admits it into that step).
+step after it (the synchronous engine admits it into that step), and a request ending at the step in
+flight ends adaptive drafting's hold one decision later (the step after it was launched plain).
 
 Glossary: *launch* — the step's forward and sampler issued to the device; *land* — its tokens appended
 to the requests on the host (``Stepper.land``); *flight* — the launched step not yet landed.
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING
 from spec_backend.runtime.captured import step_graph
 
 if TYPE_CHECKING:
+    from spec_backend.engine.adaptive import AdaptiveDraftLength
     from spec_backend.engine.core import EngineCore
     from spec_backend.engine.request import Request
     from spec_backend.engine.step_result import Launched
@@ -48,14 +52,17 @@ class Lookahead:
         self.engine = engine
         self.flight: Launched | None = None
 
-    def plain(self) -> bool:
-        """Whether the engine's next decode step drafts nothing, decided as its draft-next would: no
-        drafter, or speculation off for the batch with a drafter that is handed its tokens later."""
+    def plain(self, requests: list[Request]) -> bool:
+        """Whether the decode step after the next one drafts nothing, whatever the next one's tokens: no
+        drafter; or one that is handed its tokens later (``Drafter.defers_follow``) and speculation off
+        for the batch, or a hold of adaptive drafting that lasts past the next step's draft-next
+        (``holds_past_next``)."""
         engine, drafter = self.engine, self.engine.drafter
         if drafter is None:
             return True
-        held = drafter.defers_follow and engine.tree is None and engine.confidence is None
-        return held and engine.speculation_disabled
+        if not drafter.defers_follow or engine.tree is not None or engine.confidence is not None:
+            return False
+        return engine.speculation_disabled or holds_past_next(engine.adaptive, requests)
 
     def can_launch(self, requests: list[Request]) -> bool:
         """Whether a one-token step of ``requests`` can be launched, a step in flight or not: no
@@ -65,7 +72,7 @@ class Lookahead:
         ``max_model_len`` as a stop token)."""
         engine = self.engine
         graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
-        if not self.plain() or engine.pending.total or (graph is not None and graph.q != 1):
+        if not self.plain(requests) or engine.pending.total or (graph is not None and graph.q != 1):
             return False  # drafts of an earlier draft-next, or a padded verify graph: K+1 positions
         return all(
             not r.finished and not r.params.processes_logits and r.params.logprobs is None for r in requests
@@ -103,7 +110,7 @@ class Lookahead:
             logger.warning("a step launched ahead failed: landing the one before it", exc_info=True)
             self.drain()
             return
-        stepper.land(flight)  # the host's work, while the device runs ``launched``
+        stepper.land(flight, True)  # the host's work, while the device runs ``launched``
         self.flight = None
         try:
             self.flight = launched.read()
@@ -126,11 +133,24 @@ class Lookahead:
         position but the newest (the synchronous engine's state between steps)."""
         flight, self.flight = self.flight, None
         if flight is not None:
-            self.engine.stepper.land(flight)
+            self.engine.stepper.land(flight, False)
 
     def clear(self) -> None:
         """Forget the flight (its requests were ended)."""
         self.flight = None
 
 
-__all__ = ["Lookahead"]
+def holds_past_next(adaptive: AdaptiveDraftLength | None, requests: list[Request]) -> bool:
+    """Whether adaptive drafting's hold (``AdaptiveDraftLength.held``) holds the next draft-next of
+    ``requests`` whatever their next tokens: it lasts past it, was set for these requests, and no shadow
+    is open (its outcome could end it). A request that ends at the next step ends the hold instead
+    (``Stepper.land`` then decides nothing: the step after it was launched plain). Reads only."""
+    if adaptive is None or adaptive.steps + 1 >= adaptive.hold_until or adaptive.shadows.open:
+        return False
+    ids = adaptive.hold_ids
+    return len(ids) == len(requests) and all(
+        not r.finished and r.request_id == i for r, i in zip(requests, ids, strict=True)
+    )
+
+
+__all__ = ["Lookahead", "holds_past_next"]

@@ -144,14 +144,20 @@ class Stepper:
             inputs = DecodeInputs(tokens, [0] * len(requests), None, [()] * len(requests))
         return Launched(list(requests), self._run(0, requests, inputs, False, 0 if ahead is None else 1))
 
-    def land(self, launched: Launched) -> None:
+    def land(self, launched: Launched, successor: bool) -> None:
         """A launched step's tokens appended (stop checks, detokenization, metrics), then the draft-next,
         as a synchronous one-token step does; a request that finished since the launch drops its token.
         The cache is not rolled back: a one-token step keeps its position, and the next step may hold the
         next already. Where requests left since the launch (their slots moved), the draft-next sees the
-        requests running now in their slots, as the synchronous step of that batch would."""
+        requests running now in their slots, as the synchronous step of that batch would. ``successor``:
+        the next step is in flight, launched plain (``lookahead.py``): the draft-next only counts a held
+        step (``EngineCore.holds_plain``); its drafter, which defers following, is handed the tokens later."""
         result, requests, running = launched.result.read(), launched.requests, self.engine.running
         kept = self._append(0, requests, result, False, False)
+        if successor:
+            if self.engine.drafter is not None:  # a request that ended here ends the hold: the engine
+                self.engine.holds_plain(requests)  # lands the successor before the next decision
+            return
         if len(running) == len(requests) and all(a is b for a, b in zip(running, requests, strict=True)):
             self._draft_next(0, requests, result, False, kept)
         elif self.engine.drafter is not None:

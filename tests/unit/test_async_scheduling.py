@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 from engine_fixtures import PROMPTS, CapturingReference, one_thread  # noqa: F401 - autouse
+from test_adaptive_engine import ADAPTIVE_NGRAM, K, _charged
+from test_plain_holds import _wrong_until
 
 from spec_backend.backends.reference import ReferenceBackend
 from spec_backend.engine import LLM, SamplingParams
@@ -29,6 +31,7 @@ MIXED = [
     SamplingParams(temperature=1.0, max_tokens=12),
     SamplingParams(temperature=0.0, max_tokens=1),
 ]
+GREEDY_80 = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +111,31 @@ def test_speculation_off_for_the_batch_steps_ahead(target: str) -> None:
     # the drafts may differ: a request admitted when one leaves joins a step later (the step in flight
     # was launched without it), and the step landing without it drafts for a smaller batch
     assert sync_llm.metrics.total.num_accepted_tokens > 0 and llm.metrics.total.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("turning", [False, True], ids=["drafts-never-pay", "drafts-start-paying"])
+def test_held_steps_of_adaptive_drafting_go_ahead(target: str, turning: bool) -> None:
+    """Adaptive n-gram drafting on the policy's step clock (``test_plain_holds``): steps held at plain
+    decoding go ahead while the hold lasts past the next decision, and greedy tokens are the synchronous
+    engine's; where drafts start paying, a shadow ends the hold and drafting is chosen again."""
+    outputs, chosen, held = [], [], []
+    params = [GREEDY_80, SamplingParams(temperature=0.0, max_tokens=40)]
+    for setting in (False, True):
+        llm = _llm(target, setting, False, speculative_config=ADAPTIVE_NGRAM, max_num_seqs=16)
+        _charged(llm, 0.2, wrong=not turning)
+        if turning:
+            _wrong_until(llm, 40)
+        counts = _count_ahead(llm)
+        outputs.append(_outputs(llm, PROMPTS[:2], params))
+        assert llm.engine.adaptive is not None
+        chosen.append(llm.engine.adaptive.chosen)
+        held.append(llm.engine.adaptive.held_steps)
+    assert outputs[0] == outputs[1]
+    assert counts["ahead"] >= 20, counts  # the async engine's
+    # the policy holds as it did: a request ending mid-flight ends the hold one decision later
+    assert abs(held[0] - held[1]) <= 2 and held[1] >= 20, held
+    if turning:
+        assert K in chosen[1][-10:], chosen[1]
 
 
 @pytest.mark.parametrize(
