@@ -14,7 +14,9 @@ Running requests occupy slots ``0 .. n-1`` of every cache in the slot table, in 
 4. finished requests leave (their slots are freed in every cache).
 
 A failure while processing one request (drafting, its forward, its tokens) ends that request with
-``finish_reason="error"``; the others go on.
+``finish_reason="error"``; the others go on. With async scheduling (``lookahead.py``) a plain decode step
+is launched before the host lands the one before it: step 2's stop checks for step n run while step n+1
+runs on the device.
 """
 
 from __future__ import annotations
@@ -156,8 +158,6 @@ class EngineCore:
             else:
                 self._timed_decode()
             finished += self._release_finished()
-        if ahead is not None and not self.running:
-            ahead.clear()  # every request of the flight ended: its tokens are dropped
         return finished
 
     def _timed_decode(self) -> None:
@@ -307,6 +307,9 @@ class EngineCore:
                 self.running[i] = self.running[last]
             self.running.pop()
             self.slots.free(i)
+        if not self.running and self.lookahead is not None:
+            self.lookahead.clear()  # every request of a step in flight ended (or was aborted): its
+            # tokens are dropped, and no later admission may land it
         return done[::-1]
 
     def _forget(self, request: Request, report: bool) -> None:

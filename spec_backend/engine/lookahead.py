@@ -15,15 +15,19 @@ Only plain steps (no drafts) are launched ahead: the engine drafts nothing, what
 (no drafter; or one that takes its tokens at its next call, ``Drafter.defers_follow``, with speculation
 off for the batch or adaptive drafting holding plain decoding past step n's draft-next,
 ``holds_past_next``), and no request reads host state in its sampling or its output that step n
-changes: no penalties, biases, bad words, min-p, allowed tokens or grammars
+changes: no penalties, biases, min-p, allowed tokens or grammars
 (``SamplingParams.processes_logits``), no logprobs (the forward's logits buffer is the next replay's).
 A request that ends at step n (a stop token, a stop string, ``max_tokens``, ``max_model_len``, an
 abort) drops its step n+1 token (that step wrote the position of step n's token, at most
 ``max_model_len - 1``: within its slot). Before admitting new requests, and when the batch stops
-qualifying, the engine lands the flight first (*drains*). Tokens are
-the synchronous engine's, token for token; a request admitted while a step is in flight joins at the
-step after it (the synchronous engine admits it into that step), and a request ending at the step in
-flight ends adaptive drafting's hold one decision later (the step after it was launched plain).
+qualifying, the engine lands the flight first (*drains*). Tokens are the synchronous engine's, token
+for token. A request admitted after the flight lands joins a step later than the synchronous engine
+admits it: plain decoding's tokens do not depend on the batch, nor do greedy
+tokens on the drafts; with a drafter and a sampled request running or waiting, no step goes ahead while
+requests wait, so admissions, and with them the batch sizes that turn speculation on and off and the
+positions at which sampled requests verify drafts, are the synchronous engine's. A request ending at
+the step in flight ends adaptive drafting's hold one decision later (the step after it was launched
+plain: greedy tokens do not depend on the draft length).
 
 Glossary: *launch* — the step's forward and sampler issued to the device; *land* — its tokens appended
 to the requests on the host (``Stepper.land``); *flight* — the launched step not yet landed.
@@ -32,6 +36,7 @@ to the requests on the host (``Stepper.land``); *flight* — the launched step n
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from spec_backend.runtime.captured import step_graph
@@ -67,13 +72,19 @@ class Lookahead:
     def can_launch(self, requests: list[Request]) -> bool:
         """Whether a one-token step of ``requests`` can be launched, a step in flight or not: no
         drafts wait (``PendingDrafts``; a draft-next before speculation went off stored them), the step
-        replays no verify graph padded with placeholders, and each request samples from its logits alone
+        replays no verify graph padded with placeholders, no request waits while a drafter may draft for
+        a sampled request (admissions keep the synchronous engine's steps), and each request samples from
+        its logits alone
         (a request that ends at the step in flight drops the next step's token: ``max_tokens`` and
         ``max_model_len`` as a stop token)."""
         engine = self.engine
         graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
         if not self.plain(requests) or engine.pending.total or (graph is not None and graph.q != 1):
             return False  # drafts of an earlier draft-next, or a padded verify graph: K+1 positions
+        if engine.drafter is not None and engine.waiting and _sampled(requests, engine.waiting):
+            return False  # a request ending at the step in flight would admit one a step late: the
+            # batch sizes that turn speculation on and off, and so the positions at which sampled
+            # requests verify drafts (their tokens), would move (greedy tokens do not depend on them)
         return all(
             not r.finished and not r.params.processes_logits and r.params.logprobs is None for r in requests
         )
@@ -95,7 +106,7 @@ class Lookahead:
             self.flight = self.engine.stepper.launch(requests, None).read()
         except Exception:  # the synchronous step finds which request fails, and ends that one alone
             lengths[: len(saved)] = saved
-            logger.warning("a step launched ahead failed: stepping synchronously", exc_info=True)
+            logger.error("a step launched ahead failed: stepping synchronously", exc_info=True)
             self.engine.stepper.decode(requests)
 
     def _advance(self, requests: list[Request]) -> None:
@@ -107,7 +118,7 @@ class Lookahead:
             launched = stepper.launch(requests, flight)
         except Exception:  # land the tokens read; the next engine step starts over (synchronous there)
             lengths[: len(saved)] = saved
-            logger.warning("a step launched ahead failed: landing the one before it", exc_info=True)
+            logger.error("a step launched ahead failed: landing the one before it", exc_info=True)
             self.drain()
             return
         stepper.land(flight, True)  # the host's work, while the device runs ``launched``
@@ -138,6 +149,10 @@ class Lookahead:
     def clear(self) -> None:
         """Forget the flight (its requests were ended)."""
         self.flight = None
+
+
+def _sampled(*groups: Iterable[Request]) -> bool:
+    return any(r.temperature > 0 for group in groups for r in group)
 
 
 def holds_past_next(adaptive: AdaptiveDraftLength | None, requests: list[Request]) -> bool:

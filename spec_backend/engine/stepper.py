@@ -160,7 +160,7 @@ class Stepper:
             return
         if len(running) == len(requests) and all(a is b for a, b in zip(running, requests, strict=True)):
             self._draft_next(0, requests, result, False, kept)
-        elif self.engine.drafter is not None:
+        elif self.engine.drafter is not None and running:
             at = {id(r): i for i, r in enumerate(requests)}
             index = [at[id(r)] for r in running]
             live = one_token_rows(result, index, self.engine.runner.cache.lengths)

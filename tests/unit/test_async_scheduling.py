@@ -54,14 +54,16 @@ def _outputs(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -
 
 
 def _count_ahead(llm: LLM) -> dict[str, int]:
-    """Counts of the steps ``llm`` launches ahead of a flight and of those it starts."""
+    """Counts of the steps ``llm`` launched ahead of a flight and of those it started (launches that
+    returned: one that raised falls back to a synchronous step)."""
     counts = {"ahead": 0, "started": 0}
     stepper: Any = llm.engine.stepper
     launch = stepper.launch
 
     def counted(requests: Any, ahead: Any) -> Any:
+        launched = launch(requests, ahead)  # counted once it returned (a fallback would hide a raise)
         counts["ahead" if ahead is not None else "started"] += 1
-        return launch(requests, ahead)
+        return launched
 
     stepper.launch = counted
     return counts
@@ -245,6 +247,54 @@ def test_an_aborted_request_leaves_mid_flight(target: str) -> None:
     assert requests[0].finish_reason == "error"
     assert [r.output_token_ids for r in requests[1:]] == [e[0] for e in expected[1:]]
     assert counts["ahead"] > 4 and engine.slots.num_slots == 0
+
+
+def test_seeded_sampled_requests_keep_their_draft_positions_when_admissions_wait(target: str) -> None:
+    """Three seeded sampled requests through two slots, speculation off at two requests (review
+    finding): a step launched ahead would admit the third a step late, request 1 would run alone (and
+    draft) from another position, and its sampled tokens would change. Fails before admissions kept
+    their steps (no step goes ahead while a sampled request and a waiting one meet a drafter)."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec |= {"disable_by_batch_size": 2, "adaptive_draft_length": False}
+    lengths = [5, 30, 20]
+    params = [SamplingParams(temperature=1.0, seed=78 + j, max_tokens=m) for j, m in enumerate(lengths)]
+    prompts = [PROMPTS[0], [11, 12, 13, 14] * 3 + [11, 12, 13], PROMPTS[3]]
+    sync = _outputs(_llm(target, False, False, max_num_seqs=2, speculative_config=spec), prompts, params)
+    llm = _llm(target, True, False, max_num_seqs=2, speculative_config=spec)
+    counts = _count_ahead(llm)
+    assert _outputs(llm, prompts, params) == sync
+    assert counts["ahead"] > 0  # once nothing waits
+    greedy = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]  # greedy: ahead while
+    llm = _llm(target, True, False, max_num_seqs=2, speculative_config=spec)  # requests wait too
+    counts = _count_ahead(llm)
+    sync_greedy = _outputs(
+        _llm(target, False, False, max_num_seqs=2, speculative_config=spec), prompts, greedy
+    )
+    assert _outputs(llm, prompts, greedy) == sync_greedy and counts["ahead"] > 0
+
+
+def test_aborting_every_running_request_mid_flight_leaves_no_flight(target: str) -> None:
+    """Every running request aborted while a step is in flight (a server's clients gone, review
+    finding): the flight goes with them, and the next request runs (before, its admission landed the
+    stale flight and the step failed)."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec |= {"disable_by_batch_size": 2, "adaptive_draft_length": False}
+    llm = _llm(target, True, False, max_num_seqs=4, speculative_config=spec)
+    engine = llm.engine
+    requests = llm.make_requests(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=20))
+    for request in requests:
+        engine.add(request)
+    for _ in range(3):
+        engine.step()
+    assert engine.lookahead is not None and engine.lookahead.flight is not None
+    for request in requests:
+        engine.abort(request, "client gone")
+    assert engine.lookahead.flight is None
+    new = llm.make_requests([PROMPTS[2]], SamplingParams(temperature=0.0, max_tokens=8))[0]
+    engine.add(new)
+    while engine.has_unfinished():
+        engine.step()
+    assert new.finish_reason == "length" and len(new.output_token_ids) == 8
 
 
 def test_a_failing_step_ahead_is_retried_synchronously(target: str) -> None:
