@@ -14,7 +14,9 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
   draft length chosen per step from measured step times and acceptance, 0 included);
 * ``draft_model synthetic K`` — a model-based drafter (a 2-layer random model of the target's shape and
   vocabulary, K draft forwards per step) at the same synthetic acceptance: what a model-based drafter
-  costs per step (random weights would accept nothing, so the acceptance is set, not measured).
+  costs per step (random weights would accept nothing, so the acceptance is set, not measured);
+* ``eagle3 synthetic K`` — a random EAGLE-3 head (speculators format, on target layers 0, L/2, L-1) at
+  the same acceptance: drafts 2..K replay the head's captured one-row step (random models only).
 
 Tokens/s = generated tokens / wall time of ``generate`` (after the same call once, as a warm-up). Ratios:
 each mode vs ``plain`` at the same model, batch and graph setting, and graphs vs eager. ``ms/step``: wall
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -61,7 +64,7 @@ sys.path.insert(0, str(ROOT / "backends" / "cuda"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
-from engine_table import Row, format_table, vs_peer  # noqa: E402
+from engine_table import Row, format_table, vs_first_attention, vs_peer  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
 from spec_backend.testing.host_reads import decode_step_seconds, reads_per_decode_step  # noqa: E402
@@ -85,6 +88,16 @@ SMOLLM2 = {**SMOLLM2_SHAPE, "max_position_embeddings": 8192, "rope_theta": 10000
 
 GRAPH_SUFFIX = {"off": "", "on": "", "on-eager-sampler": " (sampler eager)", "on-sync": " (sync)"}
 GRAPH_SUFFIX |= {"on-async": " (async)"}
+MODES = ("plain", "ngram", "adaptive", "synthetic", "draft", "eagle3")
+
+
+def eagle3_head(folder: str, target: str) -> str:
+    """A random EAGLE-3 head for ``target`` (speculators format) on its layers 0, L/2 and L-1."""
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+
+    with open(os.path.join(target, "config.json")) as f:
+        layers = int(json.load(f)["num_hidden_layers"])
+    return write_eagle3(Path(folder), target, "speculators", aux_ids=[0, layers // 2, layers - 1])
 
 
 def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | None = None) -> str:
@@ -171,14 +184,14 @@ def hf_rows(name: str, path: str, args: argparse.Namespace) -> list[Row]:
 
 
 def speculative_config(
-    mode: str, k: int, synthetic_length: float, draft: str | None = None
+    mode: str, k: int, synthetic_length: float, drafts: dict[str, str] | None = None
 ) -> dict[str, Any] | None:
     if mode == "plain":
         return None
-    if mode == "draft":
+    if mode in ("draft", "eagle3"):
         return {
-            "method": "draft_model",
-            "model": draft,
+            "method": "draft_model" if mode == "draft" else "eagle3",
+            "model": (drafts or {}).get(mode),
             "num_speculative_tokens": k,
             "rejection_sample_method": "synthetic",
             "synthetic_acceptance_length": synthetic_length,
@@ -232,11 +245,14 @@ def eager_sampler(backend: Any) -> Any:
     return copy
 
 
-def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backend: Any) -> list[Row]:
+def run_model(
+    name: str, path: str, drafts: dict[str, str], args: argparse.Namespace, backend: Any
+) -> list[Row]:
     """Every (mode, graphs, batch) on one model; each mode loads the model once."""
     rows: list[Row] = []
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
     labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
+    labels |= {"eagle3": "eagle3 synthetic K={k}"}
     modes = [(m, labels[m].format(k=args.k)) for m in args.modes]
     for mode, mode_label in modes:
         for setting in args.graphs:
@@ -249,7 +265,7 @@ def run_model(name: str, path: str, draft: str, args: argparse.Namespace, backen
             try:
                 llm = LLM(
                     path,
-                    speculative_config=speculative_config(mode, args.k, args.synthetic_length, draft),
+                    speculative_config=speculative_config(mode, args.k, args.synthetic_length, drafts),
                     backend=step_backend,
                     max_num_seqs=max(args.batches),
                     dtype=args.dtype,
@@ -298,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
-        "--modes", default="plain,ngram,adaptive,synthetic,draft", help="comma-separated, from these"
+        "--modes", default="plain,ngram,adaptive,synthetic,draft,eagle3", help="comma-separated, from these"
     )
     parser.add_argument(
         "--graphs",
@@ -325,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run and args.attention != ["auto"]:
         parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
     args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
-    if bad := [m for m in args.modes if m not in ("plain", "ngram", "adaptive", "synthetic", "draft")]:
-        parser.error(f"unknown modes {bad}: use plain, ngram, adaptive, synthetic, draft")
+    if bad := [m for m in args.modes if m not in MODES]:
+        parser.error(f"unknown modes {bad}: use {', '.join(MODES)}")
     if bad := [g for g in args.graphs if g not in GRAPH_SUFFIX]:
         parser.error(f"--graphs takes {', '.join(GRAPH_SUFFIX)}, got {bad}")
     args.batches = [int(b) for b in args.batches.split(",") if b]
@@ -359,10 +375,14 @@ def main(argv: list[str] | None = None) -> int:
                 else make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
             )
             draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
-            draft = make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
+            drafts = {
+                "draft": make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
+            }
+            if "eagle3" in args.modes and path != "smollm2":  # the head is written from the target's config
+                drafts["eagle3"] = eagle3_head(os.path.join(tmp, name + "-eagle3"), path)
             for attention, path_backend in backends.items():
                 label = name if attention == args.attention[0] else f"{name}/{attention}"
-                rows += run_model(label, path, draft, args, path_backend)
+                rows += run_model(label, path, drafts, args, path_backend)
             if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
                 rows += hf_rows(name, path, args)
     print()
@@ -371,21 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         if text:
             print(text)
     return 0
-
-
-def vs_first_attention(rows: list[Row], first: str) -> str:
-    """Each row of another attention path (``model/path``) against the first path's same row."""
-    auto = {(r.model, r.batch, r.mode, r.graphs): r for r in rows if r.tokens and "/" not in r.model}
-    lines = []
-    for r in rows:
-        base = auto.get((r.model.split("/")[0], r.batch, r.mode, r.graphs))
-        if "/" in r.model and r.tokens and base is not None:
-            graphs = "graphs" if r.graphs else "eager"
-            lines.append(
-                f"{r.model} b={r.batch} {r.mode} ({graphs}): {r.tokens_per_s:.1f} tok/s = "
-                f"{r.tokens_per_s / base.tokens_per_s:.2f}x {first}'s {base.tokens_per_s:.1f}"
-            )
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

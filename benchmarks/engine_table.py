@@ -103,3 +103,18 @@ def vs_peer(rows: list[Row]) -> str:
                 f"({peer.tokens_per_s:.1f})"
             )
     return "\n".join(lines)
+
+
+def vs_first_attention(rows: list[Row], first: str) -> str:
+    """Each row of another attention path (``model/path``) against the first path's same row."""
+    auto = {(r.model, r.batch, r.mode, r.graphs): r for r in rows if r.tokens and "/" not in r.model}
+    lines = []
+    for r in rows:
+        base = auto.get((r.model.split("/")[0], r.batch, r.mode, r.graphs))
+        if "/" in r.model and r.tokens and base is not None:
+            graphs = "graphs" if r.graphs else "eager"
+            lines.append(
+                f"{r.model} b={r.batch} {r.mode} ({graphs}): {r.tokens_per_s:.1f} tok/s = "
+                f"{r.tokens_per_s / base.tokens_per_s:.2f}x {first}'s {base.tokens_per_s:.1f}"
+            )
+    return "\n".join(lines)

@@ -33,6 +33,11 @@ class ChainHead(torch.nn.Module, ABC):
     def combine(self, features: torch.Tensor) -> torch.Tensor:  # [N, F] -> [N, H]
         return features
 
+    def step_kinds(self) -> int:
+        """How many different forwards ``step`` selects: step ``s`` runs as step ``s % step_kinds()``
+        (one: the head ignores it; MTP with several layers: its layer count)."""
+        return 1
+
     def mask_features(self) -> torch.Tensor | None:  # [H]
         """The hidden input of parallel drafting's mask rows (P-EAGLE's ``fc(mask_hidden)``); ``None``
         for heads not trained for parallel drafting."""

@@ -75,6 +75,9 @@ class MtpHead(ChainHead):
         self.embed: tuple[Any, ...] = (target.get_input_embeddings(),)
         self.lm_head: tuple[Any, ...] = (target.get_output_embeddings(),)
 
+    def step_kinds(self) -> int:
+        return len(self.mtp)  # draft step s runs layer s % len(self.mtp)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, Q]

@@ -9,7 +9,8 @@ at position ``t`` and predicts token ``t+2``. After each step the drafter:
    head's own outputs and are recomputed);
 2. feeds this step's committed rows: a prefill's prompt rows, or a decode step's first row plus one row
    per accepted draft, each with the next committed token; the last row's output gives draft 1;
-3. feeds each draft back with the previous output as its hidden state for drafts 2..K.
+3. feeds each draft back with the previous output as its hidden state for drafts 2..K (one row per
+   request: replayed from captured graphs where the backend captures them, ``captured_head``).
 
 The catch-up runs every step, also when speculation is off for the batch: target hidden states exist
 only now. Logits come from the head (``ChainHead.logits``: the target's LM head for EAGLE-1, the draft
@@ -33,7 +34,9 @@ from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest, StepBatch, build_tree_batch
 
 if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend
     from spec_backend.models.chain_head import ChainHead
+    from spec_backend.proposers.captured_head import CapturedHeadStep
     from spec_backend.proposers.contract import DrafterContext
 
 
@@ -56,6 +59,18 @@ class EagleDrafter(HeadCacheDrafter):
         super().__init__(head.config, next(head.parameters()), hidden_states, k, max_model_len, probabilistic)
         self.head = head
         self.mask_token_id = mask_token_id  # parallel drafting (P-EAGLE) when set
+        #: the backend that captures drafts 2..K's one-row steps (None: eager), set by the builder for
+        #: a chain; the graphs are captured with the cache (``allocate_caches``)
+        self.capture_backend: Backend | None = None
+        self.step_graph: CapturedHeadStep | None = None
+
+    def allocate_caches(self, num_slots: int) -> None:
+        from spec_backend.proposers.captured_head import capture_head_step
+
+        super().allocate_caches(num_slots)
+        self.step_graph = None
+        if self.num_speculative_tokens > 1 and self.mask_token_id is None:
+            self.step_graph = capture_head_step(self.head, self._cache(), self.capture_backend, num_slots)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -205,7 +220,11 @@ class EagleDrafter(HeadCacheDrafter):
     def _run(
         self, start: int, tokens: torch.Tensor, hidden: torch.Tensor, lens: list[int], step: int = 0
     ) -> torch.Tensor:  # [B, H] each request's last row
-        """One head forward; a request with nothing to feed gets a dummy row (not counted as committed)."""
+        """One head forward; a request with nothing to feed gets a dummy row (not counted as committed).
+        A draft step (``step > 0``: one row per request) replays its graph where one covers the batch."""
+        graph = self.step_graph
+        if graph is not None and step > 0 and graph.covers(start, len(lens)):
+            return graph.forward(self.step_batch(start, tokens, lens), tokens, hidden, step)  # [B, H]
         out = self._forward(start, tokens, hidden, lens, step)  # [B, Q, H]
         last_col = torch.tensor([max(1, n) - 1 for n in lens], device=out.device)  # [B]
         last: torch.Tensor = out[torch.arange(len(lens), device=out.device), last_col]
@@ -264,6 +283,8 @@ def _drafter(ctx: DrafterContext, head: ChainHead, hidden_states: HiddenStateReq
         config.uses_draft_probs,
         mask_token,
     )
+    if not _drafts_tree(config) and not ctx.enforce_eager:
+        drafter.capture_backend = ctx.backend  # a chain: drafts 2..K replay graphs (``captured_head``)
     if _drafts_tree(config) and mask_token is not None:
         raise ValueError(
             "parallel_drafting=True drafts a chain in one forward; it cannot draft a token tree "

@@ -1,0 +1,155 @@
+"""An EAGLE-style head's one-token draft steps (drafts 2..K of a chain) replayed from captured graphs.
+
+A chain head (``models/chain_head.py``: EAGLE-1, EAGLE-3, MTP) first feeds each request's committed rows
+(ragged: eager), then one row per request for each further draft: the draft just drawn and the head's
+output for the row before it. That step has one shape per batch size, so it is captured as a draft
+model's one-token decode step is (``runtime/captured.py``): at 1, 2, 4, … requests up to the head
+cache's slots, padding requests on the free slots after the live ones (position 0: a free slot's rows
+are rewritten when a request takes it), the attention mask from the device ``seq_lens``, keys read over
+each slot's whole capacity (zeroed once at capture). A head whose draft index picks its weights (MTP
+with several layers, ``ChainHead.step_kinds``) gets one graph set per kind. Drawing each draft from the
+head's logits stays eager between replays. On a GPU an eager draft step launches every kernel of the
+head from the host (tens of launches, each a few microseconds), K-1 times a step.
+
+Glossary: *kind* — ``step % step_kinds``: draft steps of one kind run the same weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from spec_backend.graphs import GraphCaptureError, plan_capture_sizes
+from spec_backend.step import RaggedAttentionMetadata, StepBatch
+
+if TYPE_CHECKING:
+    from spec_backend.backends.base import Backend, GraphRunner
+    from spec_backend.models.chain_head import ChainHead
+    from spec_backend.runtime.kv_cache import RaggedKVCache
+
+logger = logging.getLogger("spec_backend.engine")
+
+
+class CapturedHeadStep:
+    """``head``'s one-token forwards over ``cache`` replayed from graphs (module docstring)."""
+
+    def __init__(self, head: ChainHead, cache: RaggedKVCache, backend: Backend, max_num_seqs: int) -> None:
+        self.head, self.cache = head, cache
+        self.capture_sizes = plan_capture_sizes(0, max_num_seqs, backend=backend)
+        param = next(head.parameters())
+        largest, width = self.capture_sizes[-1], int(head.config.hidden_size)
+        example = {
+            "input_ids": torch.zeros(largest, dtype=torch.int64, device=param.device),  # [N]
+            "hidden": torch.zeros(largest, width, dtype=param.dtype, device=param.device),  # [N, H]
+            "seq_lens": torch.ones(largest, dtype=torch.int64, device=param.device),  # [N]
+        }
+        self.graphs: list[GraphRunner] = []
+        for kind in range(head.step_kinds()):
+            graph = backend.graph_runner(partial(self._forward, kind), self.capture_sizes)
+            graph.capture(example)
+            self.graphs.append(graph)
+        logger.info(
+            "captured the draft head's one-token step for %s requests (%d kind(s))",
+            self.capture_sizes,
+            len(self.graphs),
+        )
+
+    def covers(self, start: int, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` requests from slot ``start`` replays: it starts at slot 0 and
+        covers every live slot (padding requests take the slots after it, which must be free)."""
+        return start == 0 and batch_size == len(self.cache.lengths)
+
+    def _forward(
+        self,
+        kind: int,
+        input_ids: torch.Tensor,  # [N] each request's draft just drawn
+        hidden: torch.Tensor,  # [N, H] the head's output for the row before it
+        seq_lens: torch.Tensor,  # [N] each request's rows with this one (padding: 0)
+    ) -> torch.Tensor:  # [N, H]
+        """The captured callable: one row per request, every shape static."""
+        n, device = input_ids.shape[0], input_ids.device
+        lens = torch.clamp(seq_lens, min=1)  # [N] padding requests: position 0 of their free slot
+        rows = torch.arange(n, device=device)  # [N]
+        ones = torch.ones(n, dtype=torch.int64, device=device)  # [N]
+        meta = RaggedAttentionMetadata(query_lens=ones, kv_lens=lens)
+        batch = StepBatch(
+            start=0,
+            slot_ids=rows,
+            input_ids=input_ids,
+            positions=lens - 1,
+            query_start_loc=torch.arange(n + 1, device=device),
+            query_lens=ones,
+            seq_lens=lens,
+            rows=rows,
+            cols=torch.zeros(n, dtype=torch.int64, device=device),
+            query_lens_host=(1,) * n,
+            num_draft_tokens=(0,) * n,
+            max_seq_len=self.cache.capacity,
+            draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
+            attention=meta,
+            static_shapes=True,
+        )
+        self.cache.plan = batch
+        try:
+            ids, rows_h, positions = input_ids.view(n, 1), hidden.view(n, 1, -1), batch.positions.view(n, 1)
+            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, meta, kind)  # [N, 1, H]
+        finally:
+            self.cache.plan = None
+        return out.reshape(n, -1)
+
+    @torch.no_grad()  # the graph runner captured (and fills its static buffers) under no_grad
+    def forward(
+        self,
+        batch: StepBatch,  # one query row per request, slots from 0 (``covers``)
+        tokens: torch.Tensor,  # [B, 1] int64
+        hidden: torch.Tensor,  # [B, 1, H]
+        step: int,
+    ) -> torch.Tensor:  # [B, H] each request's head output
+        """One draft step of the chain: the host's cache lengths, then the replay of its kind's graph."""
+        size = batch.batch_size
+        if not self.covers(batch.start, size) or any(q != 1 for q in batch.query_lens_host):
+            raise ValueError("the captured draft step needs one row per request over every live slot from 0")
+        cache, graph = self.cache, self.graphs[step % len(self.graphs)]
+        saved = list(cache.lengths)
+        try:
+            cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
+            cache.end_step()
+            graph.set_step_lengths(batch.query_lens_host, cache.lengths[:size])
+            inputs = {"input_ids": tokens.reshape(size), "hidden": hidden.reshape(size, -1)}
+            out = graph.run(inputs | {"seq_lens": batch.seq_lens})
+        except BaseException:
+            cache.lengths[: len(saved)] = saved
+            raise
+        assert isinstance(out, torch.Tensor)
+        return out
+
+
+def capture_head_step(
+    head: ChainHead, cache: RaggedKVCache, backend: Backend | None, max_num_seqs: int
+) -> CapturedHeadStep | None:
+    """A ``CapturedHeadStep``, unless no backend is given (``enforce_eager``), the backend does not
+    capture graphs, or its graph budget is spent."""
+    if backend is None:
+        return None
+    policy = backend.capture_policy(None)
+    if not policy.enabled:
+        return None
+    if policy.graph_budget == 0:
+        logger.warning("the %s backend has no graphs left: the draft head's steps run eagerly", backend.name)
+        return None
+    cache.zero_all()  # captured attention reads every position of the slots it covers
+    try:
+        return CapturedHeadStep(head, cache, backend, max_num_seqs)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise GraphCaptureError(
+            f"capturing the draft steps of {type(head).__name__} as graphs on the {backend.name} backend "
+            f"failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
+        ) from exc
+
+
+__all__ = ["CapturedHeadStep", "capture_head_step"]

@@ -1,0 +1,143 @@
+"""EAGLE-style heads' draft steps 2..K replayed from captured graphs (``proposers/captured_head.py``).
+
+Over the strict simulated graph driver (a host read, or a tensor made from host data, inside a captured
+callable raises, as a device graph refuses or freezes it), every step's drafts, and the greedy and seeded
+sampled tokens, equal the eager engine's; the head's graphs are captured at 1, 2, … requests and
+replayed; an MTP head with two layers gets a graph set per layer, each replayed for its draft steps.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_fixtures import PROMPTS, record_drafts
+from test_engine_graphs import SimulatedGraphBackend
+
+from spec_backend.engine import LLM, SamplingParams
+from spec_backend.proposers.captured_head import CapturedHeadStep
+from spec_backend.proposers.eagle import EagleDrafter
+from spec_backend.testing.fixtures import draft_checkpoints as w
+from spec_backend.tools.tiny import make_tiny_model
+
+K = 3
+GREEDY = SamplingParams(temperature=0.0, max_tokens=14)
+SAMPLED = [SamplingParams(temperature=0.9, top_p=0.9, seed=s, max_tokens=12) for s in range(len(PROMPTS))]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("head-graphs"), "llama")
+
+
+def _spec(method: str, llama_dir: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """The target folder and speculative config of ``method`` (a tiny checkpoint in its real format)."""
+    if method.startswith("mtp"):
+        from test_drafter_mtp import write_glm_with_mtp
+
+        target = write_glm_with_mtp(tmp_path / "glm", nextn=2 if method == "mtp2" else 1)
+        k = 4 if method == "mtp2" else K  # a multiple of the layers: draft steps 1, 2, 3 run layers 1, 0, 1
+        return target, {"method": "mtp", "num_speculative_tokens": k}
+    head = {
+        "eagle": lambda: w.write_eagle1(tmp_path / "h", llama_dir, bias=True),
+        "eagle3": lambda: w.write_eagle3(
+            tmp_path / "h", llama_dir, "speculators", draft_vocab=64, aux_ids=[0, 1, 2]
+        ),
+    }[method]()
+    return llama_dir, {"method": method, "model": head, "num_speculative_tokens": K}
+
+
+def _ids(llm: LLM, params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def _step_graph(llm: LLM) -> CapturedHeadStep:
+    drafter = llm.engine.drafter
+    assert isinstance(drafter, EagleDrafter) and drafter.step_graph is not None
+    return drafter.step_graph
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "mtp2"])
+def test_draft_steps_replay_and_give_the_eager_drafts_and_tokens(
+    llama_dir: str, tmp_path: Path, method: str
+) -> None:
+    target, spec = _spec(method, llama_dir, tmp_path)
+    spec |= {"adaptive_draft_length": False}
+    eager = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    backend = SimulatedGraphBackend()
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=backend, max_num_seqs=2)
+    graph = _step_graph(llm)
+    assert graph.capture_sizes == [1, 2]  # one row per request, up to max_num_seqs
+    assert len(graph.graphs) == (2 if method == "mtp2" else 1)  # MTP: one graph set per layer
+    drafts = record_drafts(eager), record_drafts(llm)
+    assert _ids(llm, GREEDY) == _ids(eager, GREEDY)
+    assert drafts[0] == drafts[1] and len(drafts[0]) > 1
+    assert _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
+    runners: list[Any] = graph.graphs
+    assert all(r.replays > 0 for r in runners)  # every kind replayed
+    assert all(r.eager_calls == 0 for r in runners)  # max_num_seqs=2: every batch fits a graph
+
+
+def test_probabilistic_drafts_replay_too(llama_dir: str, tmp_path: Path) -> None:
+    """Drafts sampled from the head (draft probabilities to the sampler): seeded tokens as eager."""
+    target, spec = _spec("eagle3", llama_dir, tmp_path)
+    spec |= {"adaptive_draft_length": False, "rejection_sample_method": "probabilistic"}
+    eager = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    llm = LLM(
+        target, dtype="float64", speculative_config=spec, backend=SimulatedGraphBackend(), max_num_seqs=2
+    )
+    drafts = record_drafts(eager), record_drafts(llm)
+    assert _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
+    assert drafts[0] == drafts[1] and len(drafts[0]) > 1  # the same draws from the same distributions
+    assert _step_graph(llm).graphs[0].replays > 0  # type: ignore[attr-defined]
+
+
+def test_no_graphs_for_one_draft_eager_engines_parallel_drafting_or_trees(
+    llama_dir: str, tmp_path: Path
+) -> None:
+    """Nothing to capture with K = 1; ``enforce_eager`` captures nothing; P-EAGLE drafts every draft in
+    one forward and a token tree feeds levels, not one row per request."""
+    target, spec = _spec("eagle3", llama_dir, tmp_path)
+    cases = [
+        ({**spec, "num_speculative_tokens": 1}, False),
+        (spec, True),
+        ({**spec, "tree_top_k": 2, "tree_nodes": 6}, False),
+    ]
+    for config, eager in cases:
+        llm = LLM(target, speculative_config=config, backend=SimulatedGraphBackend(), enforce_eager=eager)
+        drafter = llm.engine.drafter
+        assert isinstance(drafter, EagleDrafter) and drafter.step_graph is None, config
+    peagle = w.write_eagle3(tmp_path / "p", llama_dir, "peagle", aux_ids=[0, 1, 2])
+    config = {"method": "eagle3", "model": peagle, "num_speculative_tokens": K, "parallel_drafting": True}
+    llm = LLM(target, speculative_config=config, backend=SimulatedGraphBackend())
+    drafter = llm.engine.drafter
+    assert isinstance(drafter, EagleDrafter) and drafter.step_graph is None
+
+
+def test_a_batch_not_covering_every_live_slot_runs_eagerly(llama_dir: str, tmp_path: Path) -> None:
+    """Padding requests take the slots after a replayed batch, so only a batch from slot 0 over every live
+    slot replays: a request retried alone while others run (a failing step's isolation) drafts eagerly
+    rather than writing padding rows into a live request's slot."""
+    target, spec = _spec("eagle", llama_dir, tmp_path)
+    llm = LLM(
+        target, dtype="float64", speculative_config=spec, backend=SimulatedGraphBackend(), max_num_seqs=4
+    )
+    graph = _step_graph(llm)
+    for request in llm.make_requests(PROMPTS, GREEDY):
+        llm.engine.add(request)
+    llm.engine.step()
+    live = len(PROMPTS)
+    assert len(llm.engine.running) == live and live > 1
+    assert graph.covers(0, live) and not graph.covers(0, 1) and not graph.covers(1, live - 1)
+    drafter = llm.engine.drafter
+    assert isinstance(drafter, EagleDrafter)
+    tokens = torch.zeros((1, 1), dtype=torch.int64)  # [1, 1]
+    batch = drafter.step_batch(0, tokens, [1])
+    with pytest.raises(ValueError, match="one row per request over every live slot"):
+        graph.forward(batch, tokens, torch.zeros((1, 1, 32), dtype=torch.float64), 1)
