@@ -163,6 +163,11 @@ class Backend(ABC):
     #: whether its graph runner may capture the rejection sampler after a decode step's forward
     #: (``runtime/captured_verify``: its sampler ops launched inside a graph); False: verified eagerly
     captures_sampler: ClassVar[bool] = True
+    #: whether its captured attention reads each forward's lengths from device tensors, so that one graph
+    #: may hold several forwards over lengths growing inside it (a draft head's greedy chain,
+    #: ``proposers/captured_head``); False (host-side lengths re-issued once per replay): one replay per
+    #: draft step
+    captures_draft_chains: ClassVar[bool] = False
     #: whether the device runs launched work while the host goes on (a GPU's or an NPU's stream): then
     #: ``async_scheduling`` (``engine/lookahead.py``) is on by default, and a plain step's host work
     #: overlaps the next step's device time; False (the host computes each op as it is called): off

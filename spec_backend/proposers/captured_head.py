@@ -7,11 +7,16 @@ model's one-token decode step is (``runtime/captured.py``): at 1, 2, 4, … requ
 cache's slots, padding requests on the free slots after the live ones (position 0: a free slot's rows
 are rewritten when a request takes it), the attention mask from the device ``seq_lens``, keys read over
 each slot's whole capacity (zeroed once at capture). A head whose draft index picks its weights (MTP
-with several layers, ``ChainHead.step_kinds``) gets one graph set per kind. Drawing each draft from the
-head's logits stays eager between replays. On a GPU an eager draft step launches every kernel of the
-head from the host (tens of launches, each a few microseconds), K-1 times a step.
+with several layers, ``ChainHead.step_kinds``) gets one graph set per kind, and drawing each draft from
+the head's logits stays eager between replays. Where the backend's captured attention reads each
+forward's lengths from device tensors (``Backend.captures_draft_chains``) and drafts are point masses
+(argmax), the whole chain after draft 1 is one more graph set: K-1 forwards and argmaxes over lengths
+growing on the device, one replay for drafts 2..K (a step drafting fewer, adaptive drafting's choice,
+replays the one-row graphs). On a GPU an eager draft step launches every kernel of the head from the
+host (tens of launches, each a few microseconds), K-1 times a step.
 
-Glossary: *kind* — ``step % step_kinds``: draft steps of one kind run the same weights.
+Glossary: *kind* — ``step % step_kinds``: draft steps of one kind run the same weights; *chain* — the
+drafts one replay of the chain graph draws (K-1; 0: no chain graph).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.graphs import GraphCaptureError, plan_capture_sizes
-from spec_backend.step import RaggedAttentionMetadata, StepBatch
+from spec_backend.step import RaggedAttentionMetadata, StepBatch, build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphRunner
@@ -36,8 +41,10 @@ logger = logging.getLogger("spec_backend.engine")
 class CapturedHeadStep:
     """``head``'s one-token forwards over ``cache`` replayed from graphs (module docstring)."""
 
-    def __init__(self, head: ChainHead, cache: RaggedKVCache, backend: Backend, max_num_seqs: int) -> None:
-        self.head, self.cache = head, cache
+    def __init__(
+        self, head: ChainHead, cache: RaggedKVCache, backend: Backend, max_num_seqs: int, chain: int = 0
+    ) -> None:
+        self.head, self.cache, self.chain = head, cache, chain
         self.capture_sizes = plan_capture_sizes(0, max_num_seqs, backend=backend)
         param = next(head.parameters())
         largest, width = self.capture_sizes[-1], int(head.config.hidden_size)
@@ -51,10 +58,15 @@ class CapturedHeadStep:
             graph = backend.graph_runner(partial(self._forward, kind), self.capture_sizes)
             graph.capture(example)
             self.graphs.append(graph)
+        self.chain_graph: GraphRunner | None = None
+        if chain:
+            self.chain_graph = backend.graph_runner(self._chain, self.capture_sizes)
+            self.chain_graph.capture(example)
         logger.info(
-            "captured the draft head's one-token step for %s requests (%d kind(s))",
+            "captured the draft head's one-token step for %s requests (%d kind(s)%s)",
             self.capture_sizes,
             len(self.graphs),
+            f", and its greedy chain of {chain} draft(s)" if chain else "",
         )
 
     def covers(self, start: int, batch_size: int) -> bool:
@@ -100,6 +112,50 @@ class CapturedHeadStep:
             self.cache.plan = None
         return out.reshape(n, -1)
 
+    def _chain(
+        self,
+        input_ids: torch.Tensor,  # [N] draft 1
+        hidden: torch.Tensor,  # [N, H] the head's output for the row before it
+        seq_lens: torch.Tensor,  # [N] each request's rows with draft 1's (padding: 0)
+    ) -> torch.Tensor:  # [N, chain] int64 drafts 2..K
+        """The chain's captured callable: each draft fed back, its successor the argmax of the head's
+        logits (``EagleDrafter._draw`` without probabilities), as the one-row steps and eager draws do."""
+        ids, out, drafts = input_ids, hidden, []
+        kinds = len(self.graphs)
+        for step in range(1, self.chain + 1):
+            out = self._forward(step % kinds, ids, out, seq_lens + (step - 1))  # [N, H]
+            logits, vocab = self.head.draft_vocab_logits(out, step)  # [N, Vd], [Vd] | None
+            ids = logits.argmax(dim=-1)  # [N]
+            ids = ids if vocab is None else vocab[ids]
+            drafts.append(ids)
+        return torch.stack(drafts, dim=1)
+
+    def chains(self, start: int, batch_size: int, drafts: int) -> bool:
+        """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the
+        chain graph after draft 1."""
+        return self.chain_graph is not None and drafts == self.chain + 1 and self.covers(start, batch_size)
+
+    @torch.no_grad()
+    def forward_chain(self, first: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Drafts 2..K of every live request (``chains``) after draft 1 ``first [B]`` and the head's output
+        ``hidden [B, H]`` for the row before it: the host's cache lengths for all K-1 rows, one replay."""
+        size, cache, graph = first.shape[0], self.cache, self.chain_graph
+        if graph is None or not self.covers(0, size):
+            raise ValueError("the captured draft chain needs a chain graph and every live slot from 0")
+        cached = cache.lengths[:size]
+        plan = build_step_batch(0, first.new_zeros((size, self.chain)), [self.chain] * size, cached)
+        seq_lens = plan.seq_lens - (self.chain - 1)  # [B] the first row's: cached + 1
+        saved = list(cache.lengths)
+        try:
+            cache.begin_step(plan)  # host lengths (and lazy zeroing) for all K-1 rows
+            cache.end_step()
+            out = graph.run({"input_ids": first, "hidden": hidden, "seq_lens": seq_lens})
+        except BaseException:
+            cache.lengths[: len(saved)] = saved
+            raise
+        assert isinstance(out, torch.Tensor)
+        return out  # [B, chain]
+
     @torch.no_grad()  # the graph runner captured (and fills its static buffers) under no_grad
     def forward(
         self,
@@ -128,10 +184,11 @@ class CapturedHeadStep:
 
 
 def capture_head_step(
-    head: ChainHead, cache: RaggedKVCache, backend: Backend | None, max_num_seqs: int
+    head: ChainHead, cache: RaggedKVCache, backend: Backend | None, max_num_seqs: int, chain: int = 0
 ) -> CapturedHeadStep | None:
-    """A ``CapturedHeadStep``, unless no backend is given (``enforce_eager``), the backend does not
-    capture graphs, or its graph budget is spent."""
+    """A ``CapturedHeadStep`` (with a greedy ``chain`` graph where the backend captures draft chains),
+    unless no backend is given (``enforce_eager``), the backend does not capture graphs, or its graph
+    budget is spent."""
     if backend is None:
         return None
     policy = backend.capture_policy(None)
@@ -142,7 +199,8 @@ def capture_head_step(
         return None
     cache.zero_all()  # captured attention reads every position of the slots it covers
     try:
-        return CapturedHeadStep(head, cache, backend, max_num_seqs)
+        chain = chain if backend.captures_draft_chains else 0
+        return CapturedHeadStep(head, cache, backend, max_num_seqs, chain)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:

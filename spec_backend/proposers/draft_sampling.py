@@ -87,6 +87,12 @@ class DraftChain:
         self.ids.append(ids)
         return ids
 
+    def extend(self, ids: torch.Tensor) -> None:
+        """Point-mass drafts drawn elsewhere (a captured greedy chain), ``ids [B, n]``, after those drawn."""
+        if self.probabilistic:
+            raise ValueError("extend takes point-mass drafts; probabilistic drafts need draw()")
+        self.ids.extend(ids.unbind(dim=1))
+
     def output(self, budgets: Sequence[int]) -> DraftOutput:
         k = len(self.ids)
         return DraftOutput(

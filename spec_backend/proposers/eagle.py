@@ -70,7 +70,12 @@ class EagleDrafter(HeadCacheDrafter):
         super().allocate_caches(num_slots)
         self.step_graph = None
         if self.num_speculative_tokens > 1 and self.mask_token_id is None:
-            self.step_graph = capture_head_step(self.head, self._cache(), self.capture_backend, num_slots)
+            chain = (
+                0 if self.probabilistic else self.num_speculative_tokens - 1
+            )  # argmax drafts: a chain graph
+            self.step_graph = capture_head_step(
+                self.head, self._cache(), self.capture_backend, num_slots, chain
+            )
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -82,8 +87,12 @@ class EagleDrafter(HeadCacheDrafter):
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, out.device)
         chain = DraftChain(inputs.requests, self.probabilistic, out.device)
+        graph = self.step_graph
         for step in range(k_max):
             ids = self._draw(chain, out, step)
+            if step == 0 and graph is not None and graph.chains(start, batch, k_max):
+                chain.extend(graph.forward_chain(ids, out))  # drafts 2..K: one replay
+                break
             if step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)

@@ -84,6 +84,35 @@ def test_draft_steps_replay_and_give_the_eager_drafts_and_tokens(
     assert all(r.eager_calls == 0 for r in runners)  # max_num_seqs=2: every batch fits a graph
 
 
+class ChainGraphBackend(SimulatedGraphBackend):
+    """The strict simulated graphs on a backend whose captured attention reads device lengths."""
+
+    captures_draft_chains = True
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp", "mtp2"])
+def test_a_greedy_chain_is_one_replay_with_the_eager_drafts(
+    llama_dir: str, tmp_path: Path, method: str
+) -> None:
+    """Drafts 2..K from one replay (K-1 forwards and argmaxes over lengths growing on the device) are
+    the eager drafts; the tokens of greedy and seeded sampled requests too. A step drafting fewer (a
+    request near ``max_tokens``) replays the one-row graphs instead."""
+    target, spec = _spec(method, llama_dir, tmp_path)
+    spec |= {"adaptive_draft_length": False}
+    eager = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    llm = LLM(target, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2)
+    graph = _step_graph(llm)
+    assert graph.chain == spec["num_speculative_tokens"] - 1 and graph.chain_graph is not None
+    drafts = record_drafts(eager), record_drafts(llm)
+    assert _ids(llm, GREEDY) == _ids(eager, GREEDY)
+    assert drafts[0] == drafts[1] and any(len(d) < spec["num_speculative_tokens"] for d in drafts[0])
+    assert _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
+    chain: Any = graph.chain_graph
+    steps: list[Any] = graph.graphs
+    assert chain.replays > 0 and chain.eager_calls == 0
+    assert sum(r.replays for r in steps) > 0  # the shorter steps
+
+
 def test_probabilistic_drafts_replay_too(llama_dir: str, tmp_path: Path) -> None:
     """Drafts sampled from the head (draft probabilities to the sampler): seeded tokens as eager."""
     target, spec = _spec("eagle3", llama_dir, tmp_path)
@@ -96,6 +125,10 @@ def test_probabilistic_drafts_replay_too(llama_dir: str, tmp_path: Path) -> None
     assert _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
     assert drafts[0] == drafts[1] and len(drafts[0]) > 1  # the same draws from the same distributions
     assert _step_graph(llm).graphs[0].replays > 0  # type: ignore[attr-defined]
+    chained = LLM(
+        target, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2
+    )
+    assert _step_graph(chained).chain_graph is None  # sampled drafts: one replay per draft step
 
 
 def test_no_graphs_for_one_draft_eager_engines_parallel_drafting_or_trees(

@@ -53,6 +53,7 @@ class CudaBackend(Backend):
     name = "cuda"
     device_type = "cuda"
     launches_async = True  # kernels and graph replays queue on a stream
+    captures_draft_chains = True  # captured attention reads lengths from device tensors
 
     def __init__(
         self,
