@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.graphs import GraphCaptureError, plan_capture_sizes
-from spec_backend.step import RaggedAttentionMetadata, StepBatch, build_step_batch
+from spec_backend.runtime.captured import replay_chain
+from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphRunner
@@ -138,23 +139,10 @@ class CapturedHeadStep:
     @torch.no_grad()
     def forward_chain(self, first: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Drafts 2..K of every live request (``chains``) after draft 1 ``first [B]`` and the head's output
-        ``hidden [B, H]`` for the row before it: the host's cache lengths for all K-1 rows, one replay."""
-        size, cache, graph = first.shape[0], self.cache, self.chain_graph
-        if graph is None or not self.covers(0, size):
-            raise ValueError("the captured draft chain needs a chain graph and every live slot from 0")
-        cached = cache.lengths[:size]
-        plan = build_step_batch(0, first.new_zeros((size, self.chain)), [self.chain] * size, cached)
-        seq_lens = plan.seq_lens - (self.chain - 1)  # [B] the first row's: cached + 1
-        saved = list(cache.lengths)
-        try:
-            cache.begin_step(plan)  # host lengths (and lazy zeroing) for all K-1 rows
-            cache.end_step()
-            out = graph.run({"input_ids": first, "hidden": hidden, "seq_lens": seq_lens})
-        except BaseException:
-            cache.lengths[: len(saved)] = saved
-            raise
-        assert isinstance(out, torch.Tensor)
-        return out  # [B, chain]
+        ``hidden [B, H]`` for the row before it: one replay (``replay_chain``)."""
+        if self.chain_graph is None:
+            raise ValueError("this head's draft steps were captured without a chain graph")
+        return replay_chain(self.chain_graph, self.cache, self.chain, {"input_ids": first, "hidden": hidden})
 
     @torch.no_grad()  # the graph runner captured (and fills its static buffers) under no_grad
     def forward(

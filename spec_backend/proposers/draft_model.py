@@ -52,7 +52,7 @@ from spec_backend.step import SlotCache, build_step_batch, build_tree_batch
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
     from spec_backend.proposers.contract import DrafterContext
-    from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.captured import CapturedChain, CapturedDecode
     from spec_backend.runtime.kv_cache import RaggedKVCache
     from spec_backend.runtime.runner import ModelRunner
 
@@ -89,6 +89,7 @@ class DraftModelDrafter(Drafter):
         self.runner: ModelRunner | None = None
         self.backend, self.enforce_eager = backend, enforce_eager
         self.decode_graph: CapturedDecode | None = None  # drafts 2..K: one token per request
+        self.chain_graph: CapturedChain | None = None  # drafts 2..K in one replay (argmax drafts)
         self.headroom = k  # cache positions past max_model_len a step may write (a tree level: its nodes)
         self._fed: dict[str, _Fed] = {}
         self.mask_token_id = mask_token_id  # PARD parallel drafting when set
@@ -97,7 +98,7 @@ class DraftModelDrafter(Drafter):
         return self.layout.bytes_per_position * (self.max_model_len + self.headroom)
 
     def allocate_caches(self, num_slots: int) -> None:
-        from spec_backend.runtime.captured import maybe_capture
+        from spec_backend.runtime.captured import capture_chain, maybe_capture
         from spec_backend.runtime.kv_cache import RaggedKVCache
         from spec_backend.runtime.runner import ModelRunner
 
@@ -105,6 +106,9 @@ class DraftModelDrafter(Drafter):
         self.runner = ModelRunner(self.model, cache)
         if self.num_speculative_tokens > 1:
             self.decode_graph = maybe_capture(self.runner, self.backend, 1, num_slots, self.enforce_eager)
+        self.chain_graph = None
+        if self.decode_graph is not None and self.backend is not None and not self.probabilistic:
+            self.chain_graph = capture_chain(self.decode_graph, self.backend, self.num_speculative_tokens - 1)
 
     def caches(self) -> Sequence[SlotCache]:
         return (self._runner().cache,)
@@ -138,6 +142,9 @@ class DraftModelDrafter(Drafter):
         logits = self._catch_up(start, feeds)  # [B, V] draft 1's
         for step in range(k_max):
             ids = chain.draw(logits)  # [B]
+            if step == 0 and self.chain_graph is not None and self.chain_graph.covers(start, batch, k_max):
+                chain.extend(self.chain_graph.forward(ids))  # drafts 2..K: one replay
+                break
             if step + 1 < k_max:  # feed this draft for the next one
                 cached = runner.cache.lengths[start : start + batch]
                 step_batch = build_step_batch(start, ids[:, None], [1] * batch, cached)

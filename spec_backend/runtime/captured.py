@@ -24,10 +24,11 @@ from spec_backend.backends.base import Backend, GraphRunner
 from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
-from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput
+from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput, build_step_batch
 
 if TYPE_CHECKING:
     from spec_backend.runtime.captured_verify import CapturedVerify
+    from spec_backend.runtime.kv_cache import RaggedKVCache
 
 logger = logging.getLogger("spec_backend.engine")
 
@@ -153,6 +154,76 @@ class CapturedDecode:
         return TargetOutput(logits=outputs[0], final=final, aux=aux)
 
 
+class CapturedChain:
+    """A draft model's greedy draft chain after draft 1 replayed as one graph, on a backend whose
+    captured attention reads device lengths (``Backend.captures_draft_chains``): ``chain`` one-token
+    forwards of ``decode``'s callable, each draft the argmax of the logits before it (point-mass
+    drafting, ``draft_sampling.select_drafts``), over lengths growing on the device."""
+
+    def __init__(self, decode: CapturedDecode, backend: Backend, chain: int) -> None:
+        if decode.q != 1 or decode.tree or chain < 1:
+            raise ValueError(f"a draft chain replays a one-token chain step, got q={decode.q}, chain={chain}")
+        self.decode, self.chain = decode, chain
+        self.graph: GraphRunner = backend.graph_runner(self._chain, decode.capture_sizes)
+        device, largest = decode.runner.cache.layout.device, decode.capture_sizes[-1]
+        self.graph.capture(
+            {
+                "input_ids": torch.zeros(largest, dtype=torch.int64, device=device),  # [N]
+                "seq_lens": torch.ones(largest, dtype=torch.int64, device=device),  # [N]
+            }
+        )
+        logger.info(
+            "captured the draft model's greedy chain of %d draft(s) for %s", chain, decode.capture_sizes
+        )
+
+    def _chain(
+        self,
+        input_ids: torch.Tensor,  # [N] draft 1
+        seq_lens: torch.Tensor,  # [N] each request's tokens with draft 1 (padding: 0)
+    ) -> torch.Tensor:  # [N, chain] int64 drafts 2..K
+        ids, drafts = input_ids, []
+        for step in range(self.chain):
+            logits = self.decode._forward(ids, seq_lens + step)[0]  # [N, V]
+            ids = logits.argmax(dim=-1)  # [N]
+            drafts.append(ids)
+        return torch.stack(drafts, dim=1)
+
+    def covers(self, start: int, batch_size: int, drafts: int) -> bool:
+        """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the
+        chain: every live slot from 0 (padding requests take the slots after it) and all K drafts."""
+        return start == 0 and batch_size == len(self.decode.runner.cache.lengths) and drafts == self.chain + 1
+
+    @torch.no_grad()
+    def forward(self, first: torch.Tensor) -> torch.Tensor:  # [B] -> [B, chain]
+        """Drafts 2..K of every live request after draft 1 ``first``."""
+        return replay_chain(self.graph, self.decode.runner.cache, self.chain, {"input_ids": first})
+
+
+def replay_chain(
+    graph: GraphRunner, cache: RaggedKVCache, chain: int, inputs: dict[str, torch.Tensor]
+) -> torch.Tensor:  # [B, chain]
+    """One replay of a captured draft chain of ``chain`` rows per request over every live slot of
+    ``cache`` from 0: the host's lengths (and lazy zeroing) for all its rows first, then the graph on
+    ``inputs`` (``input_ids [B]``: draft 1, and the graph's other inputs) and each request's ``seq_lens``
+    with draft 1's row (restored if the replay raises)."""
+    size = inputs["input_ids"].shape[0]
+    if size != len(cache.lengths):
+        raise ValueError(f"a captured draft chain covers every live slot ({len(cache.lengths)}), got {size}")
+    cached = cache.lengths[:size]
+    plan = build_step_batch(0, inputs["input_ids"].new_zeros((size, chain)), [chain] * size, cached)
+    seq_lens = plan.seq_lens - (chain - 1)  # [B] the first row's: cached + 1
+    saved = list(cache.lengths)
+    try:
+        cache.begin_step(plan)
+        cache.end_step()
+        out = graph.run(inputs | {"seq_lens": seq_lens})
+    except BaseException:
+        cache.lengths[: len(saved)] = saved
+        raise
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
 def step_graph(
     verify: CapturedDecode | None, plain: CapturedDecode | None, num_requests: int, drafts: bool
 ) -> CapturedDecode | None:
@@ -164,6 +235,23 @@ def step_graph(
         return verify
     rows, widest = plain.padded_tokens(num_requests), verify.padded_tokens(num_requests)
     return plain if rows is not None and (widest is None or rows <= widest) else verify
+
+
+def capture_chain(decode: CapturedDecode, backend: Backend, chain: int) -> CapturedChain | None:
+    """A draft model's ``CapturedChain`` of ``chain`` drafts after draft 1 where the backend captures
+    draft chains (``Backend.captures_draft_chains``) and ``chain`` >= 1; ``None`` otherwise."""
+    if chain < 1 or not backend.captures_draft_chains:
+        return None
+    try:
+        return CapturedChain(decode, backend, chain)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise GraphCaptureError(
+            f"capturing the draft chain of {type(decode.runner.model).__name__} as graphs on the "
+            f"{backend.name} backend failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run "
+            "it without graphs"
+        ) from exc
 
 
 def maybe_capture(
@@ -198,4 +286,12 @@ def maybe_capture(
         ) from exc
 
 
-__all__ = ["CapturedDecode", "GraphCaptureError", "maybe_capture", "step_graph"]
+__all__ = [
+    "CapturedChain",
+    "CapturedDecode",
+    "GraphCaptureError",
+    "capture_chain",
+    "maybe_capture",
+    "replay_chain",
+    "step_graph",
+]

@@ -113,6 +113,35 @@ def test_a_greedy_chain_is_one_replay_with_the_eager_drafts(
     assert sum(r.replays for r in steps) > 0  # the shorter steps
 
 
+def test_a_draft_models_greedy_chain_is_one_replay_with_the_eager_drafts(
+    llama_dir: str, tmp_path: Path
+) -> None:
+    """A draft model's drafts 2..K from one replay of K-1 one-token forwards and argmaxes equal its eager
+    drafts, and the tokens; probabilistic drafting keeps one replay per draft step."""
+    draft = make_tiny_model(str(tmp_path), "qwen2", seed=9)  # its drafts move with positions
+    spec: dict[str, Any] = {"method": "draft_model", "model": draft, "num_speculative_tokens": K}
+    spec |= {"adaptive_draft_length": False}
+    eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    llm = LLM(
+        llama_dir, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2
+    )
+    drafter: Any = llm.engine.drafter
+    assert drafter.chain_graph is not None and drafter.chain_graph.chain == K - 1
+    drafts = record_drafts(eager), record_drafts(llm)
+    assert _ids(llm, GREEDY) == _ids(eager, GREEDY) and _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
+    assert drafts[0] == drafts[1] and any(len(d) < K for d in drafts[0])
+    assert drafter.chain_graph.graph.replays > 0 and drafter.chain_graph.graph.eager_calls == 0
+    assert drafter.decode_graph.graph.replays > 0  # the shorter steps
+    spec |= {"rejection_sample_method": "probabilistic"}
+    sampled = LLM(
+        llama_dir, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2
+    )
+    drafter = sampled.engine.drafter
+    assert drafter.decode_graph is not None and drafter.chain_graph is None
+    eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
+    assert _ids(sampled, SAMPLED) == _ids(eager, SAMPLED)
+
+
 def test_probabilistic_drafts_replay_too(llama_dir: str, tmp_path: Path) -> None:
     """Drafts sampled from the head (draft probabilities to the sampler): seeded tokens as eager."""
     target, spec = _spec("eagle3", llama_dir, tmp_path)
