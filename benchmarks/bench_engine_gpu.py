@@ -253,7 +253,7 @@ def run_model(
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
     labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
     labels |= {"eagle3": "eagle3 synthetic K={k}"}
-    modes = [(m, labels[m].format(k=args.k)) for m in args.modes]
+    modes = [(m, labels[m].format(k=args.k)) for m in args.modes if m != "eagle3" or m in drafts]
     for mode, mode_label in modes:
         for setting in args.graphs:
             graphs = setting != "off"

@@ -6,28 +6,32 @@ output for the row before it. That step has one shape per batch size, so it is c
 model's one-token decode step is (``runtime/captured.py``): at 1, 2, 4, … requests up to the head
 cache's slots, padding requests on the free slots after the live ones (position 0: a free slot's rows
 are rewritten when a request takes it), the attention mask from the device ``seq_lens``, keys read over
-each slot's whole capacity (zeroed once at capture). A head whose draft index picks its weights (MTP
-with several layers, ``ChainHead.step_kinds``) gets one graph set per kind, and drawing each draft from
-the head's logits stays eager between replays. Where the backend's captured attention reads each
+each slot's whole capacity (zeroed at capture). Drawing each draft from the head's logits stays eager
+between replays. A head whose draft index picks its weights (MTP with several layers,
+``ChainHead.step_kinds``) runs eagerly: its layers past the first attend over rows only they write
+(committed rows go through the first), so the rows a capture's example or a replay's padding requests
+leave in a slot would be read by the request that takes it next, where eager steps read what that
+request's own steps left. Where the backend's captured attention reads each
 forward's lengths from device tensors (``Backend.captures_draft_chains``) and drafts are point masses
 (argmax), the whole chain after draft 1 is one more graph set: K-1 forwards and argmaxes over lengths
 growing on the device, one replay for drafts 2..K (a step drafting fewer, adaptive drafting's choice,
 replays the one-row graphs). On a GPU an eager draft step launches every kernel of the head from the
 host (tens of launches, each a few microseconds), K-1 times a step.
 
-Glossary: *kind* — ``step % step_kinds``: draft steps of one kind run the same weights; *chain* — the
-drafts one replay of the chain graph draws (K-1; 0: no chain graph).
+Glossary: *chain* — the drafts one replay of the chain graph draws (K-1; 0: no chain graph); *covers* —
+a batch replays only from slot 0 over every live slot (padding requests take the slots after it, which
+must be free) and within the largest capture size (above it the callable would attend over whole
+slots eagerly: the ordinary eager step is faster).
 """
 
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.graphs import GraphCaptureError, plan_capture_sizes
+from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
 from spec_backend.runtime.captured import replay_chain
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
@@ -54,30 +58,26 @@ class CapturedHeadStep:
             "hidden": torch.zeros(largest, width, dtype=param.dtype, device=param.device),  # [N, H]
             "seq_lens": torch.ones(largest, dtype=torch.int64, device=param.device),  # [N]
         }
-        self.graphs: list[GraphRunner] = []
-        for kind in range(head.step_kinds()):
-            graph = backend.graph_runner(partial(self._forward, kind), self.capture_sizes)
-            graph.capture(example)
-            self.graphs.append(graph)
+        self.graph: GraphRunner = backend.graph_runner(self._forward, self.capture_sizes)
+        self.graph.capture(example)
         self.chain_graph: GraphRunner | None = None
         if chain:
             self.chain_graph = backend.graph_runner(self._chain, self.capture_sizes)
             self.chain_graph.capture(example)
+        cache.zero_all()  # the example rows the captures wrote
         logger.info(
-            "captured the draft head's one-token step for %s requests (%d kind(s)%s)",
+            "captured the draft head's one-row step for %s requests%s",
             self.capture_sizes,
-            len(self.graphs),
             f", and its greedy chain of {chain} draft(s)" if chain else "",
         )
 
     def covers(self, start: int, batch_size: int) -> bool:
-        """Whether a step of ``batch_size`` requests from slot ``start`` replays: it starts at slot 0 and
-        covers every live slot (padding requests take the slots after it, which must be free)."""
-        return start == 0 and batch_size == len(self.cache.lengths)
+        """Whether a step of ``batch_size`` requests from slot ``start`` replays (glossary: *covers*)."""
+        live = start == 0 and batch_size == len(self.cache.lengths)
+        return live and padded_size(batch_size, self.capture_sizes) is not None
 
     def _forward(
         self,
-        kind: int,
         input_ids: torch.Tensor,  # [N] each request's draft just drawn
         hidden: torch.Tensor,  # [N, H] the head's output for the row before it
         seq_lens: torch.Tensor,  # [N] each request's rows with this one (padding: 0)
@@ -108,7 +108,7 @@ class CapturedHeadStep:
         self.cache.plan = batch
         try:
             ids, rows_h, positions = input_ids.view(n, 1), hidden.view(n, 1, -1), batch.positions.view(n, 1)
-            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, meta, kind)  # [N, 1, H]
+            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, meta)  # [N, 1, H]
         finally:
             self.cache.plan = None
         return out.reshape(n, -1)
@@ -122,9 +122,8 @@ class CapturedHeadStep:
         """The chain's captured callable: each draft fed back, its successor the argmax of the head's
         logits (``EagleDrafter._draw`` without probabilities), as the one-row steps and eager draws do."""
         ids, out, drafts = input_ids, hidden, []
-        kinds = len(self.graphs)
         for step in range(1, self.chain + 1):
-            out = self._forward(step % kinds, ids, out, seq_lens + (step - 1))  # [N, H]
+            out = self._forward(ids, out, seq_lens + (step - 1))  # [N, H]
             logits, vocab = self.head.draft_vocab_logits(out, step)  # [N, Vd], [Vd] | None
             ids = logits.argmax(dim=-1)  # [N]
             ids = ids if vocab is None else vocab[ids]
@@ -150,13 +149,16 @@ class CapturedHeadStep:
         batch: StepBatch,  # one query row per request, slots from 0 (``covers``)
         tokens: torch.Tensor,  # [B, 1] int64
         hidden: torch.Tensor,  # [B, 1, H]
-        step: int,
     ) -> torch.Tensor:  # [B, H] each request's head output
-        """One draft step of the chain: the host's cache lengths, then the replay of its kind's graph."""
+        """One draft step of the chain: the host's cache lengths, then the replay."""
         size = batch.batch_size
         if not self.covers(batch.start, size) or any(q != 1 for q in batch.query_lens_host):
-            raise ValueError("the captured draft step needs one row per request over every live slot from 0")
-        cache, graph = self.cache, self.graphs[step % len(self.graphs)]
+            raise ValueError(
+                f"the captured draft step replays one row per request over every live slot from 0, within "
+                f"{self.capture_sizes[-1]} requests; got {size} request(s) from slot {batch.start} with "
+                f"{len(self.cache.lengths)} live, query lengths {list(batch.query_lens_host)}"
+            )
+        cache, graph = self.cache, self.graph
         saved = list(cache.lengths)
         try:
             cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
@@ -175,9 +177,16 @@ def capture_head_step(
     head: ChainHead, cache: RaggedKVCache, backend: Backend | None, max_num_seqs: int, chain: int = 0
 ) -> CapturedHeadStep | None:
     """A ``CapturedHeadStep`` (with a greedy ``chain`` graph where the backend captures draft chains),
-    unless no backend is given (``enforce_eager``), the backend does not capture graphs, or its graph
-    budget is spent."""
+    unless no backend is given (``enforce_eager``), the backend does not capture graphs, its graph
+    budget is spent, or the head selects weights by draft index (module docstring)."""
     if backend is None:
+        return None
+    if head.step_kinds() > 1:
+        logger.info(
+            "the %s head's draft steps run eagerly: its %d layers attend over rows only they write",
+            type(head).__name__,
+            head.step_kinds(),
+        )
         return None
     policy = backend.capture_policy(None)
     if not policy.enabled:

@@ -148,7 +148,8 @@ class DraftModelDrafter(Drafter):
             if step + 1 < k_max:  # feed this draft for the next one
                 cached = runner.cache.lengths[start : start + batch]
                 step_batch = build_step_batch(start, ids[:, None], [1] * batch, cached)
-                graph = self.decode_graph if start == 0 else None
+                graph = self.decode_graph if start == 0 else None  # eager above its largest size
+                graph = graph if graph is not None and graph.padded_tokens(batch) is not None else None
                 # [B, V]: a one-token step's rows are its last rows
                 out = graph.forward(step_batch) if graph else runner.forward(step_batch, True)
                 logits = out.logits

@@ -233,7 +233,7 @@ class EagleDrafter(HeadCacheDrafter):
         A draft step (``step > 0``: one row per request) replays its graph where one covers the batch."""
         graph = self.step_graph
         if graph is not None and step > 0 and graph.covers(start, len(lens)):
-            return graph.forward(self.step_batch(start, tokens, lens), tokens, hidden, step)  # [B, H]
+            return graph.forward(self.step_batch(start, tokens, lens), tokens, hidden)  # [B, H]
         out = self._forward(start, tokens, hidden, lens, step)  # [B, Q, H]
         last_col = torch.tensor([max(1, n) - 1 for n in lens], device=out.device)  # [B]
         last: torch.Tensor = out[torch.arange(len(lens), device=out.device), last_col]

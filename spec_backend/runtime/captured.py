@@ -190,8 +190,10 @@ class CapturedChain:
 
     def covers(self, start: int, batch_size: int, drafts: int) -> bool:
         """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the
-        chain: every live slot from 0 (padding requests take the slots after it) and all K drafts."""
-        return start == 0 and batch_size == len(self.decode.runner.cache.lengths) and drafts == self.chain + 1
+        chain: every live slot from 0 (padding requests take the slots after it), all K drafts, and
+        no more requests than the largest capture size (above it the ordinary eager steps are faster)."""
+        live = start == 0 and batch_size == len(self.decode.runner.cache.lengths)
+        return live and drafts == self.chain + 1 and self.decode.padded_tokens(batch_size) is not None
 
     @torch.no_grad()
     def forward(self, first: torch.Tensor) -> torch.Tensor:  # [B] -> [B, chain]
@@ -243,7 +245,9 @@ def capture_chain(decode: CapturedDecode, backend: Backend, chain: int) -> Captu
     if chain < 1 or not backend.captures_draft_chains:
         return None
     try:
-        return CapturedChain(decode, backend, chain)
+        captured = CapturedChain(decode, backend, chain)
+        decode.runner.cache.zero_all()  # the example rows the capture wrote
+        return captured
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:
