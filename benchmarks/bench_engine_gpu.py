@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import tempfile
@@ -63,59 +62,15 @@ sys.path.insert(0, str(ROOT))  # run from a bare checkout (the GPU machine has n
 sys.path.insert(0, str(ROOT / "backends" / "cuda"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_drafter_cost import SMOLLM2 as SMOLLM2_SHAPE  # noqa: E402
+from engine_models import LLAMA_1B, SMOLLM2, eagle3_head, make_random_llama  # noqa: E402
 from engine_table import Row, format_table, vs_first_attention, vs_peer  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
 from spec_backend.testing.host_reads import decode_step_seconds, reads_per_decode_step  # noqa: E402
 
-#: Llama-3.2-1B's shape (1.24B parameters with tied embeddings).
-LLAMA_1B = {
-    "vocab_size": 128256,
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-    "rope_theta": 500000.0,
-}
-
-#: SmolLM2-135M-Instruct's shape (the bundled model's config), as the drafter-cost benchmark builds it
-SMOLLM2 = {**SMOLLM2_SHAPE, "max_position_embeddings": 8192, "rope_theta": 100000.0}
-
-
 GRAPH_SUFFIX = {"off": "", "on": "", "on-eager-sampler": " (sampler eager)", "on-sync": " (sync)"}
 GRAPH_SUFFIX |= {"on-async": " (async)"}
 MODES = ("plain", "ngram", "adaptive", "synthetic", "draft", "eagle3")
-
-
-def eagle3_head(folder: str, target: str) -> str:
-    """A random EAGLE-3 head for ``target`` (speculators format) on its layers 0, L/2 and L-1."""
-    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
-
-    with open(os.path.join(target, "config.json")) as f:
-        layers = int(json.load(f)["num_hidden_layers"])
-    return write_eagle3(Path(folder), target, "speculators", aux_ids=[0, layers // 2, layers - 1])
-
-
-def make_random_llama(directory: str, dry_run: bool, shape: dict[str, Any] | None = None) -> str:
-    """Save a random Llama of ``shape`` (default 1B; tiny for a dry run) in ``directory``; return its path."""
-    if dry_run:
-        from spec_backend.tools.tiny import make_tiny_model
-
-        return make_tiny_model(directory, vocab_size=256)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        config = LlamaConfig(**(shape or LLAMA_1B), torch_dtype=torch.bfloat16)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory)
-    del model
-    return directory
 
 
 def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
@@ -300,7 +255,8 @@ def run_model(
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked (lists split, names known)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -313,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic-length", type=float, default=2.5, help="mean accepted length (K+1 max)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument(
-        "--modes", default="plain,ngram,adaptive,synthetic,draft,eagle3", help="comma-separated, from these"
-    )
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from these")
     parser.add_argument(
         "--graphs",
         default="off,on",
@@ -331,60 +285,75 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
     args = parser.parse_args(argv)
-    args.attention = [a for a in args.attention.split(",") if a]
     from spec_backend_cuda.backend import ATTENTION_CHOICES  # the backend's own list (no CUDA needed)
 
-    if bad := [a for a in args.attention if a.removesuffix("+fused") not in ATTENTION_CHOICES]:
-        parser.error(
-            f"unknown attention paths {bad}: use {', '.join(ATTENTION_CHOICES)}, each with +fused or not"
-        )
+    args.attention = [a for a in args.attention.split(",") if a]
+    args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
+    args.models = [m for m in args.models.split(",") if m]
+    problems = [
+        (bad, f"attention paths: use {', '.join(ATTENTION_CHOICES)}, each with +fused or not")
+        for bad in [[a for a in args.attention if a.removesuffix("+fused") not in ATTENTION_CHOICES]]
+    ]
+    problems.append(([m for m in args.modes if m not in MODES], f"modes: use {', '.join(MODES)}"))
+    problems.append(
+        ([g for g in args.graphs if g not in GRAPH_SUFFIX], f"--graphs: use {', '.join(GRAPH_SUFFIX)}")
+    )
+    models = ("smollm2", "smollm2-random", "random-1b")
+    problems.append(([m for m in args.models if m not in models], f"models: use {', '.join(models)}"))
+    for bad, allowed in problems:
+        if bad:
+            parser.error(f"unknown {allowed}; got {bad}")
     if args.dry_run and args.attention != ["auto"]:
         parser.error("--attention chooses the CUDA backend's path; --dry-run runs the reference backend")
-    args.modes, args.graphs = args.modes.split(","), args.graphs.split(",")
-    if bad := [m for m in args.modes if m not in MODES]:
-        parser.error(f"unknown modes {bad}: use {', '.join(MODES)}")
-    if bad := [g for g in args.graphs if g not in GRAPH_SUFFIX]:
-        parser.error(f"--graphs takes {', '.join(GRAPH_SUFFIX)}, got {bad}")
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.dry_run:
-        args.models, args.batches, args.max_tokens, args.dtype = "random-1b", [1, 2], 8, "float32"
+        args.models, args.batches, args.max_tokens, args.dtype = ["random-1b"], [1, 2], 8, "float32"
+    return args
+
+
+def attention_backends(args: argparse.Namespace) -> dict[str, Any]:
+    """A backend per ``--attention`` path (the reference backend for a dry run)."""
+    if args.dry_run:
         from spec_backend.backends.reference import ReferenceBackend
 
-        backends: dict[str, Any] = {"auto": ReferenceBackend()}
-    else:
-        if not torch.cuda.is_available():
-            parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
-        from spec_backend_cuda import CudaBackend
+        return {"auto": ReferenceBackend()}
+    from spec_backend_cuda import CudaBackend
 
-        backends = {
-            a: CudaBackend(attention=a.removesuffix("+fused"), fused_kernels=a.endswith("+fused"))
-            for a in args.attention
-        }
+    return {
+        a: CudaBackend(attention=a.removesuffix("+fused"), fused_kernels=a.endswith("+fused"))
+        for a in args.attention
+    }
+
+
+def model_rows(name: str, tmp: str, args: argparse.Namespace, backends: dict[str, Any]) -> list[Row]:
+    """Every row of one model: its drafters written beside it, each attention path, the peer."""
+    shape = LLAMA_1B if name == "random-1b" else SMOLLM2
+    path = "smollm2" if name == "smollm2" else make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
+    draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
+    drafts = {"draft": make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)}
+    if "eagle3" in args.modes and path != "smollm2":  # the head is written from the target's config
+        drafts["eagle3"] = eagle3_head(os.path.join(tmp, name + "-eagle3"), path)
+    rows: list[Row] = []
+    for attention, path_backend in backends.items():
+        label = name if attention == args.attention[0] else f"{name}/{attention}"
+        rows += run_model(label, path, drafts, args, path_backend)
+    if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
+        rows += hf_rows(name, path, args)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    backends = attention_backends(args)
     backend = next(iter(backends.values()))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.dry_run else "cpu"
     print(f"device: {device}, torch {torch.__version__}, backend {backend.name}, dtype {args.dtype}")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in [m for m in args.models.split(",") if m]:
-            if name not in ("smollm2", "random-1b", "smollm2-random"):
-                parser.error(f"unknown model {name!r}: use smollm2, smollm2-random or random-1b")
-            shape = LLAMA_1B if name == "random-1b" else SMOLLM2
-            path = (
-                "smollm2"
-                if name == "smollm2"
-                else make_random_llama(os.path.join(tmp, name), args.dry_run, shape)
-            )
-            draft_shape = {**shape, "num_hidden_layers": 2}  # the drafter: 2 layers, the target's vocabulary
-            drafts = {
-                "draft": make_random_llama(os.path.join(tmp, name + "-draft"), args.dry_run, draft_shape)
-            }
-            if "eagle3" in args.modes and path != "smollm2":  # the head is written from the target's config
-                drafts["eagle3"] = eagle3_head(os.path.join(tmp, name + "-eagle3"), path)
-            for attention, path_backend in backends.items():
-                label = name if attention == args.attention[0] else f"{name}/{attention}"
-                rows += run_model(label, path, drafts, args, path_backend)
-            if not args.no_peer and path != "smollm2":  # transformers cannot read the GGUF by name
-                rows += hf_rows(name, path, args)
+        for name in args.models:
+            rows += model_rows(name, tmp, args, backends)
     print()
     print(format_table(rows))
     for text in (vs_peer(rows), vs_first_attention(rows, args.attention[0])):
