@@ -36,16 +36,29 @@ to the requests on the host (``Stepper.land``); *flight* — the launched step n
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from spec_backend.engine.stepper import StepEngine
 from spec_backend.runtime.captured import step_graph
 
 if TYPE_CHECKING:
     from spec_backend.engine.adaptive import AdaptiveDraftLength
-    from spec_backend.engine.core import EngineCore
+    from spec_backend.engine.confidence import ConfidenceVerification
     from spec_backend.engine.request import Request
     from spec_backend.engine.step_result import Launched
+    from spec_backend.engine.stepper import Stepper
+
+
+class LookaheadEngine(StepEngine, Protocol):
+    """What async scheduling reads of the engine (``EngineCore``) beyond a step's collaborators."""
+
+    stepper: Stepper
+    waiting: deque[Request]
+    adaptive: AdaptiveDraftLength | None
+    confidence: ConfidenceVerification | None
+
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +66,7 @@ logger = logging.getLogger(__name__)
 class Lookahead:
     """The engine's step launched ahead (module docstring); ``flight`` is the step not landed yet."""
 
-    def __init__(self, engine: EngineCore) -> None:
+    def __init__(self, engine: LookaheadEngine) -> None:
         self.engine = engine
         self.flight: Launched | None = None
 
