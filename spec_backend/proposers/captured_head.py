@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
-from spec_backend.runtime.captured import replay_chain
+from spec_backend.runtime.captured import replay_chain, replay_planned
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 if TYPE_CHECKING:
@@ -158,19 +158,8 @@ class CapturedHeadStep:
                 f"{self.capture_sizes[-1]} requests; got {size} request(s) from slot {batch.start} with "
                 f"{len(self.cache.lengths)} live, query lengths {list(batch.query_lens_host)}"
             )
-        cache, graph = self.cache, self.graph
-        saved = list(cache.lengths)
-        try:
-            cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
-            cache.end_step()
-            graph.set_step_lengths(batch.query_lens_host, cache.lengths[:size])
-            inputs = {"input_ids": tokens.reshape(size), "hidden": hidden.reshape(size, -1)}
-            out = graph.run(inputs | {"seq_lens": batch.seq_lens})
-        except BaseException:
-            cache.lengths[: len(saved)] = saved
-            raise
-        assert isinstance(out, torch.Tensor)
-        return out
+        inputs = {"input_ids": tokens.reshape(size), "hidden": hidden.reshape(size, -1)}
+        return replay_planned(self.graph, self.cache, batch, inputs | {"seq_lens": batch.seq_lens})
 
 
 def capture_head_step(

@@ -214,11 +214,21 @@ def replay_chain(
     cached = cache.lengths[:size]
     plan = build_step_batch(0, inputs["input_ids"].new_zeros((size, chain)), [chain] * size, cached)
     seq_lens = plan.seq_lens - (chain - 1)  # [B] the first row's: cached + 1
+    return replay_planned(graph, cache, plan, inputs | {"seq_lens": seq_lens})
+
+
+def replay_planned(
+    graph: GraphRunner, cache: RaggedKVCache, plan: StepBatch, inputs: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """Reserve ``plan``'s rows in ``cache``'s host lengths (and zero lazily), hand the runner the real
+    requests' lengths (``GraphRunner.set_step_lengths``), replay ``graph`` on ``inputs``; the lengths are
+    restored if it raises."""
     saved = list(cache.lengths)
     try:
         cache.begin_step(plan)
         cache.end_step()
-        out = graph.run(inputs | {"seq_lens": seq_lens})
+        graph.set_step_lengths(plan.query_lens_host, cache.lengths[: plan.batch_size])
+        out = graph.run(inputs)
     except BaseException:
         cache.lengths[: len(saved)] = saved
         raise
@@ -297,5 +307,6 @@ __all__ = [
     "capture_chain",
     "maybe_capture",
     "replay_chain",
+    "replay_planned",
     "step_graph",
 ]
