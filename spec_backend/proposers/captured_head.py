@@ -11,11 +11,12 @@ between replays. A head whose draft index picks its weights (MTP with several la
 ``ChainHead.step_kinds``) runs eagerly: its layers past the first attend over rows only they write
 (committed rows go through the first), so the rows a capture's example or a replay's padding requests
 leave in a slot would be read by the request that takes it next, where eager steps read what that
-request's own steps left. Where the backend's captured attention reads each
-forward's lengths from device tensors (``Backend.captures_draft_chains``) and drafts are point masses
-(argmax), the whole chain after draft 1 is one more graph set: K-1 forwards and argmaxes over lengths
-growing on the device, one replay for drafts 2..K (a step drafting fewer, adaptive drafting's choice,
-replays the one-row graphs). On a GPU an eager draft step launches every kernel of the head from the
+request's own steps left.
+
+Where the backend's captured attention reads each forward's lengths from device tensors
+(``Backend.captures_draft_chains``) and drafts are point masses (argmax), the whole chain after draft 1 is
+one more graph set: K-1 forwards and argmaxes over lengths growing on the device, one replay for drafts
+2..K (a step drafting fewer, adaptive drafting's choice, replays the one-row graphs). On a GPU an eager draft step launches every kernel of the head from the
 host (tens of launches, each a few microseconds), K-1 times a step.
 
 Glossary: *chain* — the drafts one replay of the chain graph draws (K-1; 0: no chain graph); *covers* —
