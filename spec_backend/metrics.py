@@ -198,6 +198,7 @@ class SpecDecodingMetrics:
             )
         )
 
+        self._positions: dict[tuple[int, int], Any] = {}  # (ours or vLLM's, position) -> counter child
         self.verify_length = Counter(
             f"{PREFIX}_confidence_verify_length",
             "Request-steps by the drafts they verified, as the drafter's confidences chose",
@@ -212,16 +213,27 @@ class SpecDecodingMetrics:
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Record one request's verification step (see ``SpecDecodingStats.observe``)."""
-        if num_draft_tokens == 0:
-            return
-        self.total.observe(num_draft_tokens, num_accepted_tokens)
-        self._window.observe(num_draft_tokens, num_accepted_tokens)
+        self.observe_many([num_draft_tokens], [num_accepted_tokens], log=False)
+
+    def _count(self, step: SpecDecodingStats) -> None:
+        """Add one step's counts to the Prometheus counters: a few increments per step, not per request
+        (at 16 requests a step, one ``inc`` and one ``labels`` lookup per request and accepted position
+        cost ~0.2 ms of a ~3 ms step on the tiny benchmark model), position children looked up once."""
         for ours_or_vllms in range(2):
-            self.num_drafts[ours_or_vllms].inc()
-            self.num_draft_tokens[ours_or_vllms].inc(num_draft_tokens)
-            self.num_accepted_tokens[ours_or_vllms].inc(num_accepted_tokens)
-            for pos in range(num_accepted_tokens):
-                self.num_accepted_tokens_per_pos[ours_or_vllms].labels(position=str(pos)).inc()
+            self.num_drafts[ours_or_vllms].inc(step.num_drafts)
+            self.num_draft_tokens[ours_or_vllms].inc(step.num_draft_tokens)
+            self.num_accepted_tokens[ours_or_vllms].inc(step.num_accepted_tokens)
+            for pos, count in enumerate(step.accepted_per_position):
+                if count:  # a position nobody reached gets no series, as before
+                    self._position(ours_or_vllms, pos).inc(count)
+
+    def _position(self, ours_or_vllms: int, pos: int) -> Any:
+        """The per-position counter's child for ``pos`` (cached: ``labels`` builds a key each call)."""
+        child = self._positions.get((ours_or_vllms, pos))
+        if child is None:
+            counter = self.num_accepted_tokens_per_pos[ours_or_vllms]
+            child = self._positions[(ours_or_vllms, pos)] = counter.labels(position=str(pos))
+        return child
 
     def observe_verify_lengths(self, lengths: Sequence[int], available: Sequence[int]) -> None:
         """Record a step's confidence-chosen verify lengths (``SpecDecodingStats.observe_verify_lengths``)."""
@@ -231,11 +243,20 @@ class SpecDecodingMetrics:
             self.verify_length.labels(length=str(length)).inc()
         self.confidence_skipped.inc(sum(available) - sum(lengths))
 
-    def observe_many(self, draft_counts: Sequence[int], accepted_counts: Sequence[int]) -> None:
-        """``observe`` each (drafted, accepted) pair of one step, then maybe log."""
+    def observe_many(
+        self, draft_counts: Sequence[int], accepted_counts: Sequence[int], log: bool = True
+    ) -> None:
+        """Record each request's (drafted, accepted) pair of one step, then maybe log. An impossible pair
+        raises before anything is recorded."""
+        step = SpecDecodingStats()
         for drafted, accepted in zip(draft_counts, accepted_counts, strict=True):
-            self.observe(drafted, accepted)
-        self.maybe_log()
+            step.observe(drafted, accepted)
+        if step.num_drafts:
+            self.total.merge(step)
+            self._window.merge(step)
+            self._count(step)
+        if log:
+            self.maybe_log()
 
     def maybe_log(self, force: bool = False) -> str | None:
         """Log (and return) the window's line when the interval elapsed or ``force``; reset the window."""

@@ -16,8 +16,9 @@ request's own steps left.
 Where the backend's captured attention reads each forward's lengths from device tensors
 (``Backend.captures_draft_chains``) and drafts are point masses (argmax), the whole chain after draft 1 is
 one more graph set: K-1 forwards and argmaxes over lengths growing on the device, one replay for drafts
-2..K (a step drafting fewer, adaptive drafting's choice, replays the one-row graphs). On a GPU an eager draft step launches every kernel of the head from the
-host (tens of launches, each a few microseconds), K-1 times a step.
+2..K (a step drafting fewer, adaptive drafting's choice, replays the one-row graphs). On a GPU an eager
+draft step launches every kernel of the head from the host (tens of launches, each a few microseconds),
+K-1 times a step.
 
 Glossary: *chain* — the drafts one replay of the chain graph draws (K-1; 0: no chain graph); *covers* —
 a batch replays only from slot 0 over every live slot (padding requests take the slots after it, which

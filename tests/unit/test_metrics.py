@@ -61,6 +61,40 @@ def test_prometheus_counters_on_own_registry() -> None:
     SpecDecodingMetrics()
 
 
+def test_a_step_counts_as_its_requests_one_by_one() -> None:
+    """``observe_many`` adds a step's counts to the counters in a few increments: every sample (ours and
+    vLLM's names, each position) equals recording its requests one at a time; a position nobody reached
+    has no series; an impossible pair raises before anything is recorded."""
+    steps = [([4, 4, 0, 2], [1, 4, 0, 0]), ([3], [3]), ([4, 1], [2, 1])]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    singly = SpecDecodingMetrics(registry=one, log_interval_s=None)
+    stepwise = SpecDecodingMetrics(registry=many, log_interval_s=None)
+    for drafted, accepted in steps:
+        for d, a in zip(drafted, accepted, strict=True):
+            singly.observe(d, a)
+        stepwise.observe_many(drafted, accepted)
+    samples = [
+        {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in r.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")  # creation times
+        }
+        for r in (one, many)
+    ]
+    assert samples[0] == samples[1] and len(samples[0]) > 8
+    per_pos = "spec_backend_spec_decode_num_accepted_tokens_per_pos_total"
+    assert many.get_sample_value(per_pos, {"position": "3"}) == 1  # only the request that accepted 4
+    assert many.get_sample_value(per_pos, {"position": "4"}) is None
+    assert stepwise.total.accepted_per_position == [5, 3, 2, 1]
+    assert stepwise.total.as_dict() == singly.total.as_dict()
+    before = many.get_sample_value("spec_backend_spec_decode_num_drafts_total")
+    with pytest.raises(ValueError, match="accepted 3 of 2"):
+        stepwise.observe_many([2, 2], [1, 3])
+    assert many.get_sample_value("spec_backend_spec_decode_num_drafts_total") == before
+    assert stepwise.total.num_drafts == singly.total.num_drafts
+
+
 def test_periodic_log_line(caplog: pytest.LogCaptureFixture) -> None:
     m = SpecDecodingMetrics(registry=CollectorRegistry(), log_interval_s=3600)
     m.observe(4, 2)
