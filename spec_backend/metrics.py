@@ -212,7 +212,8 @@ class SpecDecodingMetrics:
         )
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """Record one request's verification step (see ``SpecDecodingStats.observe``)."""
+        """Record one request's verification step (see ``SpecDecodingStats.observe``: an impossible pair
+        raises, ``(0, a > 0)`` included)."""
         self.observe_many([num_draft_tokens], [num_accepted_tokens], log=False)
 
     def _count(self, step: SpecDecodingStats) -> None:
@@ -247,7 +248,8 @@ class SpecDecodingMetrics:
         self, draft_counts: Sequence[int], accepted_counts: Sequence[int], log: bool = True
     ) -> None:
         """Record each request's (drafted, accepted) pair of one step, then maybe log. An impossible pair
-        raises before anything is recorded."""
+        (more accepted than drafted, a request with no drafts included) raises ``ValueError`` before
+        anything is recorded."""
         step = SpecDecodingStats()
         for drafted, accepted in zip(draft_counts, accepted_counts, strict=True):
             step.observe(drafted, accepted)

@@ -93,6 +93,7 @@ class DraftModelDrafter(Drafter):
         self.headroom = k  # cache positions past max_model_len a step may write (a tree level: its nodes)
         self._fed: dict[str, _Fed] = {}
         self.mask_token_id = mask_token_id  # PARD parallel drafting when set
+        self.drafts_trees = False  # set by the builder for token trees: no chain step to capture
 
     def cache_bytes_per_slot(self) -> int:
         return self.layout.bytes_per_position * (self.max_model_len + self.headroom)
@@ -107,7 +108,8 @@ class DraftModelDrafter(Drafter):
         if self.num_speculative_tokens > 1:
             self.decode_graph = maybe_capture(self.runner, self.backend, 1, num_slots, self.enforce_eager)
         self.chain_graph = None
-        if self.decode_graph is not None and self.backend is not None and not self.probabilistic:
+        chains = not (self.probabilistic or self.drafts_trees or self.mask_token_id is not None)
+        if self.decode_graph is not None and self.backend is not None and chains:  # argmax chains only
             self.chain_graph = capture_chain(self.decode_graph, self.backend, self.num_speculative_tokens - 1)
 
     def caches(self) -> Sequence[SlotCache]:
@@ -142,7 +144,7 @@ class DraftModelDrafter(Drafter):
         logits = self._catch_up(start, feeds)  # [B, V] draft 1's
         for step in range(k_max):
             ids = chain.draw(logits)  # [B]
-            if step == 0 and self.chain_graph is not None and self.chain_graph.covers(start, batch, k_max):
+            if step == 0 and self.chain_graph is not None and self.chain_graph.chains(start, batch, k_max):
                 chain.extend(self.chain_graph.forward(ids))  # drafts 2..K: one replay
                 break
             if step + 1 < k_max:  # feed this draft for the next one
@@ -310,6 +312,7 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
     )
     # a static tree's level feeds up to every node; a dynamic one's (or paths'), its frontier and ancestors
     drafter.headroom = max(k, len(tree or ()), (config.tree_top_k or config.tree_paths or 0) * k)
+    drafter.drafts_trees = tree is not None or bool(config.tree_top_k or config.tree_paths)
     return drafter
 
 

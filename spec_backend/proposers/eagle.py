@@ -70,9 +70,8 @@ class EagleDrafter(HeadCacheDrafter):
         super().allocate_caches(num_slots)
         self.step_graph = None
         if self.num_speculative_tokens > 1 and self.mask_token_id is None:
-            chain = (
-                0 if self.probabilistic else self.num_speculative_tokens - 1
-            )  # argmax drafts: a chain graph
+            # argmax drafts: drafts 2..K as one graph too (where the backend captures chains)
+            chain = 0 if self.probabilistic else self.num_speculative_tokens - 1
             self.step_graph = capture_head_step(
                 self.head, self._cache(), self.capture_backend, num_slots, chain
             )

@@ -162,7 +162,10 @@ class CapturedChain:
 
     def __init__(self, decode: CapturedDecode, backend: Backend, chain: int) -> None:
         if decode.q != 1 or decode.tree or chain < 1:
-            raise ValueError(f"a draft chain replays a one-token chain step, got q={decode.q}, chain={chain}")
+            raise ValueError(
+                "a draft chain replays a one-token step (q=1, no tree) at least once; got "
+                f"q={decode.q}, tree={decode.tree}, chain={chain}"
+            )
         self.decode, self.chain = decode, chain
         self.graph: GraphRunner = backend.graph_runner(self._chain, decode.capture_sizes)
         device, largest = decode.runner.cache.layout.device, decode.capture_sizes[-1]
@@ -181,6 +184,9 @@ class CapturedChain:
         input_ids: torch.Tensor,  # [N] draft 1
         seq_lens: torch.Tensor,  # [N] each request's tokens with draft 1 (padding: 0)
     ) -> torch.Tensor:  # [N, chain] int64 drafts 2..K
+        """The captured callable: each draft fed back, its successor the argmax of the logits after it
+        (``draft_sampling.select_drafts`` without probabilities), as the one-token steps and eager draws
+        do."""
         ids, drafts = input_ids, []
         for step in range(self.chain):
             logits = self.decode._forward(ids, seq_lens + step)[0]  # [N, V]
@@ -188,7 +194,7 @@ class CapturedChain:
             drafts.append(ids)
         return torch.stack(drafts, dim=1)
 
-    def covers(self, start: int, batch_size: int, drafts: int) -> bool:
+    def chains(self, start: int, batch_size: int, drafts: int) -> bool:
         """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the
         chain: every live slot from 0 (padding requests take the slots after it), all K drafts, and
         no more requests than the largest capture size (above it the ordinary eager steps are faster)."""
@@ -219,7 +225,7 @@ def replay_chain(
 
 def replay_planned(
     graph: GraphRunner, cache: RaggedKVCache, plan: StepBatch, inputs: dict[str, torch.Tensor]
-) -> torch.Tensor:
+) -> torch.Tensor:  # the graph's output, [B, ...]
     """Reserve ``plan``'s rows in ``cache``'s host lengths (and zero lazily), hand the runner the real
     requests' lengths (``GraphRunner.set_step_lengths``), replay ``graph`` on ``inputs``; the lengths are
     restored if it raises."""

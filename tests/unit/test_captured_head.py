@@ -65,6 +65,23 @@ def _ids(llm: LLM, params: SamplingParams | list[SamplingParams]) -> list[list[i
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
 
 
+def _record_steps(llm: LLM) -> list[tuple[list[list[int]], list[int]]]:
+    """Wrap ``llm``'s drafter: each step's drafts of every request (cut to its count) and the drafter
+    cache's host lengths after it."""
+    seen: list[tuple[list[list[int]], list[int]]] = []
+    drafter: Any = llm.engine.drafter
+    propose = drafter.propose
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        rows = [row[:n] for row, n in zip(out.token_ids.tolist(), out.num_draft_tokens, strict=True)]
+        seen.append((rows, list(drafter.caches()[0].lengths)))
+        return out
+
+    drafter.propose = spy
+    return seen
+
+
 def _step_graph(llm: LLM) -> CapturedHeadStep:
     drafter = llm.engine.drafter
     assert isinstance(drafter, EagleDrafter) and drafter.step_graph is not None
@@ -150,9 +167,10 @@ def test_a_greedy_chain_is_one_replay_with_the_eager_drafts(
     llm = LLM(target, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2)
     graph = _step_graph(llm)
     assert graph.chain == spec["num_speculative_tokens"] - 1 and graph.chain_graph is not None
-    drafts = record_drafts(eager), record_drafts(llm)
+    steps = _record_steps(eager), _record_steps(llm)
     assert _ids(llm, GREEDY) == _ids(eager, GREEDY)
-    assert drafts[0] == drafts[1] and any(len(d) < spec["num_speculative_tokens"] for d in drafts[0])
+    assert steps[0] == steps[1]  # every request's drafts, and the host lengths the chain reserved
+    assert any(len(d) < spec["num_speculative_tokens"] for rows, _ in steps[0] for d in rows if d)
     assert _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
     chain: Any = graph.chain_graph
     step: Any = graph.graph
@@ -174,9 +192,10 @@ def test_a_draft_models_greedy_chain_is_one_replay_with_the_eager_drafts(
     )
     drafter: Any = llm.engine.drafter
     assert drafter.chain_graph is not None and drafter.chain_graph.chain == K - 1
-    drafts = record_drafts(eager), record_drafts(llm)
+    steps = _record_steps(eager), _record_steps(llm)
     assert _ids(llm, GREEDY) == _ids(eager, GREEDY) and _ids(llm, SAMPLED) == _ids(eager, SAMPLED)
-    assert drafts[0] == drafts[1] and any(len(d) < K for d in drafts[0])
+    assert steps[0] == steps[1]  # every request's drafts, and the host lengths the chain reserved
+    assert any(len(d) < K for rows, _ in steps[0] for d in rows if d)
     assert drafter.chain_graph.graph.replays > 0 and drafter.chain_graph.graph.eager_calls == 0
     assert drafter.decode_graph.graph.replays > 0  # the shorter steps
     spec |= {"rejection_sample_method": "probabilistic"}
@@ -187,6 +206,11 @@ def test_a_draft_models_greedy_chain_is_one_replay_with_the_eager_drafts(
     assert drafter.decode_graph is not None and drafter.chain_graph is None
     eager = LLM(llama_dir, dtype="float64", speculative_config=spec, max_num_seqs=2)
     assert _ids(sampled, SAMPLED) == _ids(eager, SAMPLED)
+    spec |= {"rejection_sample_method": "strict", "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 0, 0)]"}
+    tree = LLM(
+        llama_dir, dtype="float64", speculative_config=spec, backend=ChainGraphBackend(), max_num_seqs=2
+    )
+    assert tree.engine.drafter.chain_graph is None  # type: ignore[union-attr]  # trees draft no chain
 
 
 def test_probabilistic_drafts_replay_too(llama_dir: str, tmp_path: Path) -> None:

@@ -151,3 +151,19 @@ def test_token_trees_equal_plain_on_the_gpu(target: str, tmp_path: Path, method:
     spec = tree_spec(method, target, tmp_path, K, "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", 6)
     plain = _generate(target, None, CudaBackend(graph_progress=False))
     assert _generate(target, spec, CudaBackend(graph_progress=False)) == plain
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp"])
+def test_greedy_draft_chains_replay_on_the_gpu(target: str, tmp_path: Path, method: str) -> None:
+    """K drafts every step (adaptive drafting off): drafts 2..K replay the drafter's captured greedy chain
+    (``captures_draft_chains``: K-1 forwards over lengths growing on the device), and the output equals
+    plain decoding's and the eager engine's."""
+    spec, target_dir = _spec(method, target, tmp_path)
+    spec |= {"adaptive_draft_length": False}
+    plain = _generate(target_dir, None, CudaBackend(graph_progress=False))
+    graphs = RecordingCudaBackend()
+    assert graphs.captures_draft_chains
+    with_graphs = _generate(target_dir, spec, graphs)
+    assert with_graphs == plain == _generate(target_dir, spec, RecordingCudaBackend(enforce_eager=True))
+    chains = [r for r in graphs.runners if getattr(getattr(r, "fn", None), "__name__", "") == "_chain"]
+    assert chains and sum(int(getattr(r, "replays", 0)) for r in chains) > 0, "no chain replayed"
