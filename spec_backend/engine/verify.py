@@ -19,7 +19,7 @@ from spec_backend.engine.request import Request
 from spec_backend.engine.structured import constrain
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingMetadata
-from spec_backend.step import StepBatch, unpack_emitted
+from spec_backend.step import StepBatch
 
 
 def batch_drafts(batch: StepBatch) -> list[list[int]]:
@@ -34,7 +34,7 @@ def batch_drafts(batch: StepBatch) -> list[list[int]]:
 
 
 class Verifier:
-    """Wraps the rejection sampler: draft lists + logits in, per-request emitted tokens out.
+    """Wraps the rejection sampler: draft lists + logits in, per-request emitted tokens out (packed).
 
     ``plan``: the verification rule and its parameters, resolved once from the speculative config and
     ``additional_config`` (``VerifyPlan.resolve``).
@@ -46,28 +46,6 @@ class Verifier:
         self.sampler = RejectionSampler(backend=backend, plan=plan)
         self.plan = plan
 
-    def __call__(
-        self,
-        batch: StepBatch,
-        requests: Sequence[Request],
-        logits: torch.Tensor,
-        sampling: SamplingMetadata,
-        draft_probs: torch.Tensor | None = None,
-        last_only: bool = False,
-        valid_drafts: torch.Tensor | None = None,
-    ) -> tuple[list[list[int]], list[int]]:
-        """Verify the drafts of ``batch`` (its ``SpecDecodeMetadata`` view) against ``logits``.
-
-        ``logits``: ``[N, V]`` (every query row), or ``[B, V]`` with ``last_only`` (a prefill: no drafts).
-        ``sampling``: the requests' parameters (``SamplingState.metadata``). ``draft_probs``: ``[T, V]`` the
-        probabilities the drafts were sampled from (``None``: point masses). ``valid_drafts`` [B]: each
-        request's drafts before its first placeholder (device; ``None``: no drafts).
-        Returns, per request, its accepted drafts followed by the recovered or bonus token, and its valid
-        draft count; both reach the host in the step's one device-to-host copy.
-        """
-        packed = self.launch(batch, requests, logits, sampling, draft_probs, last_only, valid_drafts)
-        return unpack_emitted(packed.tolist())  # the step's one device-to-host copy
-
     def launch(
         self,
         batch: StepBatch,
@@ -78,8 +56,16 @@ class Verifier:
         last_only: bool = False,
         valid_drafts: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [B, max_K + 2] the sampler's integer dtype
-        """``__call__``'s verification left on the device: per request its emitted tokens (placeholders
-        after them), then its valid draft count (``step.unpack_emitted`` reads it)."""
+        """Verify the drafts of ``batch`` (its ``SpecDecodeMetadata`` view) against ``logits``, the result
+        left on the device (the caller reads it: the step's one device-to-host copy).
+
+        ``logits``: ``[N, V]`` (every query row), or ``[B, V]`` with ``last_only`` (a prefill: no drafts).
+        ``sampling``: the requests' parameters (``SamplingState.metadata``). ``draft_probs``: ``[T, V]`` the
+        probabilities the drafts were sampled from (``None``: point masses). ``valid_drafts`` [B]: each
+        request's drafts before its first placeholder (device; ``None``: no drafts).
+        Returns per request its accepted drafts followed by the recovered or bonus token (placeholders
+        after them), then its valid draft count (``step.unpack_emitted`` reads it).
+        """
         metadata = batch.spec_decode_metadata(last_only)
         if any(r.params.processes_logits for r in requests):
             drafts = batch_drafts(batch)

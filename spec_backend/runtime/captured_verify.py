@@ -32,7 +32,7 @@ import torch
 from spec_backend.graphs import GraphCaptureError
 from spec_backend.sampling.metadata import SpecDecodeMetadata
 from spec_backend.sampling.sampling_metadata import SamplingFlags, SamplingMetadata
-from spec_backend.step import unpack_emitted, valid_drafts
+from spec_backend.step import valid_drafts
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphFn, GraphRunner
@@ -155,18 +155,6 @@ class CapturedVerify:
         return torch.stack([out.to(torch.int64).reshape(-1), valid.repeat_interleave(q)], dim=1)
 
     @torch.no_grad()
-    def __call__(
-        self,
-        kind: str,
-        logits: torch.Tensor,  # [N, V] the verify forward's
-        tokens: torch.Tensor,  # [B, q] int64 query tokens as fed, placeholders where drafts are missing
-        sampling: SamplingMetadata,  # [B] the requests' (``SamplingState.metadata``)
-    ) -> tuple[list[list[int]], list[int]]:
-        """Each request's emitted tokens (accepted drafts, then the recovered or bonus token) and verified
-        draft count, as ``Verifier.__call__`` returns them, from one replay and one read."""
-        return unpack_emitted(self.launch(kind, logits, tokens, sampling).tolist())  # the one copy
-
-    @torch.no_grad()
     def launch(
         self,
         kind: str,
@@ -174,9 +162,10 @@ class CapturedVerify:
         tokens: torch.Tensor,  # [B, q] int64 query tokens as fed, placeholders where drafts are missing
         sampling: SamplingMetadata,  # [B] the requests' (``SamplingState.metadata``)
     ) -> torch.Tensor:  # [B, q + 1] int64
-        """``__call__`` left on the device, packed as ``Verifier.launch`` packs it: per request its emitted
-        tokens (placeholders after them), then its verified draft count. A new tensor: the next replay
-        does not overwrite it."""
+        """Each request's emitted tokens (accepted drafts, then the recovered or bonus token) and verified
+        draft count from one replay, left on the device and packed as ``Verifier.launch`` packs them:
+        per request its emitted tokens (placeholders after them), then the count. A new tensor: the next
+        replay does not overwrite it."""
         if sampling.positions is None or sampling.seeds is None:
             raise ValueError("a captured verification needs each request's seed and RNG counter")
         q, n = self.q, logits.shape[0]
