@@ -113,25 +113,30 @@ class Lookahead:
         if self.flight is not None:
             self._advance(requests)
             return
+        # a failure: the synchronous step finds which request fails, and ends that one alone
+        self.flight = self._launch(requests, None, "stepping synchronously")
+        if self.flight is None:
+            self.engine.stepper.decode(requests)
+
+    def _launch(self, requests: list[Request], ahead: Launched | None, fallback: str) -> Launched | None:
+        """``Stepper.launch`` (read at once without a step in flight); ``None`` if it raised, the cache's
+        host lengths as they were (the failure logged, and what follows: ``fallback``)."""
         lengths = self.engine.runner.cache.lengths
         saved = list(lengths)
         try:
-            self.flight = self.engine.stepper.launch(requests, None).read()
-        except Exception:  # the synchronous step finds which request fails, and ends that one alone
+            launched = self.engine.stepper.launch(requests, ahead)
+            return launched if ahead is not None else launched.read()
+        except Exception:
             lengths[: len(saved)] = saved
-            logger.error("a step launched ahead failed: stepping synchronously", exc_info=True)
-            self.engine.stepper.decode(requests)
+            logger.error("a step launched ahead failed: %s", fallback, exc_info=True)
+            return None
 
     def _advance(self, requests: list[Request]) -> None:
         flight, stepper = self.flight, self.engine.stepper
         assert flight is not None
-        lengths = self.engine.runner.cache.lengths
-        saved = list(lengths)
-        try:
-            launched = stepper.launch(requests, flight)
-        except Exception:  # land the tokens read; the next engine step starts over (synchronous there)
-            lengths[: len(saved)] = saved
-            logger.error("a step launched ahead failed: landing the one before it", exc_info=True)
+        # a failure: land the tokens read; the next engine step starts over (synchronous there)
+        launched = self._launch(requests, flight, "landing the one before it")
+        if launched is None:
             self.drain()
             return
         stepper.land(flight, True)  # the host's work, while the device runs ``launched``

@@ -58,12 +58,20 @@ class Launched:
         packed = self.result.packed
         assert packed is not None
         tokens = packed[:, :1].to(torch.int64)  # [B_launched, 1]
-        same = len(requests) == len(self.requests)
-        if same and all(a is b for a, b in zip(requests, self.requests, strict=True)):
+        index = moved_rows(self.requests, requests)
+        if index is None:
             return tokens  # the same slots: no copy from the host
-        at = {id(r): i for i, r in enumerate(self.requests)}  # requests left since: the slots moved
-        index = torch.tensor([at[id(r)] for r in requests], dtype=torch.int64)  # [B]
-        return tokens[index.to(tokens.device)]
+        rows = torch.tensor(index, dtype=torch.int64)  # [B]
+        return tokens[rows.to(tokens.device)]
+
+
+def moved_rows(before: Sequence[Request], now: Sequence[Request]) -> list[int] | None:
+    """Each of ``now``'s requests' row in ``before`` (requests left since, so the slots moved); ``None``
+    where ``now`` is ``before``, request for request."""
+    if len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True)):
+        return None
+    at = {id(r): i for i, r in enumerate(before)}
+    return [at[id(r)] for r in now]
 
 
 def one_token_rows(result: StepResult, index: Sequence[int], lengths: Sequence[int]) -> StepResult:
@@ -87,4 +95,4 @@ def one_token_rows(result: StepResult, index: Sequence[int], lengths: Sequence[i
     )
 
 
-__all__ = ["Launched", "StepResult", "one_token_rows"]
+__all__ = ["Launched", "StepResult", "moved_rows", "one_token_rows"]

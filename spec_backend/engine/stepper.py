@@ -16,7 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
-from spec_backend.engine.step_result import Launched, StepResult, one_token_rows
+from spec_backend.engine.step_result import Launched, StepResult, moved_rows, one_token_rows
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
 from spec_backend.runtime.captured import step_graph
@@ -158,11 +158,10 @@ class Stepper:
             if self.engine.drafter is not None:  # a request that ended here ends the hold: the engine
                 self.engine.holds_plain(requests)  # lands the successor before the next decision
             return
-        if len(running) == len(requests) and all(a is b for a, b in zip(running, requests, strict=True)):
+        index = moved_rows(requests, running)
+        if index is None:
             self._draft_next(0, requests, result, False, kept)
         elif self.engine.drafter is not None and running:
-            at = {id(r): i for i, r in enumerate(requests)}
-            index = [at[id(r)] for r in running]
             live = one_token_rows(result, index, self.engine.runner.cache.lengths)
             self._draft_next(0, list(running), live, False, [kept[i] for i in index])
 
