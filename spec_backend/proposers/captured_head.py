@@ -33,8 +33,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
-from spec_backend.runtime.captured import replay_chain, replay_planned
+from spec_backend.graphs import plan_capture_sizes
+from spec_backend.runtime.captured import (
+    capture_allowed,
+    captured_or_refused,
+    covers_live,
+    replay_chain,
+    replay_planned,
+)
 from spec_backend.step import RaggedAttentionMetadata, StepBatch
 
 if TYPE_CHECKING:
@@ -75,8 +81,7 @@ class CapturedHeadStep:
 
     def covers(self, start: int, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` requests from slot ``start`` replays (glossary: *covers*)."""
-        live = start == 0 and batch_size == len(self.cache.lengths)
-        return live and padded_size(batch_size, self.capture_sizes) is not None
+        return covers_live(start, batch_size, self.cache, self.capture_sizes)
 
     def _forward(
         self,
@@ -179,23 +184,14 @@ def capture_head_step(
             head.step_kinds(),
         )
         return None
-    policy = backend.capture_policy(None)
-    if not policy.enabled:
-        return None
-    if policy.graph_budget == 0:
-        logger.warning("the %s backend has no graphs left: the draft head's steps run eagerly", backend.name)
+    if not capture_allowed(backend, None, "the draft head's step"):
         return None
     cache.zero_all()  # captured attention reads every position of the slots it covers
-    try:
-        chain = chain if backend.captures_draft_chains else 0
-        return CapturedHeadStep(head, cache, backend, max_num_seqs, chain)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:
-        raise GraphCaptureError(
-            f"capturing the draft steps of {type(head).__name__} as graphs on the {backend.name} backend "
-            f"failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
-        ) from exc
+    chain = chain if backend.captures_draft_chains else 0
+    what = f"the draft steps of {type(head).__name__}"
+    return captured_or_refused(
+        lambda: CapturedHeadStep(head, cache, backend, max_num_seqs, chain), backend, what
+    )
 
 
 __all__ = ["CapturedHeadStep", "capture_head_step"]

@@ -16,7 +16,8 @@ reference backend) skips all of this: the engine then runs the same step eagerly
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from spec_backend.runtime.kv_cache import RaggedKVCache
 
 logger = logging.getLogger("spec_backend.engine")
+T = TypeVar("T")
 
 
 class CapturedDecode:
@@ -198,13 +200,24 @@ class CapturedChain:
         """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the
         chain: every live slot from 0 (padding requests take the slots after it), all K drafts, and
         no more requests than the largest capture size (above it the ordinary eager steps are faster)."""
-        live = start == 0 and batch_size == len(self.decode.runner.cache.lengths)
-        return live and drafts == self.chain + 1 and self.decode.padded_tokens(batch_size) is not None
+        decode = self.decode
+        return drafts == self.chain + 1 and covers_live(
+            start, batch_size, decode.runner.cache, decode.capture_sizes
+        )
 
     @torch.no_grad()
     def forward(self, first: torch.Tensor) -> torch.Tensor:  # [B] -> [B, chain]
         """Drafts 2..K of every live request after draft 1 ``first``."""
         return replay_chain(self.graph, self.decode.runner.cache, self.chain, {"input_ids": first})
+
+
+def covers_live(start: int, batch_size: int, cache: RaggedKVCache, capture_sizes: Sequence[int]) -> bool:
+    """Whether a one-row-per-request step of ``batch_size`` requests from slot ``start`` may replay a
+    drafter's captured step over ``cache``: it starts at slot 0 and covers every live slot (padding
+    requests take the slots after it, which must be free), within the largest of ``capture_sizes`` (above
+    it the callable would attend over whole slots eagerly: the ordinary eager step is faster)."""
+    live = start == 0 and batch_size == len(cache.lengths)
+    return live and padded_size(batch_size, capture_sizes) is not None
 
 
 def replay_chain(
@@ -260,17 +273,36 @@ def capture_chain(decode: CapturedDecode, backend: Backend, chain: int) -> Captu
     draft chains (``Backend.captures_draft_chains``) and ``chain`` >= 1; ``None`` otherwise."""
     if chain < 1 or not backend.captures_draft_chains:
         return None
+    what = f"the draft chain of {type(decode.runner.model).__name__}"
+    captured = captured_or_refused(lambda: CapturedChain(decode, backend, chain), backend, what)
+    decode.runner.cache.zero_all()  # the example rows the capture wrote
+    return captured
+
+
+def capture_allowed(backend: Backend, num_hidden_layers: int | None, what: str) -> bool:
+    """Whether ``backend`` captures graphs now: its policy enables them and, on a device whose graphs are
+    counted, some are left (else a warning that ``what`` runs eagerly)."""
+    policy = backend.capture_policy(num_hidden_layers)
+    if not policy.enabled:
+        return False
+    if policy.graph_budget == 0:  # earlier runners (a drafter's, the verify step's) took every graph
+        logger.warning("the %s backend has no graphs left: %s is not captured", backend.name, what)
+        return False
+    return True
+
+
+def captured_or_refused(build: Callable[[], T], backend: Backend, what: str) -> T:
+    """``build()``, whose capture failing is refused by name (``GraphCaptureError``: ``what`` and the way
+    out); running out of memory is raised as it is (the way out is memory: ``max_num_seqs``, the KV
+    cache's share, not ``enforce_eager`` alone)."""
     try:
-        captured = CapturedChain(decode, backend, chain)
-        decode.runner.cache.zero_all()  # the example rows the capture wrote
-        return captured
+        return build()
     except torch.OutOfMemoryError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # an op that cannot be captured: say so, and the way out
         raise GraphCaptureError(
-            f"capturing the draft chain of {type(decode.runner.model).__name__} as graphs on the "
-            f"{backend.name} backend failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run "
-            "it without graphs"
+            f"capturing {what} as graphs on the {backend.name} backend failed ({type(exc).__name__}: "
+            f"{exc}); pass enforce_eager=True to run it without graphs"
         ) from exc
 
 
@@ -286,31 +318,21 @@ def maybe_capture(
     unless ``enforce_eager``, no backend is given, or the backend does not capture graphs."""
     if enforce_eager or backend is None:
         return None
-    policy = backend.capture_policy(num_decoder_layers(runner.model.config))
-    if not policy.enabled:
-        return None
-    if policy.graph_budget == 0:  # earlier runners (a drafter's, the verify step's) took every graph
-        logger.warning(
-            "the %s backend has no graphs left: the %d-token step is not captured", backend.name, q
-        )
+    if not capture_allowed(backend, num_decoder_layers(runner.model.config), f"the {q}-token step"):
         return None
     runner.cache.zero_all()  # captured attention reads every position of the slots it covers
-    try:
-        return CapturedDecode(runner, backend, q, max_num_seqs, tree)
-    except torch.OutOfMemoryError:
-        raise  # the way out is memory (max_num_seqs, the KV cache's share), not enforce_eager alone
-    except Exception as exc:  # an op of the model that cannot be captured: say so, and the way out
-        raise GraphCaptureError(
-            f"capturing the decode step of {type(runner.model).__name__} as graphs on the {backend.name} "
-            f"backend failed ({type(exc).__name__}: {exc}); pass enforce_eager=True to run it without graphs"
-        ) from exc
+    what = f"the decode step of {type(runner.model).__name__}"
+    return captured_or_refused(lambda: CapturedDecode(runner, backend, q, max_num_seqs, tree), backend, what)
 
 
 __all__ = [
     "CapturedChain",
     "CapturedDecode",
     "GraphCaptureError",
+    "capture_allowed",
     "capture_chain",
+    "captured_or_refused",
+    "covers_live",
     "maybe_capture",
     "replay_chain",
     "replay_planned",
