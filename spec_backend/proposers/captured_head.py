@@ -40,8 +40,9 @@ from spec_backend.runtime.captured import (
     covers_live,
     replay_chain,
     replay_planned,
+    static_step_batch,
 )
-from spec_backend.step import RaggedAttentionMetadata, StepBatch
+from spec_backend.step import StepBatch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend, GraphRunner
@@ -90,32 +91,12 @@ class CapturedHeadStep:
         seq_lens: torch.Tensor,  # [N] each request's rows with this one (padding: 0)
     ) -> torch.Tensor:  # [N, H]
         """The captured callable: one row per request, every shape static."""
-        n, device = input_ids.shape[0], input_ids.device
-        lens = torch.clamp(seq_lens, min=1)  # [N] padding requests: position 0 of their free slot
-        rows = torch.arange(n, device=device)  # [N]
-        ones = torch.ones(n, dtype=torch.int64, device=device)  # [N]
-        meta = RaggedAttentionMetadata(query_lens=ones, kv_lens=lens)
-        batch = StepBatch(
-            start=0,
-            slot_ids=rows,
-            input_ids=input_ids,
-            positions=lens - 1,
-            query_start_loc=torch.arange(n + 1, device=device),
-            query_lens=ones,
-            seq_lens=lens,
-            rows=rows,
-            cols=torch.zeros(n, dtype=torch.int64, device=device),
-            query_lens_host=(1,) * n,
-            num_draft_tokens=(0,) * n,
-            max_seq_len=self.cache.capacity,
-            draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
-            attention=meta,
-            static_shapes=True,
-        )
+        n = input_ids.shape[0]
+        batch = static_step_batch(input_ids, seq_lens, 1, self.cache.capacity)  # padding: position 0
         self.cache.plan = batch
         try:
             ids, rows_h, positions = input_ids.view(n, 1), hidden.view(n, 1, -1), batch.positions.view(n, 1)
-            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, meta)  # [N, 1, H]
+            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, batch.attention)  # [N, 1, H]
         finally:
             self.cache.plan = None
         return out.reshape(n, -1)

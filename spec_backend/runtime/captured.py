@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -33,6 +34,39 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spec_backend.engine")
 T = TypeVar("T")
+
+
+def static_step_batch(
+    input_ids: torch.Tensor,  # [N] = [B * q] int64
+    seq_lens: torch.Tensor,  # [B] each request's seq len after this step (padding requests: 0)
+    q: int,
+    capacity: int,  # the cache's positions per slot: the width attention reads in a captured step
+) -> StepBatch:
+    """A captured step's batch: ``q`` query tokens per request from slot 0, every shape static, every
+    index a device op (nothing read from the host). Padding requests take positions ``0 .. q-1`` of their
+    (free) slots."""
+    b, device = seq_lens.shape[0], input_ids.device
+    lens = torch.clamp(seq_lens, min=q)  # [B]
+    rows = torch.arange(b, device=device).repeat_interleave(q)  # [N]
+    cols = torch.arange(q, device=device).repeat(b)  # [N]
+    q_lens = torch.full((b,), q, dtype=torch.int64, device=device)  # [B]
+    return StepBatch(
+        start=0,
+        slot_ids=torch.arange(b, device=device),
+        input_ids=input_ids,
+        positions=lens[rows] - q + cols,
+        query_start_loc=torch.arange(b + 1, device=device) * q,
+        query_lens=q_lens,
+        seq_lens=lens,
+        rows=rows,
+        cols=cols,
+        query_lens_host=(q,) * b,
+        num_draft_tokens=(q - 1,) * b,
+        max_seq_len=capacity,
+        draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
+        attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens),
+        static_shapes=True,
+    )
 
 
 class CapturedDecode:
@@ -80,36 +114,17 @@ class CapturedDecode:
         """The captured callable (a tree step also takes each token's mask row and depth)."""
         q, n = self.q, input_ids.shape[0]
         b = n // q
-        device = input_ids.device
-        lens = torch.clamp(seq_lens.view(b, q)[:, 0], min=q)  # [B] padding requests: positions 0..K
-        rows = torch.arange(b, device=device).repeat_interleave(q)  # [N]
-        cols = torch.arange(q, device=device).repeat(b)  # [N]
-        q_lens = torch.full((b,), q, dtype=torch.int64, device=device)  # [B]
-        meta = RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens)
+        cache = self.runner.cache
+        batch = static_step_batch(input_ids, seq_lens.view(b, q)[:, 0], q, cache.capacity)
         rope = None
         if tree is not None and depths is not None:  # every row sees itself: padding rows are never empty
-            visible = tree.view(b, q, q) | torch.eye(q, dtype=torch.bool, device=device)  # [B, Q, Q]
-            meta = RaggedAttentionMetadata(q_lens, lens, tree=visible, tree_depths=depths.view(b, q))
-            rope = (lens - q)[rows] + depths  # [N] first + depth
-        cache = self.runner.cache
-        batch = StepBatch(
-            start=0,
-            slot_ids=torch.arange(b, device=device),
-            input_ids=input_ids,
-            positions=lens[rows] - q + cols,
-            query_start_loc=torch.arange(b + 1, device=device) * q,
-            query_lens=q_lens,
-            seq_lens=lens,
-            rows=rows,
-            cols=cols,
-            query_lens_host=(q,) * b,
-            num_draft_tokens=(q - 1,) * b,
-            max_seq_len=cache.capacity,
-            draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
-            attention=meta,
-            static_shapes=True,
-            rope_positions=rope,
-        )
+            eye = torch.eye(q, dtype=torch.bool, device=input_ids.device)
+            visible = tree.view(b, q, q) | eye  # [B, Q, Q]
+            meta = RaggedAttentionMetadata(
+                batch.query_lens, batch.seq_lens, tree=visible, tree_depths=depths.view(b, q)
+            )
+            rope = (batch.seq_lens - q)[batch.rows] + depths  # [N] first + depth
+            batch = replace(batch, attention=meta, rope_positions=rope)
         cache.plan = batch
         try:
             out = self.runner.model(
@@ -336,5 +351,6 @@ __all__ = [
     "maybe_capture",
     "replay_chain",
     "replay_planned",
+    "static_step_batch",
     "step_graph",
 ]
