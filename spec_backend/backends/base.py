@@ -165,8 +165,9 @@ class Backend(ABC):
     captures_sampler: ClassVar[bool] = True
     #: whether its captured attention reads each forward's lengths from device tensors, so that one graph
     #: may hold several forwards over lengths growing inside it (a draft head's greedy chain,
-    #: ``proposers/captured_head``); False (host-side lengths re-issued once per replay): one replay per
-    #: draft step
+    #: ``proposers/captured_head``) and a verify step may replay over lengths the host has not read (a
+    #: speculative step launched ahead, ``engine/spec_ahead.py``); False (host-side lengths re-issued
+    #: once per replay): one replay per draft step, and speculative steps stay synchronous
     captures_draft_chains: ClassVar[bool] = False
     #: whether the device runs launched work while the host goes on (a GPU's or an NPU's stream): then
     #: ``async_scheduling`` (``engine/lookahead.py``) is on by default, and a plain step's host work

@@ -11,12 +11,14 @@ step instead
    runs step n+1;
 3. *reads* step n+1's tokens: the step's one synchronisation, after the host work.
 
-Only plain steps (no drafts) are launched ahead: the engine drafts nothing, whatever step n's tokens
+Plain steps (no drafts) are launched ahead where the engine drafts nothing, whatever step n's tokens
 (no drafter; or one that takes its tokens at its next call, ``Drafter.defers_follow``, with speculation
 off for the batch or adaptive drafting holding plain decoding past step n's draft-next,
 ``holds_past_next``), and no request reads host state in its sampling or its output that step n
 changes: no penalties, biases, min-p, allowed tokens or grammars
 (``SamplingParams.processes_logits``), no logprobs (the forward's logits buffer is the next replay's).
+So are verify steps whose drafter drafts from step n's tokens on the device (``spec_ahead.py``: its
+conditions there); a flight of one kind lands before a step of the other starts.
 A request that ends at step n (a stop token, a stop string, ``max_tokens``, ``max_model_len``, an
 abort) drops its step n+1 token (that step wrote the position of step n's token, at most
 ``max_model_len - 1``: within its slot). Before admitting new requests, and when the batch stops
@@ -40,8 +42,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from spec_backend.engine.spec_ahead import budgets_fixed
 from spec_backend.engine.stepper import StepEngine
 from spec_backend.runtime.captured import step_graph
+from spec_backend.runtime.captured_verify import verify_kind_of
 
 if TYPE_CHECKING:
     from spec_backend.engine.adaptive import AdaptiveDraftLength
@@ -56,6 +60,7 @@ class LookaheadEngine(StepEngine, Protocol):
 
     stepper: Stepper
     waiting: deque[Request]
+    k: int
     adaptive: AdaptiveDraftLength | None
     confidence: ConfidenceVerification | None
 
@@ -69,6 +74,26 @@ class Lookahead:
     def __init__(self, engine: LookaheadEngine) -> None:
         self.engine = engine
         self.flight: Launched | None = None
+        #: whether the backend's captured steps read their lengths from the device, so verify steps may
+        #: go ahead (``spec_ahead.py``; set where the verify step is captured: ``capture_steps``)
+        self.device_lengths = False
+        self.speculative_launches = 0  # verify steps launched from a flight's device output
+
+    def speculates(self) -> bool:
+        """Whether the engine's next decode steps verify drafts found from a flight's tokens on the device
+        (``spec_ahead.py``): a drafter that drafts ahead from its requests' tokens alone, speculation on,
+        no per-step policy (adaptive drafting, confidence scheduling, a token tree), a captured verify step
+        and sampler over lengths read from the device, and a cache that rolls back by its lengths alone
+        (no sliding-window rings, no recurrent state)."""
+        engine, drafter = self.engine, self.engine.drafter
+        if drafter is None or not (drafter.drafts_ahead and drafter.defers_follow) or not self.device_lengths:
+            return False
+        policy = engine.adaptive is not None or engine.confidence is not None or engine.tree is not None
+        cache, captured = engine.runner.cache, engine.captured
+        return not (
+            policy or engine.speculation_disabled or captured is None or captured.verify is None
+            or cache.recurrent_layers or cache.window_layers
+        )  # fmt: skip
 
     def plain(self, requests: list[Request]) -> bool:
         """Whether the decode step after the next one drafts nothing, whatever the next one's tokens: no
@@ -91,16 +116,33 @@ class Lookahead:
         (a request that ends at the step in flight drops the next step's token: ``max_tokens`` and
         ``max_model_len`` as a stop token)."""
         engine = self.engine
-        graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
-        if not self.plain(requests) or engine.pending.total or (graph is not None and graph.q != 1):
-            return False  # drafts of an earlier draft-next, or a padded verify graph: K+1 positions
+        speculative = self.speculates()
+        if self.flight is not None and self.flight.speculative != speculative:
+            return False  # a flight of the other kind lands first
+        if speculative:
+            if not budgets_fixed(requests, engine.k, engine.max_model_len):
+                return False  # near a request's end its budget (so its drafts) would depend on step n
+        else:
+            graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
+            if not self.plain(requests) or engine.pending.total or (graph is not None and graph.q != 1):
+                return False  # drafts of an earlier draft-next, or a padded verify graph: K+1 positions
         if engine.drafter is not None and engine.waiting and _sampled(requests, engine.waiting):
             return False  # a request ending at the step in flight would admit one a step late: the
             # batch sizes that turn speculation on and off, and so the positions at which sampled
             # requests verify drafts (their tokens), would move (greedy tokens do not depend on them)
-        return all(
+        alone = all(
             not r.finished and not r.params.processes_logits and r.params.logprobs is None for r in requests
         )
+        return alone and (not speculative or self._captured_kind(requests))
+
+    def _captured_kind(self, requests: list[Request]) -> bool:
+        """Whether the verify step's captured sampler has a graph kind for ``requests`` (no top-k or top-p,
+        no grammar)."""
+        captured = self.engine.captured
+        if captured is None or captured.verify is None or any(r.grammar is not None for r in requests):
+            return False
+        kind = verify_kind_of(self.engine.sampling_state.flags(0, len(requests)))
+        return kind is not None and kind in captured.verify.runners
 
     def ready(self, requests: list[Request]) -> bool:
         """Whether the next decode step of ``requests`` goes ahead (``step``): a step is in flight (the
@@ -114,17 +156,20 @@ class Lookahead:
             self._advance(requests)
             return
         # a failure: the synchronous step finds which request fails, and ends that one alone
-        self.flight = self._launch(requests, None, "stepping synchronously")
+        self.flight = self._launch(requests, None, "stepping synchronously", self.speculates())
         if self.flight is None:
             self.engine.stepper.decode(requests)
 
-    def _launch(self, requests: list[Request], ahead: Launched | None, fallback: str) -> Launched | None:
+    def _launch(
+        self, requests: list[Request], ahead: Launched | None, fallback: str, speculative: bool
+    ) -> Launched | None:
         """``Stepper.launch`` (read at once without a step in flight); ``None`` if it raised, the cache's
         host lengths as they were (the failure logged, and what follows: ``fallback``)."""
         lengths = self.engine.runner.cache.lengths
         saved = list(lengths)
         try:
-            launched = self.engine.stepper.launch(requests, ahead)
+            launched = self.engine.stepper.launch(requests, ahead, speculative)
+            self.speculative_launches += int(speculative and ahead is not None)
             return launched if ahead is not None else launched.read()
         except Exception:
             lengths[: len(saved)] = saved
@@ -135,7 +180,7 @@ class Lookahead:
         flight, stepper = self.flight, self.engine.stepper
         assert flight is not None
         # a failure: land the tokens read; the next engine step starts over (synchronous there)
-        launched = self._launch(requests, flight, "landing the one before it")
+        launched = self._launch(requests, flight, "landing the one before it", flight.speculative)
         if launched is None:
             self.drain()
             return

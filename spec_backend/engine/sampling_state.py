@@ -74,17 +74,21 @@ class SamplingState:
         self.top_p[slot] = host.top_p
         self.seeds[slot] = host.seed
 
-    def metadata(self, start: int, positions: torch.Tensor) -> SamplingMetadata:
-        """The ``SamplingMetadata`` of slots ``start .. start + B - 1`` (``positions`` [B]: the absolute
-        position of each request's first draft token, the RNG counter)."""
-        end = start + positions.shape[0]
-        rows = self._host[start:end]
-        flags = SamplingFlags.of(
+    def flags(self, start: int, batch: int) -> SamplingFlags:
+        """The sampler's branch flags of slots ``start .. start + batch - 1``, from the host copy."""
+        rows = self._host[start : start + batch]
+        return SamplingFlags.of(
             [h.temperature for h in rows],
             [h.top_k for h in rows],
             [h.top_p for h in rows],
             [h.seed for h in rows],
         )
+
+    def metadata(self, start: int, positions: torch.Tensor) -> SamplingMetadata:
+        """The ``SamplingMetadata`` of slots ``start .. start + B - 1`` (``positions`` [B]: the absolute
+        position of each request's first draft token, the RNG counter)."""
+        end = start + positions.shape[0]
+        flags = self.flags(start, positions.shape[0])
         return SamplingMetadata.prevalidated(
             self.temperature[start:end],
             self.top_k[start:end],

@@ -42,11 +42,13 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Launched:
-    """A plain step launched ahead (``lookahead.py``): its requests in their slot order at launch, and
-    its result, read or not."""
+    """A step launched ahead (``lookahead.py``): its requests in their slot order at launch, and its
+    result, read or not; ``speculative``: a verify step whose successor drafts from its device output
+    (``spec_ahead.py``), else a plain one."""
 
     requests: list[Request]
     result: StepResult
+    speculative: bool = False
 
     def read(self) -> Launched:
         """This step with its tokens on the host (``StepResult.read``)."""

@@ -16,6 +16,7 @@ import torch
 from spec_backend.engine.logits import record_logprobs, record_prompt_logprobs
 from spec_backend.engine.pending import DecodeInputs
 from spec_backend.engine.request import Request
+from spec_backend.engine.spec_ahead import land_ahead, launch_ahead
 from spec_backend.engine.step_result import Launched, StepResult, moved_rows, one_token_rows
 from spec_backend.engine.tree_step import nodes_within, refuse_grammars, verify_trees
 from spec_backend.proposers.contract import AcceptedTokens, DraftInputs, DraftOutput
@@ -133,16 +134,20 @@ class Stepper:
         inputs = self.engine.pending.take(0, requests, self.device)
         self._group(0, requests, inputs, False)
 
-    def launch(self, requests: list[Request], ahead: Launched | None) -> Launched:
-        """A plain decode step of every running request (slots ``0 ..``) launched, not read or landed
-        (``lookahead.py``). Its query tokens are the tokens ``ahead`` emitted, on the device (None: each
-        request's last token), and its RNG counters count them."""
+    def launch(self, requests: list[Request], ahead: Launched | None, speculative: bool = False) -> Launched:
+        """A decode step of every running request (slots ``0 ..``) launched, not read or landed
+        (``lookahead.py``). Without ``ahead``, the synchronous step's inputs (its drafts waiting); a plain
+        step's query tokens are otherwise the tokens ``ahead`` emitted, on the device, and its RNG counters
+        count them. ``speculative``: a verify step launched ahead (``spec_ahead.py``)."""
+        if speculative and ahead is not None:
+            return launch_ahead(self.engine, requests, ahead)
         if ahead is None:
             inputs = self.engine.pending.take(0, requests, self.device)
         else:
             tokens = ahead.next_tokens(requests)  # [B, 1]
             inputs = DecodeInputs(tokens, [0] * len(requests), None, [()] * len(requests))
-        return Launched(list(requests), self._run(0, requests, inputs, False, 0 if ahead is None else 1))
+        result = self._run(0, requests, inputs, False, 0 if ahead is None else 1)
+        return Launched(list(requests), result, speculative)
 
     def land(self, launched: Launched, successor: bool) -> None:
         """A launched step's tokens appended (stop checks, detokenization, metrics), then the draft-next,
@@ -152,18 +157,21 @@ class Stepper:
         requests running now in their slots, as the synchronous step of that batch would. ``successor``:
         the next step is in flight, launched plain (``lookahead.py``): the draft-next only counts a held
         step (``EngineCore.holds_plain``); its drafter, which defers following, is handed the tokens later."""
+        if launched.speculative:
+            land_ahead(self, launched, successor)
+            return
         result, requests, running = launched.result.read(), launched.requests, self.engine.running
-        kept = self._append(0, requests, result, False, False)
+        kept = self.append_emitted(0, requests, result, False, False)
         if successor:
             if self.engine.drafter is not None:  # a request that ended here ends the hold: the engine
                 self.engine.holds_plain(requests)  # lands the successor before the next decision
             return
         index = moved_rows(requests, running)
         if index is None:
-            self._draft_next(0, requests, result, False, kept)
+            self.draft_next(0, requests, result, False, kept)
         elif self.engine.drafter is not None and running:
             live = one_token_rows(result, index, self.engine.runner.cache.lengths)
-            self._draft_next(0, list(running), live, False, [kept[i] for i in index])
+            self.draft_next(0, list(running), live, False, [kept[i] for i in index])
 
     def _group(self, start: int, requests: list[Request], inputs: DecodeInputs, last_only: bool) -> None:
         lengths = self.engine.runner.cache.lengths
@@ -257,12 +265,12 @@ class Stepper:
         return StepResult(out.batch, out.target, out.emitted, out.drafted)
 
     def _accept(self, start: int, requests: list[Request], result: StepResult, last_only: bool) -> None:
-        kept = self._append(start, requests, result, last_only, True)
-        self._draft_next(start, requests, result, last_only, kept)
+        kept = self.append_emitted(start, requests, result, last_only, True)
+        self.draft_next(start, requests, result, last_only, kept)
         if last_only and self.engine.prefix is not None:
             self.engine.prefix.remember(start, requests, result.batch, result.target)
 
-    def _append(
+    def append_emitted(
         self, start: int, requests: list[Request], result: StepResult, last_only: bool, truncate: bool
     ) -> list[list[int]]:
         """Append each request's emitted tokens (stop checks, detokenization) and count the verification;
@@ -290,7 +298,7 @@ class Stepper:
             engine.metrics.observe_many(drafted, accepted)
         return kept_all
 
-    def _draft_next(
+    def draft_next(
         self, start: int, requests: list[Request], result: StepResult, last_only: bool, kept: list[list[int]]
     ) -> None:
         engine, drafter = self.engine, self.engine.drafter

@@ -66,6 +66,19 @@ class Proposer(ABC):
         del req_ids, max_tokens
         return None
 
+    def propose_ahead(
+        self,
+        req_ids: Sequence[str],
+        emitted: torch.Tensor,  # [B, W] int64 on the device: a step's emitted tokens, padding after them
+        counts: torch.Tensor,  # [B] int64 on the device: each request's emitted tokens
+        max_tokens: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # drafts [B, K], counts [B]
+        """``propose_on_device`` after each request's ``counts[b]`` tokens of ``emitted`` (a step the host
+        has not landed), which each request's next ``update`` then brings; ``None`` (the default): a
+        proposer that drafts on the host cannot."""
+        del req_ids, emitted, counts, max_tokens
+        return None
+
 
 def draft_limits(num_speculative_tokens: int, num_reqs: int, max_tokens: Sequence[int] | None) -> list[int]:
     """Per-request draft budget ``min(K, max_tokens[i])`` (clamped at 0); ``K`` for all without a cap."""

@@ -17,7 +17,8 @@ Glossary:
 * *budget* — most drafts a request may get this step (its remaining tokens and cache room, or 0 when
   speculation is off for the batch).
 
-Model-free drafters (ngram, ngram_gpu, suffix) keep their host algorithms behind :class:`HostDrafter`.
+Model-free drafters (ngram, ngram_gpu, suffix) keep their host algorithms behind ``HostDrafter``
+(``proposers.host_drafter``).
 A drafter is built from a :class:`DrafterContext` (the config, the device, the loaded target and engine
 sizes) by the builder its row of the method table names (``spec_backend.proposers.registry``).
 """
@@ -31,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from spec_backend.proposers.base import Proposer
 from spec_backend.proposers.dynamic_tree import Grower, grow_dynamic_tree
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.step import HiddenStateRequest, SlotCache, StepBatch, TargetOutput
@@ -143,6 +143,9 @@ class Drafter(ABC):
     defers_follow: bool = False
     #: whether ``shadow`` drafts (a host lookup); the engine plans its steps around the shadows' dates
     can_shadow: bool = False
+    #: whether ``propose_ahead`` drafts after a step the host has not landed (its tokens on the device):
+    #: async speculative steps (``engine/spec_ahead.py``). Only a drafter that ``defers_follow``
+    drafts_ahead: bool = False
 
     def cache_bytes_per_slot(self) -> int:
         """Bytes of cache one slot costs (for the engine's memory budget; default: no cache)."""
@@ -198,6 +201,19 @@ class Drafter(ABC):
         cannot draft for little (only a host lookup can), and the engine calls ``follow``."""
         del inputs
         return None
+
+    def propose_ahead(
+        self,
+        requests: Sequence[DraftRequest],
+        emitted: torch.Tensor,  # [B, W] int64 on the device: a step's emitted tokens, padding after them
+        counts: torch.Tensor,  # [B] int64 on the device: each request's emitted tokens
+        budgets: Sequence[int],
+    ) -> torch.Tensor:  # [B, K] int64, placeholders past each request's drafts
+        """A drafter that ``drafts_ahead``: the drafts after each request's ``counts[b]`` tokens of
+        ``emitted`` (a step not landed; nothing read to the host), which its next ``take_tokens`` or call
+        then brings, the step landed."""
+        del requests, emitted, counts, budgets
+        raise NotImplementedError(f"{type(self).__name__} does not draft ahead (drafts_ahead is False)")
 
     @abstractmethod
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -255,130 +271,6 @@ def pack_drafts(drafts: Sequence[Sequence[int]], k: int, device: torch.device) -
     return torch.tensor(rows, dtype=torch.int64).reshape(len(drafts), width).to(device)
 
 
-class HostDrafter(Drafter):
-    """Adapter for the model-free host proposers (``Proposer``): their algorithms are unchanged.
-
-    It feeds each request's appended tokens to ``Proposer.update``, asks ``Proposer.propose`` for the
-    budgets, and packs the lists. A proposer failure is isolated by retrying request by request.
-    """
-
-    defers_follow = True  # a host proposer's state is its requests' tokens
-
-    def __init__(self, proposer: Proposer, device: torch.device) -> None:
-        self.proposer = proposer
-        self.num_speculative_tokens = proposer.num_speculative_tokens
-        self.device = device
-        # a proposer that drafts on the device is not shadowed: each shadow would cost a copy to the host
-        self.can_shadow = type(proposer).propose_on_device is Proposer.propose_on_device
-
-    def add_request(self, request: DraftRequest) -> None:
-        self.proposer.add_request(request.request_id, list(request.prompt_token_ids))
-
-    def remove_request(self, request_id: str) -> None:
-        self.proposer.remove_request(request_id)
-
-    def _update(self, inputs: DraftInputs) -> tuple[list[str], list[str | None]]:
-        """Feed each request's appended tokens; the ids and per-request failures."""
-        ids = [r.request_id for r in inputs.requests]
-        return ids, self._feed(inputs.requests, inputs.accepted.new_token_ids)
-
-    def take_tokens(
-        self, requests: Sequence[DraftRequest], new_token_ids: Sequence[list[int]]
-    ) -> tuple[str | None, ...]:
-        return tuple(self._feed(requests, new_token_ids))
-
-    def _feed(self, requests: Sequence[DraftRequest], new_token_ids: Sequence[list[int]]) -> list[str | None]:
-        """``Proposer.update`` with each request's new tokens; the per-request failures."""
-        errors: list[str | None] = [None] * len(requests)
-        for b, (request, tokens) in enumerate(zip(requests, new_token_ids, strict=True)):
-            if not tokens:
-                continue
-            try:
-                self.proposer.update(request.request_id, list(tokens))
-            except Exception as exc:
-                errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
-        return errors
-
-    def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
-        """The proposer sees each request's appended tokens; nothing is looked up or packed (a host
-        proposer's state is its requests' tokens, and ``propose`` only reads it)."""
-        return tuple(self._update(inputs)[1])
-
-    def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
-        """Each request's subtree of the static tree that its proposer finds (``Proposer.propose_tree``);
-        none where the budget is 0."""
-        ids, errors = self._update(inputs)
-        shapes: list[tuple[int, ...]] = []
-        drafts: list[list[int]] = []
-        for b, request_id in enumerate(ids):
-            shape: tuple[int, ...] = ()
-            tokens: list[int] = []
-            if errors[b] is None and inputs.budgets[b] > 0:
-                try:
-                    shape, tokens = self.proposer.propose_tree(request_id, parents, ranks)
-                except Exception as exc:
-                    errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
-            shapes.append(shape)
-            drafts.append([int(t) for t in tokens])
-        return DraftOutput(
-            token_ids=pack_drafts(drafts, len(parents), self.device),
-            num_draft_tokens=tuple(len(d) for d in drafts),
-            errors=tuple(errors),
-            tree_parents=tuple(shapes),
-        )
-
-    def shadow(self, inputs: DraftInputs) -> tuple[list[list[int]], tuple[str | None, ...]] | None:
-        """The proposer's lookups, on the host and unpacked; ``None`` for a proposer that drafts on the
-        device (each shadow would cost a copy to the host)."""
-        if not self.can_shadow:
-            return None
-        ids, errors = self._update(inputs)
-        return self._lookup(inputs, ids, errors), tuple(errors)
-
-    def propose(self, inputs: DraftInputs) -> DraftOutput:
-        ids, errors = self._update(inputs)
-        on_device = self._on_device(inputs, ids, errors)
-        if on_device is not None:
-            return on_device
-        drafts = self._lookup(inputs, ids, errors)
-        return DraftOutput(
-            token_ids=pack_drafts(drafts, self.num_speculative_tokens, self.device),
-            num_draft_tokens=tuple(len(d) for d in drafts),
-            errors=tuple(errors),
-        )
-
-    def _lookup(self, inputs: DraftInputs, ids: list[str], errors: list[str | None]) -> list[list[int]]:
-        """Each request's drafts within its budget (a failing request's error is written to ``errors``)."""
-        live = [b for b in range(len(ids)) if errors[b] is None and inputs.budgets[b] > 0]
-        drafts: list[list[int]] = [[] for _ in ids]
-        try:
-            got = self.proposer.propose([ids[b] for b in live], max_tokens=[inputs.budgets[b] for b in live])
-            for b, draft in zip(live, got, strict=True):
-                drafts[b] = list(draft)
-        except Exception:  # isolate the failing request(s)
-            for b in live:
-                try:
-                    drafts[b] = list(self.proposer.propose([ids[b]], max_tokens=[inputs.budgets[b]])[0])
-                except Exception as exc:
-                    errors[b] = f"proposer failed: {type(exc).__name__}: {exc}"
-        return [[int(t) for t in d[: inputs.budgets[b]]] for b, d in enumerate(drafts)]
-
-    def _on_device(self, inputs: DraftInputs, ids: list[str], errors: list[str | None]) -> DraftOutput | None:
-        """A device proposer's drafts without a host copy: each request gets its budget of draft rows,
-        placeholders past its match (the step verifies those rows; its one host read counts the real
-        drafts). ``None`` for a host proposer, or when a request failed to update (isolated on the host)."""
-        if any(e is not None for e in errors):
-            return None
-        found = self.proposer.propose_on_device(ids, list(inputs.budgets))
-        if found is None:
-            return None
-        drafts, counts = found  # [B, K], [B]
-        keep = torch.arange(drafts.shape[1], device=drafts.device)[None, :] < counts[:, None]  # [B, K]
-        drafts = drafts.to(torch.int64)
-        token_ids = torch.where(keep, drafts, torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))  # [B, K]
-        return DraftOutput(token_ids, tuple(int(b) for b in inputs.budgets), errors=tuple(errors))
-
-
 __all__ = [
     "AcceptedTokens",
     "DraftInputs",
@@ -386,7 +278,6 @@ __all__ = [
     "DraftRequest",
     "Drafter",
     "DrafterContext",
-    "HostDrafter",
     "empty_drafts",
     "last_committed_rows",
     "pack_drafts",

@@ -6,6 +6,11 @@ one proposal is a fixed sequence of batched ops over ``[B, L]``. In the engine t
 device (``propose_on_device``: the step verifies each request's budget of draft rows, placeholders past
 its match); ``propose`` (the host interface) makes one device-to-host copy of drafts and counts.
 
+*Ahead* (``propose_ahead``, async speculative steps: ``engine/spec_ahead.py``): a step's emitted tokens,
+still on the device and not read by the host, are written after each history first and the drafts found
+over them; when the host later lands that step, ``update`` with the same tokens only counts them (they are
+written already: ``_ahead`` holds, per slot, the steps written ahead and not landed).
+
 Matching aligns candidate n-grams by their END position ``e``: ``eq_j[b, e] = tokens[b, e-j] ==
 tokens[b, len_b-1-j]``; the n-gram ending at ``e`` matches the length-n suffix iff ``eq_0 & ... &
 eq_{n-1}``, so all n share one running AND. A match is usable when ``n-1 <= e <= len_b-2`` (it has a
@@ -54,6 +59,7 @@ class NgramGpuProposer(Proposer):
         self._free: list[int] = []
         self._length: list[int] = []  # per slot, including queued tokens
         self._pending: dict[int, tuple[int, list[int]]] = {}  # slot -> (first position, queued tokens)
+        self._ahead: dict[int, int] = {}  # slot -> steps whose tokens ``propose_ahead`` wrote, not landed
 
     # ----------------------------------------------------------------------------------------- state
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
@@ -71,6 +77,10 @@ class NgramGpuProposer(Proposer):
         if not new_token_ids:
             return
         slot = self._slot[req_id]
+        if self._ahead.get(slot, 0):  # ``propose_ahead`` wrote these on the device: count them only
+            self._ahead[slot] -= 1
+            self._length[slot] += len(new_token_ids)
+            return
         _, queued = self._pending.setdefault(slot, (self._length[slot], []))
         queued.extend(int(t) for t in new_token_ids)
         self._length[slot] += len(new_token_ids)
@@ -79,6 +89,7 @@ class NgramGpuProposer(Proposer):
         slot = self._slot.pop(req_id, None)
         if slot is not None:
             self._pending.pop(slot, None)
+            self._ahead.pop(slot, None)
             self._length[slot] = 0
             self._free.append(slot)
 
@@ -148,6 +159,36 @@ class NgramGpuProposer(Proposer):
         return ngram_match(
             tokens, lens, lim, self.prompt_lookup_min, self.prompt_lookup_max, self.num_speculative_tokens
         )
+
+    def propose_ahead(
+        self,
+        req_ids: Sequence[str],
+        emitted: torch.Tensor,  # [B, W] int64 on the device: a step's emitted tokens, padding after them
+        counts: torch.Tensor,  # [B] int64 on the device: each request's emitted tokens (1 .. W)
+        max_tokens: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # drafts [B, K], counts [B]
+        """Each request's ``counts[b]`` tokens of ``emitted`` appended on the device (a step not landed on
+        the host), then the matches over the histories with them (module docstring). The next ``update``
+        of each request must bring exactly those tokens (the step, landed)."""
+        limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
+        self._flush()
+        slots = [self._slot[r] for r in req_ids]
+        lengths_host = [self._length[s] for s in slots]  # the landed tokens
+        width = max(lengths_host, default=0) + emitted.shape[1]
+        self._ensure_capacity(width)
+        slot_t = torch.tensor(slots, dtype=torch.long).to(self.device)  # [B]
+        lens = torch.tensor(lengths_host, dtype=torch.long).to(self.device)  # [B]
+        lim = torch.tensor(limits, dtype=torch.long).to(self.device)  # [B]
+        cols = lens[:, None] + torch.arange(emitted.shape[1], device=self.device)  # [B, W]
+        # past each count: padding beyond the history's length, never matched, overwritten by what follows
+        self._tokens[slot_t[:, None].expand_as(cols), cols] = emitted.to(torch.int32)
+        for slot in slots:
+            self._ahead[slot] = self._ahead.get(slot, 0) + 1
+        tokens = self._tokens.index_select(0, slot_t)[:, :width]  # [B, L]
+        return ngram_match(
+            tokens, lens + counts, lim, self.prompt_lookup_min, self.prompt_lookup_max,
+            self.num_speculative_tokens,
+        )  # fmt: skip
 
 
 def ngram_match(

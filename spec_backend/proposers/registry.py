@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from spec_backend.methods import METHODS, Family, MethodSpec
-from spec_backend.proposers.contract import Drafter, DrafterContext, HostDrafter
+from spec_backend.proposers.contract import Drafter, DrafterContext
+from spec_backend.proposers.host_drafter import HostDrafter
 
 if TYPE_CHECKING:
     from spec_backend.config import SpeculativeConfig

@@ -55,6 +55,13 @@ def verify_kind(sampling: SamplingMetadata) -> str | None:
     return "greedy" if sampling.all_greedy else "sampled"
 
 
+def verify_kind_of(flags: SamplingFlags) -> str | None:
+    """``verify_kind`` from a batch's host flags (``SamplingState.flags``), nothing built on the device."""
+    if flags.apply_top_k or flags.apply_top_p:
+        return None
+    return "greedy" if flags.all_greedy else "sampled"
+
+
 @dataclass(frozen=True)
 class _Layout:
     """``B`` requests with ``q - 1`` drafts each: the verification metadata (``SpecDecodeMetadata``'s

@@ -60,8 +60,8 @@ def _count_ahead(llm: LLM) -> dict[str, int]:
     stepper: Any = llm.engine.stepper
     launch = stepper.launch
 
-    def counted(requests: Any, ahead: Any) -> Any:
-        launched = launch(requests, ahead)  # counted once it returned (a fallback would hide a raise)
+    def counted(requests: Any, ahead: Any, *rest: Any) -> Any:
+        launched = launch(requests, ahead, *rest)  # counted once it returned (a fallback would hide a raise)
         counts["ahead" if ahead is not None else "started"] += 1
         return launched
 
@@ -213,12 +213,12 @@ def test_a_step_launched_ahead_copies_nothing_from_the_host_after_its_forward(
         counter.armed = True
         return out
 
-    def counted_launch(requests: Any, ahead: Any) -> Any:
+    def counted_launch(requests: Any, ahead: Any, *rest: Any) -> Any:
         launches.append(ahead)
         counter.armed = False  # a prefill's forward armed it
         with counter:
             try:
-                return launch(requests, ahead)
+                return launch(requests, ahead, *rest)
             finally:
                 counter.armed = False
 

@@ -83,7 +83,8 @@ def test_build_drafter_wraps_a_host_proposer() -> None:
     import torch
 
     from spec_backend.config import SpeculativeConfig
-    from spec_backend.proposers.contract import DrafterContext, HostDrafter
+    from spec_backend.proposers.contract import DrafterContext
+    from spec_backend.proposers.host_drafter import HostDrafter
     from spec_backend.proposers.suffix import SuffixProposer
 
     config = SpeculativeConfig(method="suffix", num_speculative_tokens=3)

@@ -1,0 +1,161 @@
+"""Async speculative steps: a verify step launched before the host lands the step before it, its drafts
+found on the device from that step's tokens (``Drafter.propose_ahead``: ``ngram_gpu``).
+
+A synchronous speculative step reads its emitted tokens, appends them on the host, drafts the next step's
+tokens and only then launches the next forward: on a GPU the device idles through all of that host work.
+``lookahead.py`` launches *plain* steps ahead; this module does the same for speculative steps whose
+drafter drafts from tokens still on the device. Launching step n+1 while step n is unread:
+
+1. step n's packed output (``StepResult.packed``) gives each request's emitted tokens and their count;
+   its last emitted token is step n+1's first query token (a gather on the device);
+2. the drafter appends those tokens to its device state and drafts over them (``propose_ahead``): each
+   request's draft rows, placeholders past its match, as the synchronous draft-next finds them;
+3. the positions come from the host's landed counts plus step n's counts on the device: a request with
+   ``t`` tokens landed before step n and ``c`` emitted by it feeds its K+1 rows at positions
+   ``t + c - 1 ..`` (its cache holds every token but the newest) and its RNG counter is ``t + c``, as the
+   synchronous step n+1's (``Stepper._sampling``);
+4. the verify step replays its graph over these device tensors (``static_step_batch``: the seq lens a
+   device tensor, nothing read) and its sampler's graph, whose packed output is step n+1's.
+
+The host's cache lengths hold an upper bound while steps are in flight (each launch reserves K+1 rows; a
+landed step sets its requests' lengths to their tokens plus the step in flight's K+1 rows). A drained
+step (no successor) truncates them to the synchronous state and runs the draft-next, whose drafts the next
+synchronous step verifies.
+
+Steps go ahead only where the next step's drafts equal the synchronous engine's, so the tokens do too
+(greedy and seeded sampled): the drafter drafts from its requests' tokens alone (``defers_follow``), every
+request's draft budget is K whatever step n emits (``budgets_fixed``), no adaptive drafting, confidence
+scheduling or token tree chooses per step, and the backend's captured attention reads the lengths from
+the device (``Backend.captures_draft_chains``). Everything else ``lookahead.py`` requires of a step
+launched ahead (no logprobs, no logits processors, a captured sampler kind, admissions) holds too.
+
+Glossary: *landed* — a step's tokens appended to its requests on the host; *flight* — the launched step
+not landed yet (``lookahead.py``); *ahead* — drafted or launched from a flight's device output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from spec_backend.engine.step_result import Launched, StepResult, moved_rows
+from spec_backend.runtime.captured import static_step_batch
+from spec_backend.runtime.captured_verify import verify_kind
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
+
+if TYPE_CHECKING:
+    from spec_backend.engine.request import Request
+    from spec_backend.engine.sampling_state import SamplingState
+    from spec_backend.proposers.contract import Drafter
+    from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.runner import ModelRunner
+    from spec_backend.runtime.slots import SlotTable
+
+
+class AheadEngine(Protocol):
+    """What a step launched ahead reads of the engine (``EngineCore``)."""
+
+    runner: ModelRunner
+    slots: SlotTable
+    drafter: Drafter | None
+    sampling_state: SamplingState
+    captured: CapturedDecode | None
+    running: list[Request]
+
+
+class AheadStepper(Protocol):
+    """What landing a speculative flight calls of the stepper (``Stepper``)."""
+
+    @property
+    def engine(self) -> AheadEngine: ...
+
+    def append_emitted(
+        self, start: int, requests: list[Request], result: StepResult, last_only: bool, truncate: bool
+    ) -> list[list[int]]: ...
+
+    def draft_next(
+        self, start: int, requests: list[Request], result: StepResult, last_only: bool, kept: list[list[int]]
+    ) -> None: ...
+
+
+def budgets_fixed(requests: list[Request], k: int, max_model_len: int) -> bool:
+    """Whether every request's draft budget for the step after the next is K whatever the next step
+    emits (1 .. K+1 tokens): ``EngineCore._budget`` caps it by ``max_tokens`` and ``max_model_len``, and
+    the step after it must fit the cache too."""
+    q = k + 1
+    return all(r.remaining >= 2 * q and max_model_len - r.num_tokens >= 2 * q for r in requests)
+
+
+def emitted_of(flight: Launched, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flight``'s emitted tokens ``[B, W]`` (placeholders after them) and counts ``[B]`` for
+    ``requests`` (each one of the flight's), on the device."""
+    packed = flight.result.packed
+    assert packed is not None
+    index = moved_rows(flight.requests, requests)
+    if index is not None:  # requests left since the launch: the rows of those still running
+        packed = packed[torch.tensor(index, dtype=torch.int64).to(packed.device)]
+    emitted = packed[:, :-1]  # [B, W]: the last column is the verified draft count
+    return emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [B]
+
+
+def launch_ahead(engine: AheadEngine, requests: list[Request], flight: Launched) -> Launched:
+    """Step n+1 of ``requests`` launched from ``flight`` (step n, unread): module docstring, 1-4."""
+    captured, drafter, cache = engine.captured, engine.drafter, engine.runner.cache
+    assert captured is not None and captured.verify is not None and drafter is not None
+    q, device = captured.q, cache.layout.device
+    emitted, counts = emitted_of(flight, requests)  # [B, W], [B]
+    # before anything is launched: a copy from the host waits for the device's queue (pageable memory)
+    landed = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
+    first = landed + counts  # [B] each request's tokens after step n: its first draft's RNG counter
+    sampling = engine.sampling_state.metadata(0, first)
+    kind = verify_kind(sampling)
+    if kind is None or kind not in captured.verify.runners:
+        raise ValueError(f"a step launched ahead needs a captured sampler kind, got {kind!r}")
+    unseen = [r.unseen_tokens() for r in requests]  # none while steps go ahead: handed over on landing
+    if any(unseen):
+        _failed(requests, drafter.take_tokens(requests, unseen))
+    drafts = drafter.propose_ahead(requests, emitted, counts, [q - 1] * len(requests))  # [B, K]
+    last = emitted.gather(1, (counts - 1).clamp(min=0)[:, None])  # [B, 1]
+    tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
+    batch = static_step_batch(tokens.clamp_min(0).reshape(-1), first - 1 + q, q, cache.capacity)
+    target = captured.forward(batch)
+    packed = captured.verify.launch(kind, target.logits, tokens, sampling)  # [B, K+2]
+    return Launched(list(requests), StepResult(batch, target, [], [], packed, unread=True), True)
+
+
+def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> None:
+    """A speculative flight's tokens appended (stop checks, metrics). ``successor``: the next step is in
+    flight (launched from this one): each running request's cache length becomes its tokens plus that
+    step's K+1 rows, and the drafter is handed the tokens (it drafted from them on the device already).
+    Otherwise the synchronous state: lengths truncated to every token but the newest, then the
+    draft-next, whose drafts the next synchronous step verifies."""
+    engine = stepper.engine
+    result, running = launched.result.read(), list(engine.running)
+    kept = stepper.append_emitted(0, launched.requests, result, False, False)
+    q = engine.captured.q if engine.captured is not None else 1
+    for slot, request in enumerate(running):
+        if not request.finished:
+            engine.slots.truncate(slot, request.num_tokens - 1 + (q if successor else 0))
+    if successor:
+        live = [r for r in running if not r.finished]
+        if engine.drafter is not None and live:
+            _failed(live, engine.drafter.take_tokens(live, [r.unseen_tokens() for r in live]))
+        return
+    index = moved_rows(launched.requests, running)
+    if index is not None:  # the drafter reads its requests' tokens alone (``defers_follow``): their lists
+        result = replace(result, emitted=[result.emitted[i] for i in index],
+                         drafted=[result.drafted[i] for i in index])  # fmt: skip
+        kept = [kept[i] for i in index]
+    if running:
+        stepper.draft_next(0, running, result, False, kept)
+
+
+def _failed(requests: list[Request], errors: tuple[str | None, ...]) -> None:
+    for request, error in zip(requests, errors, strict=False):
+        if error is not None and not request.finished:
+            request.fail(error)
+
+
+__all__ = ["AheadEngine", "AheadStepper", "budgets_fixed", "emitted_of", "land_ahead", "launch_ahead"]
