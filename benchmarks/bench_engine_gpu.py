@@ -8,6 +8,9 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
 * ``plain`` — no speculation;
 * ``ngram K`` — n-gram prompt lookup, real acceptance, ``K`` drafts every step (``adaptive_draft_length``
   off);
+* ``ngram_gpu K`` — the same lookup on the device (``ngram_gpu``), ``K`` drafts every step: with
+  graphs and async scheduling (``on``; ``on-sync`` is the A/B) its verify steps launch before the host
+  lands the step before them (``engine/spec_ahead.py``);
 * ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
   mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance;
 * ``ngram K adaptive`` — the n-gram drafter with ``adaptive_draft_length`` (the engine's default: the
@@ -22,11 +25,12 @@ Tokens/s = generated tokens / wall time of ``generate`` (after the same call onc
 each mode vs ``plain`` at the same model, batch and graph setting, and graphs vs eager. ``ms/step``: wall
 time of the engine's decode steps in the timed wave over their count (prefills excluded); ``syncs/step``:
 the most tensor-to-host reads one decode step made (each waits for the GPU), counted in a separate untimed
-pass (``spec_backend.testing.host_reads``). A row says "graphs on" only when the engine captured graphs
-(``llm.engine.captured``); a run that asked for graphs and captured none is reported as such, never timed
-as a graph run. ``Leviathan`` is the speed-up Leviathan et al.'s model predicts at the measured acceptance
-length L for a free drafter (c = 0) whose K+1-token verify costs one plain step: L itself; ``efficiency``
-= measured vs plain / L.
+pass (``spec_backend.testing.host_reads``); ``ahead``: the share of the timed wave's decode steps
+launched while the step before them was in flight (async scheduling, plain or speculative). A row says
+"graphs on" only when the engine captured graphs (``llm.engine.captured``); a run that asked for graphs
+and captured none is reported as such, never timed as a graph run. ``Leviathan`` is the speed-up
+Leviathan et al.'s model predicts at the measured acceptance length L for a free drafter (c = 0) whose
+K+1-token verify costs one plain step: L itself; ``efficiency`` = measured vs plain / L.
 
 ``--attention auto,triton,triton+fused`` runs every row once per attention path of the CUDA backend
 (``CudaBackend(attention=...)``; ``+fused`` adds ``fused_kernels=True``: RMSNorms and gated MLPs with
@@ -41,7 +45,7 @@ left-padded) plain at every batch, and with prompt lookup (``prompt_lookup_num_t
 
     python benchmarks/bench_engine_gpu.py                    # on the GPU machine (no network needed)
     python benchmarks/bench_engine_gpu.py --models random-1b --batches 1,8
-    python benchmarks/bench_engine_gpu.py --dry-run          # CPU: tiny random model, reference backend
+    python benchmarks/bench_engine_gpu.py --dry-run          # CPU: tiny random model, simulated graphs
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ from spec_backend.testing.host_reads import decode_step_seconds, reads_per_decod
 
 GRAPH_SUFFIX = {"off": "", "on": "", "on-eager-sampler": " (sampler eager)", "on-sync": " (sync)"}
 GRAPH_SUFFIX |= {"on-async": " (async)"}
-MODES = ("plain", "ngram", "adaptive", "synthetic", "draft", "eagle3")
+MODES = ("plain", "ngram", "ngram_gpu", "adaptive", "synthetic", "draft", "eagle3")
 
 
 def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
@@ -152,7 +156,7 @@ def speculative_config(
             "synthetic_acceptance_length": synthetic_length,
         }
     spec: dict[str, Any] = {
-        "method": "ngram",
+        "method": mode if mode == "ngram_gpu" else "ngram",  # ngram_gpu's steps may launch ahead
         "num_speculative_tokens": k,
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
@@ -178,9 +182,11 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
         torch.cuda.synchronize()
     before = llm.metrics.total.num_drafts, llm.metrics.total.num_accepted_tokens
     start = time.perf_counter()
+    ahead = steps_ahead(llm)
     with decode_step_seconds(llm) as steps:
         outs = llm.generate(prompts[:batch], params)
     seconds = time.perf_counter() - start
+    row.ahead = steps_ahead(llm) - ahead
     drafts = llm.metrics.total.num_drafts - before[0]
     accepted = llm.metrics.total.num_accepted_tokens - before[1]
     row.tokens, row.seconds = sum(len(o.outputs[0].token_ids) for o in outs), seconds
@@ -188,6 +194,12 @@ def measure(llm: LLM, prompts: list[list[int]], row: Row, max_tokens: int) -> No
     row.steps, row.step_seconds = len(steps), sum(steps)
     counted = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     row.syncs = max(reads_per_decode_step(llm, prompts[:batch], counted), default=0)
+
+
+def steps_ahead(llm: LLM) -> int:
+    """The decode steps ``llm`` has launched ahead of the step before them (``engine/lookahead.py``)."""
+    lookahead = llm.engine.lookahead
+    return 0 if lookahead is None else lookahead.launches_ahead
 
 
 def eager_sampler(backend: Any) -> Any:
@@ -207,7 +219,7 @@ def run_model(
     rows: list[Row] = []
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
     labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
-    labels |= {"eagle3": "eagle3 synthetic K={k}"}
+    labels |= {"eagle3": "eagle3 synthetic K={k}", "ngram_gpu": "ngram_gpu K={k}"}
     modes = [(m, labels[m].format(k=args.k)) for m in args.modes if m != "eagle3" or m in drafts]
     for mode, mode_label in modes:
         for setting in args.graphs:
@@ -283,7 +295,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated CUDA attention paths (auto, flash, sdpa, triton), each optionally with "
         "+fused (fused_kernels=True): every row once per path",
     )
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, simulated graphs")
     args = parser.parse_args(argv)
     from spec_backend_cuda.backend import ATTENTION_CHOICES  # the backend's own list (no CUDA needed)
 
@@ -309,16 +321,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.dry_run:
-        args.models, args.batches, args.max_tokens, args.dtype = ["random-1b"], [1, 2], 8, "float32"
+        args.models, args.batches, args.max_tokens, args.dtype = ["random-1b"], [1, 2], 24, "float32"
     return args
 
 
 def attention_backends(args: argparse.Namespace) -> dict[str, Any]:
-    """A backend per ``--attention`` path (the reference backend for a dry run)."""
+    """A backend per ``--attention`` path (for a dry run the reference backend over simulated graphs:
+    the captured and async paths a GPU takes, at no speed)."""
     if args.dry_run:
-        from spec_backend.backends.reference import ReferenceBackend
+        from spec_backend.testing.simulated_graphs import SimulatedGraphsBackend
 
-        return {"auto": ReferenceBackend()}
+        return {"auto": SimulatedGraphsBackend()}
     from spec_backend_cuda import CudaBackend
 
     return {

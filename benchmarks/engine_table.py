@@ -23,6 +23,7 @@ class Row:
     steps: int = 0
     step_seconds: float = 0.0
     syncs: int | None = None
+    ahead: int = 0  # decode steps launched ahead of the step before them (plain or speculative)
 
     @property
     def tokens_per_s(self) -> float:
@@ -44,6 +45,7 @@ HEADER = (
     "ms/step",
     "other ms",
     "syncs/step",
+    "ahead",
 )
 
 
@@ -51,7 +53,7 @@ def table_row(r: Row, plain: float | None, no_graph: float | None) -> tuple[str,
     """One row of the table (``plain``: the tok/s it is compared with; ``no_graph``: its eager twin)."""
     graphs = "on" if r.graphs else "off"
     if not r.tokens:
-        return (r.model, str(r.batch), r.mode, graphs, "-", "-", "-", "-", r.note, "", "", "", "", "")
+        return (r.model, str(r.batch), r.mode, graphs, "-", "-", "-", "-", r.note, "", "", "", "", "", "")
     acc = r.acceptance_length
     return (
         r.model,
@@ -68,6 +70,7 @@ def table_row(r: Row, plain: float | None, no_graph: float | None) -> tuple[str,
         f"{1e3 * r.step_seconds / r.steps:.2f}" if r.steps else "-",
         f"{1e3 * (r.seconds - r.step_seconds):.1f}" if r.steps else "-",
         "-" if r.syncs is None else str(r.syncs),
+        f"{r.ahead / r.steps:.0%}" if r.steps else "-",
     )
 
 

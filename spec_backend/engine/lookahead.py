@@ -78,6 +78,7 @@ class Lookahead:
         #: go ahead (``spec_ahead.py``; set where the verify step is captured: ``capture_steps``)
         self.device_lengths = False
         self.speculative_launches = 0  # verify steps launched from a flight's device output
+        self.launches_ahead = 0  # steps launched while another was in flight (plain or speculative)
 
     def speculates(self) -> bool:
         """Whether the engine's next decode steps verify drafts found from a flight's tokens on the device
@@ -169,6 +170,7 @@ class Lookahead:
         saved = list(lengths)
         try:
             launched = self.engine.stepper.launch(requests, ahead, speculative)
+            self.launches_ahead += int(ahead is not None)
             self.speculative_launches += int(speculative and ahead is not None)
             return launched if ahead is not None else launched.read()
         except Exception:

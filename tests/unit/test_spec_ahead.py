@@ -25,6 +25,7 @@ from spec_backend.proposers.ngram import NgramProposer
 from spec_backend.proposers.ngram_gpu import NgramGpuProposer
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.testing import host_reads
+from spec_backend.testing.simulated_graphs import SimulatedGraphsBackend
 from spec_backend.tools.tiny import make_tiny_model
 
 K = 3
@@ -39,10 +40,9 @@ MIXED = [
 ]
 
 
-class DeviceLengths(CapturingReference):
+def device_lengths() -> SimulatedGraphsBackend:
     """The strict simulated graphs, their captured attention reading lengths from the device (as CUDA's)."""
-
-    captures_draft_chains = True
+    return SimulatedGraphsBackend(max_capture_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _llm(target: str, ahead: bool, backend: Any = None, **kwargs: Any) -> LLM:
     kwargs.setdefault("max_num_seqs", 4)
     kwargs.setdefault("speculative_config", FIXED)
-    backend = backend if backend is not None else DeviceLengths()
+    backend = backend if backend is not None else device_lengths()
     return LLM(target, dtype="float64", backend=backend, async_scheduling=ahead, **kwargs)
 
 
@@ -132,10 +132,10 @@ def test_a_decode_step_reads_the_device_once(target: str) -> None:
 @pytest.mark.parametrize(
     ("backend", "spec"),
     [
-        (DeviceLengths, NGRAM_GPU),  # adaptive drafting chooses per step: synchronous
+        (device_lengths, NGRAM_GPU),  # adaptive drafting chooses per step: synchronous
         (CapturingReference, FIXED),  # captured attention re-issued host lengths (Ascend's)
-        (DeviceLengths, {**FIXED, "method": "ngram"}),  # drafts on the host
-        (DeviceLengths, FIXED | {"enforce_eager": True}),  # no captured verify step
+        (device_lengths, {**FIXED, "method": "ngram"}),  # drafts on the host
+        (device_lengths, FIXED | {"enforce_eager": True}),  # no captured verify step
     ],
     ids=["adaptive", "host-lengths", "host-ngram", "eager"],
 )

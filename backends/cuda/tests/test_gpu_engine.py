@@ -116,3 +116,27 @@ def test_async_scheduling_gives_the_synchronous_tokens_with_graphs(model_dir: st
         outs[setting] = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in done]
     assert outs[None] == outs[False]
     assert all(reason != "error" for _, reason in outs[None])
+
+
+def test_speculative_steps_launched_ahead_give_the_synchronous_tokens(model_dir: str) -> None:
+    """``ngram_gpu`` with K drafts every step: its verify steps launch before the host lands the step
+    before them (``engine/spec_ahead.py``, over CUDA graphs and the device's lengths) and give the
+    synchronous engine's greedy and seeded sampled tokens."""
+    from spec_backend.engine import LLM, SamplingParams
+
+    spec = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec["adaptive_draft_length"] = False
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True),
+    ]
+    outs, ahead = {}, 0
+    for setting in (None, False):
+        llm = LLM(model_dir, backend=CudaBackend(), dtype="float32", max_num_seqs=4,
+                  async_scheduling=setting, speculative_config=spec)  # fmt: skip
+        done = llm.generate(PROMPTS, params * 2)
+        outs[setting] = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in done]
+        if llm.engine.lookahead is not None:
+            ahead = llm.engine.lookahead.speculative_launches
+    assert outs[None] == outs[False] and ahead > 0
+    assert all(reason == "length" for _, reason in outs[None])
