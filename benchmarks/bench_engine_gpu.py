@@ -13,6 +13,7 @@ Batches 1, 8 and 64 (one wave of that many requests, ``max_num_seqs`` = batch). 
   lands the step before them (``engine/spec_ahead.py``);
 * ``synthetic K`` — the n-gram drafter with ``rejection_sample_method="synthetic"`` accepting at a fixed
   mean acceptance length (``--synthetic-length``): the cost of speculation at a known acceptance;
+  ``synthetic ngram_gpu K`` the same with ``ngram_gpu`` (its steps may launch ahead);
 * ``ngram K adaptive`` — the n-gram drafter with ``adaptive_draft_length`` (the engine's default: the
   draft length chosen per step from measured step times and acceptance, 0 included);
 * ``draft_model synthetic K`` — a model-based drafter (a 2-layer random model of the target's shape and
@@ -74,7 +75,7 @@ from spec_backend.testing.host_reads import decode_step_seconds, reads_per_decod
 
 GRAPH_SUFFIX = {"off": "", "on": "", "on-eager-sampler": " (sampler eager)", "on-sync": " (sync)"}
 GRAPH_SUFFIX |= {"on-async": " (async)"}
-MODES = ("plain", "ngram", "ngram_gpu", "adaptive", "synthetic", "draft", "eagle3")
+MODES = ("plain", "ngram", "ngram_gpu", "adaptive", "synthetic", "synthetic_gpu", "draft", "eagle3")
 
 
 def prompt_ids(llm: LLM, count: int, seed: int) -> list[list[int]]:
@@ -156,13 +157,13 @@ def speculative_config(
             "synthetic_acceptance_length": synthetic_length,
         }
     spec: dict[str, Any] = {
-        "method": mode if mode == "ngram_gpu" else "ngram",  # ngram_gpu's steps may launch ahead
+        "method": "ngram_gpu" if mode.endswith("gpu") else "ngram",  # ngram_gpu's steps may launch ahead
         "num_speculative_tokens": k,
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     }
     spec["adaptive_draft_length"] = mode == "adaptive"  # stated: "ngram" drafts K every step
-    if mode == "synthetic":
+    if mode.startswith("synthetic"):
         spec["prompt_lookup_min"] = 1  # draft as often as possible: acceptance is set, not measured
         spec["rejection_sample_method"] = "synthetic"
         spec["synthetic_acceptance_length"] = synthetic_length
@@ -220,6 +221,7 @@ def run_model(
     labels = {"plain": "plain", "ngram": "ngram K={k}", "synthetic": "synthetic K={k}"}
     labels |= {"draft": "draft_model synthetic K={k}", "adaptive": "ngram K={k} adaptive"}
     labels |= {"eagle3": "eagle3 synthetic K={k}", "ngram_gpu": "ngram_gpu K={k}"}
+    labels |= {"synthetic_gpu": "synthetic ngram_gpu K={k}"}
     modes = [(m, labels[m].format(k=args.k)) for m in args.modes if m != "eagle3" or m in drafts]
     for mode, mode_label in modes:
         for setting in args.graphs:
