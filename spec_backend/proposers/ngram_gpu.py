@@ -13,9 +13,10 @@ written already: ``_ahead`` holds, per slot, the steps written ahead and not lan
 
 Matching aligns candidate n-grams by their END position ``e``: ``eq_j[b, e] = tokens[b, e-j] ==
 tokens[b, len_b-1-j]``; the n-gram ending at ``e`` matches the length-n suffix iff ``eq_0 & ... &
-eq_{n-1}``, so all n share one running AND. A match is usable when ``n-1 <= e <= len_b-2`` (it has a
-next token); the latest usable ``e`` of the largest matching ``n`` in ``[prompt_lookup_min,
-prompt_lookup_max]`` wins and the draft is ``tokens[b, e+1 : e+1+k]`` clipped at ``len_b``.
+eq_{n-1}``, so all n share one running AND (a cumulative product over ``j``: one batch of ops for every
+n). A match is usable when ``n-1 <= e <= len_b-2`` (it has a next token); the latest usable ``e`` of the
+largest matching ``n`` in ``[prompt_lookup_min, prompt_lookup_max]`` wins and the draft is
+``tokens[b, e+1 : e+1+k]`` clipped at ``len_b``.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def ngram_match(
     n_max: int,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched prompt lookup.
+    """Batched prompt lookup, every n-gram length at once (a fixed count of ops whatever ``n_max``: on a
+    GPU each op is a launch the host pays for).
 
     Args:
         tokens: [B, L] int, row b valid in ``[0, lengths[b])`` (padding is ignored).
@@ -210,19 +212,19 @@ def ngram_match(
     batch, width = tokens.shape
     device = tokens.device
     pos = torch.arange(width, device=device)  # [L]
-    running = torch.ones((batch, width), dtype=torch.bool, device=device)  # [B, L]: match of length n
-    best_end = torch.full((batch,), -1, dtype=torch.long, device=device)  # [B]
-    has_next = pos <= (lengths - 2).unsqueeze(1)  # [B, L]: e <= len - 2
-    for n in range(1, min(n_max, width) + 1):  # an n-gram longer than the widest row cannot match
-        j = n - 1
-        last_idx = (lengths - 1 - j).clamp(min=0).unsqueeze(1)  # [B, 1]
-        last_tok = tokens.gather(1, last_idx)  # [B, 1]: tokens[b, len_b-1-j]
-        running[:, j:] &= tokens[:, : width - j] == last_tok  # [B, L-j]: tokens[b, e-j] == suffix token j
-        running[:, :j] = False  # an n-gram cannot end before position n - 1
-        if n < n_min:
-            continue
-        latest = torch.where(running & has_next, pos, -1).amax(dim=1)  # [B]
-        best_end = torch.where(latest >= 0, latest, best_end)  # longer n overrides shorter
+    j = torch.arange(min(n_max, width), device=device)  # [J]: an n-gram longer than the row cannot match
+    suffix = tokens.gather(1, (lengths[:, None] - 1 - j).clamp(min=0))  # [B, J]: tokens[b, len_b-1-j]
+    back = pos - j[:, None]  # [J, L]: e - j
+    eq = (tokens[:, back.clamp(min=0)] == suffix[:, :, None]) & (back >= 0)  # [B, J, L]
+    # [B, J, L]: the n-gram of length j+1 ending at e matches the suffix (every shorter one does too)
+    running = eq.to(torch.uint8).cumprod(dim=1).bool()
+    usable = running & (pos <= (lengths - 2)[:, None])[:, None, :]  # [B, J, L]: it has a next token
+    latest = torch.where(usable, pos, -1).amax(dim=2)  # [B, J]: latest usable end per length
+    length_ok = (j + 1 >= n_min) & (latest >= 0)  # [B, J]
+    longest = torch.where(length_ok, j, -1)  # [B, J]: the largest matching n wins
+    best_end = torch.where(
+        longest.amax(dim=1) >= 0, latest.gather(1, longest.argmax(dim=1, keepdim=True)).squeeze(1), -1
+    )  # [B]
     found = best_end >= 0  # [B]
     start = best_end + 1  # [B]
     counts = torch.where(found, torch.minimum(limits, lengths - start), 0).clamp(min=0)  # [B]

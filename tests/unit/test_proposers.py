@@ -12,6 +12,7 @@ from spec_backend.config import SpeculativeConfig
 from spec_backend.proposers import NgramGpuProposer, NgramProposer, Proposer, SuffixProposer
 from spec_backend.proposers import ngram as ngram_module
 from spec_backend.proposers.ngram import last_occurrence
+from spec_backend.proposers.ngram_gpu import ngram_match
 from spec_backend.proposers.registry import build_proposer
 
 
@@ -137,6 +138,32 @@ def test_ngram_matches_reference_and_gpu(
         host.update("r", tokens[pos : pos + step])
         gpu.update("r", tokens[pos : pos + step])
         pos, i = min(len(tokens), pos + step), i + 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=5),
+    pad=st.integers(0, 6),
+    k=st.integers(1, 5),
+    n_min=st.integers(1, 4),
+    extra=st.integers(0, 3),
+    caps=st.lists(st.integers(0, 5), min_size=5, max_size=5),
+)
+def test_batched_matches_equal_the_brute_force_row_by_row(
+    rows: list[list[int]], pad: int, k: int, n_min: int, extra: int, caps: list[int]
+) -> None:
+    """``ngram_match`` over a padded batch of histories of different lengths (padding past each, of tokens
+    that would match) gives each row the brute force's drafts, capped at its limit."""
+    width = max(1, max(len(r) for r in rows) + pad)
+    tokens = torch.ones((len(rows), width), dtype=torch.int32)  # padding: token 1, a frequent token
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    lengths = torch.tensor([len(r) for r in rows])
+    limits = torch.tensor([min(k, c) for c in caps[: len(rows)]])
+    drafts, counts = ngram_match(tokens, lengths, limits, n_min, n_min + extra, k)
+    for b, row in enumerate(rows):
+        want = reference(row, k, n_min, n_min + extra)[: int(limits[b])]
+        assert drafts[b, : int(counts[b])].tolist() == want
 
 
 def test_dynamic_tier_is_merged_into_the_static_tier(monkeypatch: pytest.MonkeyPatch) -> None:
