@@ -89,10 +89,15 @@ class StaticInputs:
             self.buffers[name] = tensor[:largest] if name in shared else tensor[:largest].clone()
         if not self.buffers:
             raise ValueError("capture needs at least one example input tensor")
+        self._views: dict[int, dict[str, torch.Tensor]] = {}
 
     def views(self, size: int) -> dict[str, torch.Tensor]:
-        """The inputs of the graph of ``size``: ``buffer[:size]`` for every input."""
-        return {name: buffer[:size] for name, buffer in self.buffers.items()}
+        """The inputs of the graph of ``size``: ``buffer[:size]`` for every input (made once per size: a
+        replay's host work is what a captured step is there to cut)."""
+        views = self._views.get(size)
+        if views is None:
+            views = self._views[size] = {name: buffer[:size] for name, buffer in self.buffers.items()}
+        return views
 
     def check(self, inputs: Mapping[str, torch.Tensor]) -> int:
         """Validate ``inputs`` against the buffers and return their common leading dimension."""
@@ -116,8 +121,9 @@ class StaticInputs:
             src = inputs[name]
             n = src.shape[0]
             if src.data_ptr() != view.data_ptr():  # the caller may already write into the buffer
-                view[:n].copy_(src)
-            view[n:].zero_()
+                (view if n == size else view[:n]).copy_(src)
+            if n < size:
+                view[n:].zero_()
         return views
 
 
