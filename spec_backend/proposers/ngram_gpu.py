@@ -209,7 +209,7 @@ def ngram_match(
     Returns:
         drafts [B, k] (same dtype as tokens; entries past ``counts[b]`` are padding) and counts [B] long.
     """
-    batch, width = tokens.shape
+    width = tokens.shape[1]
     device = tokens.device
     pos = torch.arange(width, device=device)  # [L]
     j = torch.arange(min(n_max, width), device=device)  # [J]: an n-gram longer than the row cannot match
