@@ -7,11 +7,32 @@ for it (replays re-run their callables)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from spec_backend.backends.base import CapturePolicy, GraphFn, GraphRunner
-from spec_backend.backends.graph_common import PaddedGraphRunner, SimulatedGraphDriver
+from spec_backend.backends.base import CapturePolicy, GraphFn, GraphOutput, GraphRunner
+from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner, SimulatedGraphDriver
 from spec_backend.backends.reference import ReferenceBackend
+
+
+class _MarkedDriver(SimulatedGraphDriver):
+    """The strict simulated driver, counting in ``owner.in_graph`` while a captured callable runs."""
+
+    def __init__(self, owner: SimulatedGraphsBackend) -> None:
+        super().__init__(strict=True)
+        self.owner = owner
+
+    def capture(self, call: Callable[[], GraphOutput], pool: Any) -> tuple[CapturedGraph, GraphOutput]:
+        owner = self.owner
+
+        def marked() -> GraphOutput:
+            owner.in_graph += 1
+            try:
+                return call()
+            finally:
+                owner.in_graph -= 1
+
+        return super().capture(marked, pool)
 
 
 class SimulatedGraphsBackend(ReferenceBackend):
@@ -23,12 +44,15 @@ class SimulatedGraphsBackend(ReferenceBackend):
 
     def __init__(self, max_capture_size: int = 64) -> None:
         self.max_capture_size = max_capture_size
+        #: > 0 while a captured callable runs (a capture or a replay): what a device would run as one
+        #: graph, not op by op from the host (``benchmarks/count_step_ops.py --graphs`` leaves it out)
+        self.in_graph = 0
 
     def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
         return CapturePolicy(max_capture_size=self.max_capture_size, graph_budget=None, enabled=True)
 
     def graph_runner(self, fn: GraphFn, capture_sizes: Sequence[int]) -> GraphRunner:
-        return PaddedGraphRunner(fn, capture_sizes, SimulatedGraphDriver(strict=True), progress=False)
+        return PaddedGraphRunner(fn, capture_sizes, _MarkedDriver(self), progress=False)
 
 
 __all__ = ["SimulatedGraphsBackend"]
