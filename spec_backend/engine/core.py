@@ -107,6 +107,11 @@ class EngineCore:
     def max_model_len(self) -> int:
         return self.runner.cache.max_len
 
+    @property
+    def next_draft_length(self) -> int:
+        """The draft length greedy requests got at the last draft-next (adaptive drafting's choice)."""
+        return self._next_k
+
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 

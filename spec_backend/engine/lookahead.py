@@ -61,11 +61,20 @@ class LookaheadEngine(StepEngine, Protocol):
     stepper: Stepper
     waiting: deque[Request]
     k: int
+
+    @property
+    def next_draft_length(self) -> int: ...
+
     adaptive: AdaptiveDraftLength | None
     confidence: ConfidenceVerification | None
 
 
 logger = logging.getLogger(__name__)
+
+#: speculative steps launched ahead, with adaptive drafting on, before one synchronous step is timed and
+#: the draft length chosen again (``AdaptiveDraftLength.choose``: its costs and choices come from steps
+#: it times; the acceptances it reads are counted on every landed step)
+AHEAD_PER_DECISION = 8
 
 
 class Lookahead:
@@ -78,18 +87,22 @@ class Lookahead:
         #: go ahead (``spec_ahead.py``; set where the verify step is captured: ``capture_steps``)
         self.device_lengths = False
         self.speculative_launches = 0  # verify steps launched from a flight's device output
+        #: speculative launches since adaptive drafting last chose (``AHEAD_PER_DECISION``), and whether
+        #: the next decode step is synchronous so that it times one and chooses again
+        self._since_decision, self._decide = 0, engine.adaptive is not None
         self.launches_ahead = 0  # steps launched while another was in flight (plain or speculative)
 
     def speculates(self) -> bool:
         """Whether the engine's next decode steps verify drafts found from a flight's tokens on the device
         (``spec_ahead.py``): a drafter that drafts ahead from its requests' tokens alone, speculation on,
-        no per-step policy (adaptive drafting, confidence scheduling, a token tree), a captured verify step
-        and sampler over lengths read from the device, and a cache that rolls back by its lengths alone
-        (no sliding-window rings, no recurrent state)."""
+        no per-step policy but adaptive drafting's last choice of K drafts (no confidence scheduling, no
+        token tree), a captured verify step and sampler over lengths read from the device, and a cache that
+        rolls back by its lengths alone (no sliding-window rings, no recurrent state)."""
         engine, drafter = self.engine, self.engine.drafter
         if drafter is None or not (drafter.drafts_ahead and drafter.defers_follow) or not self.device_lengths:
             return False
-        policy = engine.adaptive is not None or engine.confidence is not None or engine.tree is not None
+        adapts = engine.adaptive is not None and engine.next_draft_length != engine.k
+        policy = adapts or engine.confidence is not None or engine.tree is not None
         cache, captured = engine.runner.cache, engine.captured
         return not (
             policy or engine.speculation_disabled or captured is None or captured.verify is None
@@ -109,13 +122,14 @@ class Lookahead:
         return engine.speculation_disabled or holds_past_next(engine.adaptive, requests)
 
     def can_launch(self, requests: list[Request]) -> bool:
-        """Whether a one-token step of ``requests`` can be launched, a step in flight or not: no
-        drafts wait (``PendingDrafts``; a draft-next before speculation went off stored them), the step
-        replays no verify graph padded with placeholders, no request waits while a drafter may draft for
-        a sampled request (admissions keep the synchronous engine's steps), and each request samples from
-        its logits alone
-        (a request that ends at the step in flight drops the next step's token: ``max_tokens`` and
-        ``max_model_len`` as a stop token)."""
+        """Whether a step of ``requests`` can be launched, a step in flight or not. A verify step
+        (``speculates``): every budget K whatever the step in flight emits, at most
+        ``AHEAD_PER_DECISION`` between adaptive drafting's choices. Else a one-token step: no drafts wait
+        (``PendingDrafts``; a draft-next before speculation went off stored them), and the step replays
+        no verify graph padded with placeholders. Either: no request waits while a drafter may draft for
+        a sampled request (admissions keep the synchronous engine's steps), and each request samples
+        from its logits alone (a request that ends at the step in flight drops the next step's token:
+        ``max_tokens`` and ``max_model_len`` as a stop token)."""
         engine = self.engine
         speculative = self.speculates()
         if self.flight is not None and self.flight.speculative != speculative:
@@ -123,6 +137,10 @@ class Lookahead:
         if speculative:
             if not budgets_fixed(requests, engine.k, engine.max_model_len):
                 return False  # near a request's end its budget (so its drafts) would depend on step n
+            if engine.adaptive is not None and self._since_decision >= AHEAD_PER_DECISION:
+                self._decide = True  # adaptive drafting times a synchronous step and chooses again
+            if self._decide:
+                return False
         else:
             graph = step_graph(engine.captured, engine.captured_plain, len(requests), False)
             if not self.plain(requests) or engine.pending.total or (graph is not None and graph.q != 1):
@@ -172,6 +190,7 @@ class Lookahead:
             launched = self.engine.stepper.launch(requests, ahead, speculative)
             self.launches_ahead += int(ahead is not None)
             self.speculative_launches += int(speculative and ahead is not None)
+            self._since_decision += int(speculative and ahead is not None)
             return launched if ahead is not None else launched.read()
         except Exception:
             lengths[: len(saved)] = saved
@@ -199,6 +218,10 @@ class Lookahead:
         """Land the flight where the next step cannot be launched ahead of it: requests are admitted
         (a prefill starts from every token landed), or the batch no longer qualifies (``can_launch``).
         Whether it landed one."""
+        if admitting:  # a new batch: adaptive drafting chooses for it at a synchronous step first
+            self._since_decision, self._decide = 0, self.engine.adaptive is not None
+        elif self.flight is None:  # the step before was synchronous: adaptive drafting chose again
+            self._since_decision, self._decide = 0, False
         if self.flight is None or not (admitting or not self.can_launch(requests)):
             return False
         self.drain()
@@ -233,4 +256,4 @@ def holds_past_next(adaptive: AdaptiveDraftLength | None, requests: list[Request
     )
 
 
-__all__ = ["Lookahead", "holds_past_next"]
+__all__ = ["AHEAD_PER_DECISION", "Lookahead", "holds_past_next"]

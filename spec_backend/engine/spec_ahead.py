@@ -24,9 +24,12 @@ synchronous step verifies.
 
 Steps go ahead only where the next step's drafts equal the synchronous engine's, so the tokens do too
 (greedy and seeded sampled): the drafter drafts from its requests' tokens alone (``defers_follow``), every
-request's draft budget is K whatever step n emits (``budgets_fixed``), no adaptive drafting, confidence
-scheduling or token tree chooses per step, and the backend's captured attention reads the lengths from
-the device (``Backend.captures_draft_chains``). Everything else ``lookahead.py`` requires of a step
+request's draft budget is K whatever step n emits (``budgets_fixed``), no confidence scheduling or token
+tree chooses per step, and the backend's captured attention reads the lengths from the device
+(``Backend.captures_draft_chains``). With adaptive drafting, steps go ahead while its last choice drafts
+K, ``AHEAD_PER_DECISION`` at a time between choices made at synchronous steps it times, and a new batch
+is chosen for first (``lookahead.py``): greedy tokens do not depend on the draft length, and a sampled
+request always drafts K. Everything else ``lookahead.py`` requires of a step
 launched ahead (no logprobs, no logits processors, a captured sampler kind, admissions) holds too.
 
 Glossary: *landed* — a step's tokens appended to its requests on the host; *flight* — the launched step

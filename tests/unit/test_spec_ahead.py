@@ -18,6 +18,7 @@ import torch
 from engine_fixtures import PROMPTS, CapturingReference, one_thread  # noqa: F401 - autouse
 
 from spec_backend.engine import LLM, SamplingParams, spec_ahead
+from spec_backend.engine.lookahead import AHEAD_PER_DECISION
 from spec_backend.engine.step_result import moved_rows
 from spec_backend.proposers.contract import Drafter
 from spec_backend.proposers.host_drafter import HostDrafter
@@ -132,12 +133,11 @@ def test_a_decode_step_reads_the_device_once(target: str) -> None:
 @pytest.mark.parametrize(
     ("backend", "spec"),
     [
-        (device_lengths, NGRAM_GPU),  # adaptive drafting chooses per step: synchronous
         (CapturingReference, FIXED),  # captured attention re-issued host lengths (Ascend's)
         (device_lengths, {**FIXED, "method": "ngram"}),  # drafts on the host
         (device_lengths, FIXED | {"enforce_eager": True}),  # no captured verify step
     ],
-    ids=["adaptive", "host-lengths", "host-ngram", "eager"],
+    ids=["host-lengths", "host-ngram", "eager"],
 )
 def test_steps_outside_the_conditions_stay_synchronous(target: str, backend: Any, spec: Any) -> None:
     """Where the next step's drafts or lengths could not come from the device, no verify step goes
@@ -145,6 +145,72 @@ def test_steps_outside_the_conditions_stay_synchronous(target: str, backend: Any
     sync = _run(_llm(target, False, backend(), speculative_config=spec), PROMPTS, MIXED)
     llm = _llm(target, True, backend(), speculative_config=spec)
     assert _run(llm, PROMPTS, MIXED) == sync and _ahead(llm) == 0
+
+
+def _pinned_choices(llm: LLM, choose: Any) -> list[int]:
+    """Pin ``llm``'s adaptive choices to ``choose(batch)`` (timed ones depend on the machine); returns
+    the list to which each choice appends the count of speculative launches so far."""
+    adaptive: Any = llm.engine.adaptive
+    lookahead = llm.engine.lookahead
+    assert adaptive is not None
+    at: list[int] = []
+
+    def pinned(batch: int, *args: Any, **kwargs: Any) -> int:
+        at.append(lookahead.speculative_launches if lookahead is not None else 0)
+        return int(choose(batch))
+
+    adaptive.choose = pinned
+    return at
+
+
+@pytest.mark.parametrize("chosen", [K, 0])
+def test_adaptive_drafting_goes_ahead_between_its_decisions(target: str, chosen: int) -> None:
+    """With adaptive drafting on (the default), steps go ahead while its last choice drafts K, at most
+    ``AHEAD_PER_DECISION`` of them between two choices (each made at a synchronous step it times); a
+    choice of plain decoding sends none ahead. With the choices pinned the tokens must equal the
+    synchronous engine's, sampled ones included."""
+    sync = _llm(target, False, speculative_config=NGRAM_GPU)
+    _pinned_choices(sync, lambda batch: chosen)
+    expected = _run(sync, PROMPTS, MIXED)
+    llm = _llm(target, True, speculative_config=NGRAM_GPU)
+    at = _pinned_choices(llm, lambda batch: chosen)
+    assert _run(llm, PROMPTS, MIXED) == expected
+    ahead = _ahead(llm)
+    if chosen:
+        gaps = [b - a for a, b in zip([0, *at], [*at, ahead], strict=True)]
+        assert ahead > AHEAD_PER_DECISION and max(gaps) == AHEAD_PER_DECISION, gaps
+    else:
+        assert ahead == 0
+
+
+def test_a_new_batch_is_decided_before_steps_go_ahead(target: str) -> None:
+    """Adaptive drafting chooses K for one request and plain decoding for two (pinned): a request that
+    arrives while one runs ahead is admitted, and a synchronous step chooses for the pair before any
+    step goes ahead, so no verify step of two requests is launched ahead."""
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    llm = _llm(target, True, max_num_seqs=2, speculative_config=NGRAM_GPU)
+    _pinned_choices(llm, lambda batch: K if batch == 1 else 0)
+    engine, stepper = llm.engine, llm.engine.stepper
+    launch, launched = stepper.launch, []
+
+    def counted(requests: Any, ahead: Any, speculative: bool = False) -> Any:
+        launched.append((len(requests), speculative and ahead is not None))
+        return launch(requests, ahead, speculative)
+
+    stepper.launch = counted  # type: ignore[method-assign]
+    first, second = llm.make_requests([PROMPTS[0], PROMPTS[2]], params)
+    engine.add(first)
+    for _ in range(6):
+        engine.step()
+    assert (1, True) in launched and engine.lookahead is not None and engine.lookahead.flight is not None
+    engine.add(second)
+    while engine.has_unfinished():
+        engine.step()
+    assert (2, True) not in launched and len(second.output_token_ids) == 60
+    alone = _llm(target, False, max_num_seqs=1, speculative_config=NGRAM_GPU)
+    assert [first.output_token_ids, second.output_token_ids] == [
+        o.outputs[0].token_ids for o in alone.generate([PROMPTS[0], PROMPTS[2]], params)
+    ]
 
 
 def test_a_top_k_request_steps_synchronously_while_it_runs(target: str) -> None:
