@@ -7,9 +7,9 @@ step instead
 
 1. *launches* step n+1, its query tokens gathered on the device from step n's emitted tokens (no copy
    from the host while the slots stay as they were) and its RNG counters counting step n's token;
-2. *lands* step n on the host (its tokens read at the end of the last engine step) while the device
-   runs step n+1;
-3. *reads* step n+1's tokens: the step's one synchronisation, after the host work.
+   step n, launched at the engine step before, may still be running: the host prepares n+1 meanwhile;
+2. *reads* step n's tokens: the step's one synchronisation (n+1 is queued behind it);
+3. *lands* step n on the host while the device runs step n+1.
 
 Plain steps (no drafts) are launched ahead where the engine drafts nothing, whatever step n's tokens
 (no drafter; or one that takes its tokens at its next call, ``Drafter.defers_follow``, with speculation
@@ -200,19 +200,21 @@ class Lookahead:
     def _advance(self, requests: list[Request]) -> None:
         flight, stepper = self.flight, self.engine.stepper
         assert flight is not None
-        # a failure: land the tokens read; the next engine step starts over (synchronous there)
+        # a failure: land the flight; the next engine step starts over (synchronous there)
         launched = self._launch(requests, flight, "landing the one before it", flight.speculative)
         if launched is None:
             self.drain()
             return
-        stepper.land(flight, True)  # the host's work, while the device runs ``launched``
-        self.flight = None
+        self.flight = launched  # read at the next engine step, once the step after it is queued
         try:
-            self.flight = launched.read()
+            flight = flight.read()  # the step's one read; ``launched`` is queued behind it
         except Exception as exc:  # the device failed the step: its requests cannot go on
-            for request in launched.requests:
+            self.flight = None
+            for request in flight.requests:
                 if not request.finished:
                     request.fail(f"step failed: {type(exc).__name__}: {exc}")
+            return
+        stepper.land(flight, True)  # the host's work, while the device runs ``launched``
 
     def drains(self, requests: list[Request], admitting: bool) -> bool:
         """Land the flight where the next step cannot be launched ahead of it: requests are admitted

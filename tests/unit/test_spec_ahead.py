@@ -130,6 +130,25 @@ def test_a_decode_step_reads_the_device_once(target: str) -> None:
     assert _ahead(llm) > 0 and max(reads) == 1, reads
 
 
+@pytest.mark.parametrize("spec", [FIXED, None], ids=["speculative", "plain"])
+def test_a_step_is_launched_before_the_one_before_it_is_read(target: str, spec: Any) -> None:
+    """Step n+1 is launched from step n's device output before step n is read, so on a device the host
+    prepares n+1 while n runs (and lands n while n+1 runs): each launch after the first of a run finds
+    its flight unread."""
+    llm = _llm(target, True, speculative_config=spec)
+    stepper: Any = llm.engine.stepper
+    launch, unread = stepper.launch, []
+
+    def counted(requests: Any, ahead: Any, *rest: Any) -> Any:
+        if ahead is not None:
+            unread.append(ahead.result.unread)
+        return launch(requests, ahead, *rest)
+
+    stepper.launch = counted
+    _run(llm, PROMPTS, MIXED)
+    assert unread.count(True) > len(unread) // 2, unread
+
+
 @pytest.mark.parametrize(
     ("backend", "spec"),
     [
