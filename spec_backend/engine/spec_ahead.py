@@ -10,10 +10,10 @@ drafter drafts from tokens still on the device. Launching step n+1 while step n 
    its last emitted token is step n+1's first query token (a gather on the device);
 2. the drafter appends those tokens to its device state and drafts over them (``propose_ahead``): each
    request's draft rows, placeholders past its match, as the synchronous draft-next finds them;
-3. the positions come from the host's landed counts plus step n's counts on the device: a request with
-   ``t`` tokens landed before step n and ``c`` emitted by it feeds its K+1 rows at positions
-   ``t + c - 1 ..`` (its cache holds every token but the newest) and its RNG counter is ``t + c``, as the
-   synchronous step n+1's (``Stepper._sampling``);
+3. the positions come from step n's RNG counters and counts on the device (``StepResult.counters``): a
+   request with ``t`` tokens before step n (its counter there) and ``c`` emitted by it feeds its K+1 rows
+   at positions ``t + c - 1 ..`` (its cache holds every token but the newest) and its RNG counter is
+   ``t + c``, as the synchronous step n+1's (``Stepper._sampling``); nothing is copied from the host;
 4. the verify step replays its graph over these device tensors (``static_step_batch``: the seq lens a
    device tensor, nothing read) and its sampler's graph, whose packed output is step n+1's.
 
@@ -91,27 +91,27 @@ def budgets_fixed(requests: list[Request], k: int, max_model_len: int) -> bool:
     return all(r.remaining >= 2 * q and max_model_len - r.num_tokens >= 2 * q for r in requests)
 
 
-def emitted_of(flight: Launched, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flight``'s emitted tokens ``[B, W]`` (placeholders after them) and counts ``[B]`` for
-    ``requests`` (each one of the flight's), on the device."""
-    packed = flight.result.packed
-    assert packed is not None
+def emitted_of(flight: Launched, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``flight``'s emitted tokens ``[B, W]`` (placeholders after them), counts ``[B]`` and RNG counters
+    ``[B]`` for ``requests`` (each one of the flight's), on the device."""
+    packed, counters = flight.result.packed, flight.result.counters
+    assert packed is not None and counters is not None
     index = moved_rows(flight.requests, requests)
     if index is not None:  # requests left since the launch: the rows of those still running
-        packed = packed[torch.tensor(index, dtype=torch.int64).to(packed.device)]
+        rows = torch.tensor(index, dtype=torch.int64).to(packed.device)  # [B]
+        packed, counters = packed[rows], counters[rows]
     emitted = packed[:, :-1]  # [B, W]: the last column is the verified draft count
-    return emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1)  # [B]
+    return emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters  # [B, W], [B], [B]
 
 
 def launch_ahead(engine: AheadEngine, requests: list[Request], flight: Launched) -> Launched:
     """Step n+1 of ``requests`` launched from ``flight`` (step n, unread): module docstring, 1-4."""
     captured, drafter, cache = engine.captured, engine.drafter, engine.runner.cache
     assert captured is not None and captured.verify is not None and drafter is not None
-    q, device = captured.q, cache.layout.device
-    emitted, counts = emitted_of(flight, requests)  # [B, W], [B]
-    # before anything is launched: a copy from the host waits for the device's queue (pageable memory)
-    landed = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64).to(device)  # [B]
-    first = landed + counts  # [B] each request's tokens after step n: its first draft's RNG counter
+    q = captured.q
+    # no copy from the host while the slots stay (one from pageable memory would wait for step n)
+    emitted, counts, counters = emitted_of(flight, requests)  # [B, W], [B], [B]
+    first = counters + counts  # [B] each request's tokens after step n: its first draft's RNG counter
     sampling = engine.sampling_state.metadata(0, first)
     kind = verify_kind(sampling)
     if kind is None or kind not in captured.verify.runners:
@@ -125,7 +125,7 @@ def launch_ahead(engine: AheadEngine, requests: list[Request], flight: Launched)
     batch = static_step_batch(tokens.clamp_min(0).reshape(-1), first - 1 + q, q, cache.capacity)
     target = captured.forward(batch)
     packed = captured.verify.launch(kind, target.logits, tokens, sampling)  # [B, K+2]
-    return Launched(list(requests), StepResult(batch, target, [], [], packed, unread=True), True)
+    return Launched(list(requests), StepResult(batch, target, [], [], packed, True, first), True)
 
 
 def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> None:

@@ -30,6 +30,9 @@ class StepResult:
     #: verified drafts (``Verifier.launch``); None for a tree step (its lists are read already)
     packed: torch.Tensor | None = None
     unread: bool = False  # ``emitted`` and ``drafted`` wait for ``read``
+    #: [B] int64 on the device: each request's RNG counter in this step (its tokens before the step);
+    #: a speculative step launched after it counts on from here (``spec_ahead.py``)
+    counters: torch.Tensor | None = None
 
     def read(self) -> StepResult:
         """The emitted tokens and counts on the host: the step's one device-to-host copy."""

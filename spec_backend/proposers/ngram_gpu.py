@@ -61,6 +61,10 @@ class NgramGpuProposer(Proposer):
         self._length: list[int] = []  # per slot, including queued tokens
         self._pending: dict[int, tuple[int, list[int]]] = {}  # slot -> (first position, queued tokens)
         self._ahead: dict[int, int] = {}  # slot -> steps whose tokens ``propose_ahead`` wrote, not landed
+        #: [slots] int64: each history's length on the device (the tokens written there), so that drafting
+        #: ahead copies nothing from the host (a copy from pageable memory waits for the device's queue)
+        self._device_lengths = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}  # slots or limits -> a device tensor
 
     # ----------------------------------------------------------------------------------------- state
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int]) -> None:
@@ -71,6 +75,7 @@ class NgramGpuProposer(Proposer):
         self._ensure_capacity(prompt.shape[0])
         self._tokens[slot, : prompt.shape[0]] = prompt.to(self.device)
         self._length[slot] = int(prompt.shape[0])
+        self._device_lengths[slot] = int(prompt.shape[0])
         self._slot[req_id] = slot
 
     def update(self, req_id: str, new_token_ids: Sequence[int]) -> None:
@@ -104,6 +109,7 @@ class NgramGpuProposer(Proposer):
         grow = max(8, slot)  # double the rows
         extra = torch.zeros((grow, self._tokens.shape[1]), dtype=torch.int32, device=self.device)
         self._tokens = torch.cat([self._tokens, extra], dim=0)
+        self._device_lengths = torch.cat([self._device_lengths, self._device_lengths.new_zeros(grow)])
         self._length.extend([0] * grow)
         self._free.extend(range(slot + grow - 1, slot, -1))
         return slot
@@ -126,11 +132,14 @@ class NgramGpuProposer(Proposer):
         rows: list[int] = []
         cols: list[int] = []
         vals: list[int] = []
+        slots = list(self._pending)
         for slot, (start, queued) in self._pending.items():
             rows.extend([slot] * len(queued))
             cols.extend(range(start, start + len(queued)))
             vals.extend(queued)
         self._pending.clear()
+        lengths = torch.tensor([[s, self._length[s]] for s in slots], dtype=torch.long).to(self.device)
+        self._device_lengths[lengths[:, 0]] = lengths[:, 1]  # [S]: the histories as written now
         index = torch.tensor([rows, cols], dtype=torch.long).to(self.device)  # [2, T]
         values = torch.tensor(vals, dtype=torch.int32).to(self.device)  # [T]
         self._tokens.index_put_((index[0], index[1]), values)
@@ -172,17 +181,16 @@ class NgramGpuProposer(Proposer):
         the host), then the matches over the histories with them (module docstring). The next ``update``
         of each request must bring exactly those tokens (the step, landed)."""
         limits = draft_limits(self.num_speculative_tokens, len(req_ids), max_tokens)
-        self._flush()
+        self._flush()  # nothing queued while steps go ahead: ``update`` only counts their tokens
         slots = [self._slot[r] for r in req_ids]
-        lengths_host = [self._length[s] for s in slots]  # the landed tokens
-        width = max(lengths_host, default=0) + emitted.shape[1]
+        width = max((self._length[s] for s in slots), default=0) + emitted.shape[1]  # the landed tokens
         self._ensure_capacity(width)
-        slot_t = torch.tensor(slots, dtype=torch.long).to(self.device)  # [B]
-        lens = torch.tensor(lengths_host, dtype=torch.long).to(self.device)  # [B]
-        lim = torch.tensor(limits, dtype=torch.long).to(self.device)  # [B]
+        slot_t, lim = self._on_device(slots), self._on_device(limits, len(slots))  # [B], [B]
+        lens = self._device_lengths[slot_t]  # [B]
         cols = lens[:, None] + torch.arange(emitted.shape[1], device=self.device)  # [B, W]
         # past each count: padding beyond the history's length, never matched, overwritten by what follows
         self._tokens[slot_t[:, None].expand_as(cols), cols] = emitted.to(torch.int32)
+        self._device_lengths[slot_t] = lens + counts
         for slot in slots:
             self._ahead[slot] = self._ahead.get(slot, 0) + 1
         tokens = self._tokens.index_select(0, slot_t)[:, :width]  # [B, L]
@@ -190,6 +198,17 @@ class NgramGpuProposer(Proposer):
             tokens, lens + counts, lim, self.prompt_lookup_min, self.prompt_lookup_max,
             self.num_speculative_tokens,
         )  # fmt: skip
+
+    def _on_device(self, values: Sequence[int], tag: int = -1) -> torch.Tensor:  # [len(values)] int64
+        """``values`` as a device tensor, copied once and kept (a batch's slots and limits repeat from
+        step to step); ``tag`` keeps lists of different meanings apart."""
+        key = (tag, *values)
+        found = self._index_cache.get(key)
+        if found is None:
+            if len(self._index_cache) >= 256:
+                self._index_cache.clear()
+            found = self._index_cache[key] = torch.tensor(list(values), dtype=torch.long).to(self.device)
+        return found
 
 
 def ngram_match(

@@ -149,6 +149,29 @@ def test_a_step_is_launched_before_the_one_before_it_is_read(target: str, spec: 
     assert unread.count(True) > len(unread) // 2, unread
 
 
+def test_a_step_launched_ahead_copies_nothing_from_the_host(target: str) -> None:
+    """Once a batch's slots are known, a verify step launched ahead makes no tensor from host data (on a
+    GPU each such copy, from pageable memory, would wait for the step in flight, and the host could not
+    prepare the next step while it runs): counters, lengths and slot indices come from the device."""
+    llm = _llm(target, True)
+    stepper: Any = llm.engine.stepper
+    launch, made = stepper.launch, []
+
+    def counted(requests: Any, ahead: Any, speculative: bool = False) -> Any:
+        with host_reads.CallCounter({torch.tensor, torch.as_tensor, torch.from_numpy}) as counter:
+            out = launch(requests, ahead, speculative)
+        if speculative and ahead is not None:  # steady: its flight was launched ahead, same requests
+            steady = ahead.result.batch.static_shapes and ahead.requests == list(requests)
+            made.append((counter.count, steady))
+        return out
+
+    stepper.launch = counted
+    params = [SamplingParams(temperature=t, max_tokens=40, seed=3, ignore_eos=True) for t in (0.0, 0.7)] * 2
+    _run(llm, PROMPTS, params)
+    steady = [count for count, ok in made if ok]
+    assert len(steady) > 10 and not any(steady) and any(count for count, _ in made), made
+
+
 @pytest.mark.parametrize(
     ("backend", "spec"),
     [
