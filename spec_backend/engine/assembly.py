@@ -228,8 +228,7 @@ def capture_steps(engine: EngineCore, backend: Backend, eager: bool) -> None:
         sampler, sizes = engine.verifier.sampler, captured.graph.capture_sizes
         captured.verify = capture_verify(sampler, backend, captured.q, sizes, runner.vocab_size, logits)
         logits = captured.verify.logits if captured.verify is not None else logits
-    if engine.lookahead is not None and engine.captured is not None:  # verify steps may go ahead where
-        engine.lookahead.device_lengths = backend.captures_draft_chains  # lengths are read on the device
+        captured.device_lengths = backend.captures_draft_chains  # steps may go ahead over device lengths
 
 
 __all__ = [

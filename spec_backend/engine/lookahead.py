@@ -5,8 +5,10 @@ device-to-host copy), then appends them on the host: stop checks, detokenization
 On a GPU or an NPU the device is idle during that host work. With ``async_scheduling``, each engine
 step instead
 
-1. *launches* step n+1, its query tokens gathered on the device from step n's emitted tokens (no copy
-   from the host while the slots stay as they were) and its RNG counters counting step n's token;
+1. *launches* step n+1, its query tokens gathered on the device from step n's emitted tokens and its
+   RNG counters and lengths one further than step n's, on the device too where its graphs read lengths
+   from the device (``spec_ahead.launch_ahead``: no copy from the host while the slots stay as they
+   were);
    step n, launched at the engine step before, may still be running: the host prepares n+1 meanwhile;
 2. *reads* step n's tokens: the step's one synchronisation (n+1 is queued behind it);
 3. *lands* step n on the host while the device runs step n+1.
@@ -83,9 +85,6 @@ class Lookahead:
     def __init__(self, engine: LookaheadEngine) -> None:
         self.engine = engine
         self.flight: Launched | None = None
-        #: whether the backend's captured steps read their lengths from the device, so verify steps may
-        #: go ahead (``spec_ahead.py``; set where the verify step is captured: ``capture_steps``)
-        self.device_lengths = False
         self.speculative_launches = 0  # verify steps launched from a flight's device output
         #: speculative launches since adaptive drafting last chose (``AHEAD_PER_DECISION``), and whether
         #: the next decode step is synchronous so that it times one and chooses again
@@ -99,15 +98,15 @@ class Lookahead:
         token tree), a captured verify step and sampler over lengths read from the device, and a cache that
         rolls back by its lengths alone (no sliding-window rings, no recurrent state)."""
         engine, drafter = self.engine, self.engine.drafter
-        if drafter is None or not (drafter.drafts_ahead and drafter.defers_follow) or not self.device_lengths:
+        captured = engine.captured
+        if drafter is None or not (drafter.drafts_ahead and drafter.defers_follow):
+            return False
+        if captured is None or captured.verify is None or not captured.device_lengths:
             return False
         adapts = engine.adaptive is not None and engine.next_draft_length != engine.k
         policy = adapts or engine.confidence is not None or engine.tree is not None
-        cache, captured = engine.runner.cache, engine.captured
-        return not (
-            policy or engine.speculation_disabled or captured is None or captured.verify is None
-            or cache.recurrent_layers or cache.window_layers
-        )  # fmt: skip
+        cache = engine.runner.cache
+        return not (policy or engine.speculation_disabled or cache.recurrent_layers or cache.window_layers)
 
     def plain(self, requests: list[Request]) -> bool:
         """Whether the decode step after the next one drafts nothing, whatever the next one's tokens: no

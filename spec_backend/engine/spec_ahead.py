@@ -1,5 +1,7 @@
-"""Async speculative steps: a verify step launched before the host lands the step before it, its drafts
-found on the device from that step's tokens (``Drafter.propose_ahead``: ``ngram_gpu``).
+"""Steps launched ahead from the device: a verify step launched before the host lands the step before
+it, its drafts found on the device from that step's tokens (``Drafter.propose_ahead``: ``ngram_gpu``),
+and a plain step (``lookahead.py``) whose one-token graph reads device lengths, by the same path without
+drafts (nothing copied from the host: a copy from pageable memory would wait for the step in flight).
 
 A synchronous speculative step reads its emitted tokens, appends them on the host, drafts the next step's
 tokens and only then launches the next forward: on a GPU the device idles through all of that host work.
@@ -44,8 +46,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from spec_backend.engine.step_result import Launched, StepResult, moved_rows
-from spec_backend.runtime.captured import static_step_batch
-from spec_backend.runtime.captured_verify import verify_kind
+from spec_backend.runtime.captured import static_step_batch, step_graph
+from spec_backend.runtime.captured_verify import verify_kind_of
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from spec_backend.engine.sampling_state import SamplingState
     from spec_backend.proposers.contract import Drafter
     from spec_backend.runtime.captured import CapturedDecode
+    from spec_backend.runtime.captured_verify import CapturedVerify
     from spec_backend.runtime.runner import ModelRunner
     from spec_backend.runtime.slots import SlotTable
 
@@ -65,6 +68,7 @@ class AheadEngine(Protocol):
     drafter: Drafter | None
     sampling_state: SamplingState
     captured: CapturedDecode | None
+    captured_plain: CapturedDecode | None
     running: list[Request]
 
 
@@ -104,28 +108,38 @@ def emitted_of(flight: Launched, requests: list[Request]) -> tuple[torch.Tensor,
     return emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters  # [B, W], [B], [B]
 
 
-def launch_ahead(engine: AheadEngine, requests: list[Request], flight: Launched) -> Launched:
-    """Step n+1 of ``requests`` launched from ``flight`` (step n, unread): module docstring, 1-4."""
-    captured, drafter, cache = engine.captured, engine.drafter, engine.runner.cache
-    assert captured is not None and captured.verify is not None and drafter is not None
-    q = captured.q
-    # no copy from the host while the slots stay (one from pageable memory would wait for step n)
+def launch_ahead(
+    engine: AheadEngine, requests: list[Request], flight: Launched, speculative: bool
+) -> Launched | None:
+    """Step n+1 of ``requests`` launched from ``flight`` (step n, unread): module docstring, 1-4; a plain
+    step (not ``speculative``: no drafter drafts for it, ``lookahead.py``) feeds the token step n emitted.
+    Nothing is copied from the host while the slots stay as they were. ``None`` for a plain step whose
+    one-token graph is not captured over device lengths or has no sampler graph of its kind (it is then
+    launched from host values, ``Stepper.launch``)."""
+    found = _graphs(engine, len(requests), flight, speculative)
+    if found is None:
+        if speculative:
+            raise ValueError("a verify step launched ahead needs its graphs over device lengths")
+        return None
+    captured, verify, kind = found
+    q, cache = captured.q, engine.runner.cache
     emitted, counts, counters = emitted_of(flight, requests)  # [B, W], [B], [B]
     first = counters + counts  # [B] each request's tokens after step n: its first draft's RNG counter
     sampling = engine.sampling_state.metadata(0, first)
-    kind = verify_kind(sampling)
-    if kind is None or kind not in captured.verify.runners:
-        raise ValueError(f"a step launched ahead needs a captured sampler kind, got {kind!r}")
-    unseen = [r.unseen_tokens() for r in requests]  # none while steps go ahead: handed over on landing
-    if any(unseen):
-        _failed(requests, drafter.take_tokens(requests, unseen))
-    drafts = drafter.propose_ahead(requests, emitted, counts, [q - 1] * len(requests))  # [B, K]
     last = emitted.gather(1, (counts - 1).clamp(min=0)[:, None])  # [B, 1]
-    tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
+    tokens = last
+    if speculative:
+        drafter = engine.drafter
+        assert drafter is not None
+        unseen = [r.unseen_tokens() for r in requests]  # none while steps go ahead: handed over on landing
+        if any(unseen):
+            _failed(requests, drafter.take_tokens(requests, unseen))
+        drafts = drafter.propose_ahead(requests, emitted, counts, [q - 1] * len(requests))  # [B, K]
+        tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
     batch = static_step_batch(tokens.clamp_min(0).reshape(-1), first - 1 + q, q, cache.capacity)
     target = captured.forward(batch)
-    packed = captured.verify.launch(kind, target.logits, tokens, sampling)  # [B, K+2]
-    return Launched(list(requests), StepResult(batch, target, [], [], packed, True, first), True)
+    packed = verify.launch(kind, target.logits, tokens, sampling)  # [B, q + 1]
+    return Launched(list(requests), StepResult(batch, target, [], [], packed, True, first), speculative)
 
 
 def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> None:
@@ -153,6 +167,23 @@ def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> No
         kept = [kept[i] for i in index]
     if running:
         stepper.draft_next(0, running, result, False, kept)
+
+
+def _graphs(
+    engine: AheadEngine, batch: int, flight: Launched, speculative: bool
+) -> tuple[CapturedDecode, CapturedVerify, str] | None:
+    """The captured step a step launched ahead replays (the verify step, or the one-token step of a
+    plain one), its sampler's graphs and their kind for the batch; ``None`` unless the step is captured
+    over device lengths with a sampler graph of the batch's kind and ``flight`` counted its RNG counters
+    on the device."""
+    plain = step_graph(engine.captured, engine.captured_plain, batch, False)
+    captured = engine.captured if speculative else plain
+    kind = verify_kind_of(engine.sampling_state.flags(0, batch))
+    if captured is None or captured.verify is None or kind not in captured.verify.runners or kind is None:
+        return None
+    if not captured.device_lengths or flight.result.counters is None or not (speculative or captured.q == 1):
+        return None
+    return captured, captured.verify, kind
 
 
 def _failed(requests: list[Request], errors: tuple[str | None, ...]) -> None:

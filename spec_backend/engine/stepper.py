@@ -138,9 +138,11 @@ class Stepper:
         """A decode step of every running request (slots ``0 ..``) launched, not read or landed
         (``lookahead.py``). Without ``ahead``, the synchronous step's inputs (its drafts waiting); a plain
         step's query tokens are otherwise the tokens ``ahead`` emitted, on the device, and its RNG counters
-        count them. ``speculative``: a verify step launched ahead (``spec_ahead.py``)."""
-        if speculative and ahead is not None:
-            return launch_ahead(self.engine, requests, ahead)
+        count them. ``speculative``: a verify step launched ahead (``spec_ahead.py``). From the device
+        where the step's graphs allow (``launch_ahead``), else from host values."""
+        launched = launch_ahead(self.engine, requests, ahead, speculative) if ahead is not None else None
+        if launched is not None:
+            return launched
         if ahead is None:
             inputs = self.engine.pending.take(0, requests, self.device)
         else:

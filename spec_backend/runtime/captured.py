@@ -99,6 +99,10 @@ class CapturedDecode:
         logger.info("captured a %d-token-per-request step for %s tokens", q, self.capture_sizes)
         #: the step's sampler, captured beside it (``captured_verify``; None: verified eagerly)
         self.verify: CapturedVerify | None = None
+        #: whether the backend's captured attention reads the lengths from the device
+        #: (``Backend.captures_draft_chains``): a replay may then run over seq lens the host has not read
+        #: (a step launched ahead, ``engine/spec_ahead.py``); set by ``capture_steps``
+        self.device_lengths = False
 
     def padded_tokens(self, num_requests: int) -> int | None:
         """The captured size a step of ``num_requests`` requests replays (``None``: it runs eagerly)."""
