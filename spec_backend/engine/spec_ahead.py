@@ -16,8 +16,8 @@ drafter drafts from tokens still on the device. Launching step n+1 while step n 
    request with ``t`` tokens before step n (its counter there) and ``c`` emitted by it feeds its K+1 rows
    at positions ``t + c - 1 ..`` (its cache holds every token but the newest) and its RNG counter is
    ``t + c``, as the synchronous step n+1's (``Stepper._sampling``); nothing is copied from the host;
-4. the verify step replays its graph over these device tensors (``static_step_batch``: the seq lens a
-   device tensor, nothing read) and its sampler's graph, whose packed output is step n+1's.
+4. the verify step replays its graph over these device tensors (``CapturedDecode.forward_ahead``: the
+   seq lens a device tensor, nothing read) and its sampler's graph, whose packed output is step n+1's.
 
 The host's cache lengths hold an upper bound while steps are in flight (each launch reserves K+1 rows; a
 landed step sets its requests' lengths to their tokens plus the step in flight's K+1 rows). A drained
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from spec_backend.engine.step_result import Launched, StepResult, moved_rows
-from spec_backend.runtime.captured import static_step_batch, step_graph
+from spec_backend.runtime.captured import step_graph
 from spec_backend.runtime.captured_verify import verify_kind_of
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 
@@ -122,7 +122,7 @@ def launch_ahead(
             raise ValueError("a verify step launched ahead needs its graphs over device lengths")
         return None
     captured, verify, kind = found
-    q, cache = captured.q, engine.runner.cache
+    q = captured.q
     emitted, counts, counters = emitted_of(flight, requests)  # [B, W], [B], [B]
     first = counters + counts  # [B] each request's tokens after step n: its first draft's RNG counter
     sampling = engine.sampling_state.metadata(0, first)
@@ -136,8 +136,7 @@ def launch_ahead(
             _failed(requests, drafter.take_tokens(requests, unseen))
         drafts = drafter.propose_ahead(requests, emitted, counts, [q - 1] * len(requests))  # [B, K]
         tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
-    batch = static_step_batch(tokens.clamp_min(0).reshape(-1), first - 1 + q, q, cache.capacity)
-    target = captured.forward(batch)
+    batch, target = captured.forward_ahead(tokens.clamp_min(0).reshape(-1), first - 1 + q)
     packed = verify.launch(kind, target.logits, tokens, sampling)  # [B, q + 1]
     return Launched(list(requests), StepResult(batch, target, [], [], packed, True, first), speculative)
 

@@ -103,6 +103,7 @@ class CapturedDecode:
         #: (``Backend.captures_draft_chains``): a replay may then run over seq lens the host has not read
         #: (a step launched ahead, ``engine/spec_ahead.py``); set by ``capture_steps``
         self.device_lengths = False
+        self._plans: dict[int, StepBatch] = {}  # batch size -> the host plan of a step launched ahead
 
     def padded_tokens(self, num_requests: int) -> int | None:
         """The captured size a step of ``num_requests`` requests replays (``None``: it runs eagerly)."""
@@ -152,18 +153,43 @@ class CapturedDecode:
         """One verify forward over ``batch`` (every request K+1 query tokens, slots from 0)."""
         if batch.start != 0 or any(length != self.q for length in batch.query_lens_host):
             raise ValueError(f"this captured step needs {self.q} token(s) per request from slot 0")
+        inputs = {"input_ids": batch.input_ids, "seq_lens": batch.seq_lens[batch.rows]}  # [N] each
+        if self.tree:
+            meta = batch.attention
+            if meta.tree is None or meta.tree_depths is None:
+                raise ValueError("this captured step verifies token trees: the batch has no tree")
+            inputs |= {"tree": meta.tree.reshape(-1, self.q), "depths": meta.tree_depths.reshape(-1)}
+        return self._replay(batch, inputs)
+
+    @torch.no_grad()
+    def forward_ahead(
+        self,
+        input_ids: torch.Tensor,  # [B * q] int64
+        seq_lens: torch.Tensor,  # [B] each request's seq len after this step, on the device only
+    ) -> tuple[StepBatch, TargetOutput]:
+        """A step of ``B`` requests from slot 0 whose seq lens the host has not read (a step launched
+        ahead, ``engine/spec_ahead.py``; needs ``device_lengths``): the host reserves ``q`` positions per
+        request (its lengths an upper bound) and nothing else is built on the host. Returns the step's
+        batch (its host counts; its tensors a placeholder layout, made once per batch size) and output."""
+        if not self.device_lengths or self.tree:
+            raise ValueError("a step launched ahead needs a chain step whose attention reads device lengths")
+        b = seq_lens.shape[0]
+        plan = self._plans.get(b)
+        if plan is None:
+            zeros, lens = input_ids.new_zeros(b * self.q), seq_lens.new_full((b,), self.q)  # [N], [B]
+            plan = self._plans[b] = static_step_batch(zeros, lens, self.q, self.runner.cache.capacity)
+        per_token = seq_lens if self.q == 1 else seq_lens.repeat_interleave(self.q)  # [N]
+        return plan, self._replay(plan, {"input_ids": input_ids, "seq_lens": per_token})
+
+    def _replay(self, batch: StepBatch, inputs: dict[str, torch.Tensor]) -> TargetOutput:
+        """The host's lengths for ``batch`` (and lazy zeroing), then the replay over ``inputs``; the host
+        lengths as they were if it raises."""
         cache = self.runner.cache
         saved = list(cache.lengths)
         try:
             cache.begin_step(batch)  # host lengths (and lazy zeroing) for the real requests
             cache.end_step()
             self.graph.set_step_lengths(batch.query_lens_host, cache.lengths[: batch.batch_size])
-            inputs = {"input_ids": batch.input_ids, "seq_lens": batch.seq_lens[batch.rows]}  # [N] each
-            if self.tree:
-                meta = batch.attention
-                if meta.tree is None or meta.tree_depths is None:
-                    raise ValueError("this captured step verifies token trees: the batch has no tree")
-                inputs |= {"tree": meta.tree.reshape(-1, self.q), "depths": meta.tree_depths.reshape(-1)}
             out = self.graph.run(inputs)
         except BaseException:
             cache.lengths[: len(saved)] = saved

@@ -184,14 +184,19 @@ class CapturedVerify:
         inputs = {
             "logits": staged,
             "tokens": tokens.reshape(-1),
-            "temperature": sampling.temperature.float().repeat_interleave(q),
-            "seeds": sampling.seeds.repeat_interleave(q),
-            "positions": sampling.positions.to(torch.int64).repeat_interleave(q),
+            "temperature": _per_token(sampling.temperature.float(), q),
+            "seeds": _per_token(sampling.seeds, q),
+            "positions": _per_token(sampling.positions.to(torch.int64), q),
         }
         out = self.runners[kind].run(inputs)
         assert isinstance(out, torch.Tensor)
         grid = out.view(-1, q, 2)  # [B, q, 2]: each row's token, the request's verified drafts
         return torch.cat([grid[:, :, 0], grid[:, :1, 1]], dim=1)  # [B, q + 1]
+
+
+def _per_token(values: torch.Tensor, q: int) -> torch.Tensor:  # [B] -> [B * q]
+    """Each request's value repeated over its ``q`` rows (no op for one row)."""
+    return values if q == 1 else values.repeat_interleave(q)
 
 
 def _logits_buffer(
