@@ -15,6 +15,21 @@ from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner,
 from spec_backend.backends.reference import ReferenceBackend
 
 
+class _MarkedGraph:
+    """A simulated graph whose replays (the callable's re-run and the copy into its outputs, which a
+    device graph writes in place) count in ``owner.in_graph``."""
+
+    def __init__(self, graph: CapturedGraph, owner: SimulatedGraphsBackend) -> None:
+        self.graph, self.owner = graph, owner
+
+    def replay(self) -> None:
+        self.owner.in_graph += 1
+        try:
+            self.graph.replay()
+        finally:
+            self.owner.in_graph -= 1
+
+
 class _MarkedDriver(SimulatedGraphDriver):
     """The strict simulated driver, counting in ``owner.in_graph`` while a captured callable runs."""
 
@@ -32,7 +47,8 @@ class _MarkedDriver(SimulatedGraphDriver):
             finally:
                 owner.in_graph -= 1
 
-        return super().capture(marked, pool)
+        graph, output = super().capture(marked, pool)
+        return _MarkedGraph(graph, owner), output
 
 
 class SimulatedGraphsBackend(ReferenceBackend):
