@@ -1,8 +1,10 @@
 """Async scheduling against the synchronous engine, interleaved in one process: plain decoding (greedy,
-``ignore_eos``) of the same prompts through two engines that differ only in ``async_scheduling``.
+``ignore_eos``) of the same prompts through two engines that differ only in ``async_scheduling``, or
+``ngram_gpu`` speculation (``--method ngram_gpu``, K = 4 every step: its verify steps launch ahead,
+``engine/spec_ahead.py``).
 
     .venv/bin/python benchmarks/bench_async_scheduling.py [--model tiny|smollm2|PATH] [--backend NAME]
-        [--batches 1 16] [--max-tokens 128] [--passes 9]
+        [--method plain|ngram_gpu] [--batches 1 16] [--max-tokens 128] [--passes 9]
 
 Each pass times one ``generate`` per engine, alternating which goes first, after a warm-up call of each;
 the table gives the median tokens per second of each engine and their ratio (async / sync). ``tiny`` is
@@ -32,13 +34,27 @@ from bench_step_overhead import cpu_description, prompts  # noqa: E402
 
 from spec_backend.engine import LLM, SamplingParams  # noqa: E402
 
+#: ``--method``: the engine's ``speculative_config`` (``ngram_gpu``: K drafts every step)
+METHODS: dict[str, dict[str, object] | None] = {
+    "plain": None,
+    "ngram_gpu": {"method": "ngram_gpu", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                  "prompt_lookup_max": 4, "adaptive_draft_length": False},
+}  # fmt: skip
 
-def measure(model: str, backend: str | None, batch: int, max_tokens: int, passes: int) -> tuple[float, float]:
+
+def measure(
+    model: str, backend: str | None, batch: int, max_tokens: int, passes: int, method: str = "plain"
+) -> tuple[float, float]:
     """Median tokens/s of the synchronous and the async engine over ``passes`` interleaved passes."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     engines = {
         setting: LLM(
-            model, backend=backend, max_num_seqs=batch, log_stats_interval=None, async_scheduling=setting
+            model,
+            backend=backend,
+            max_num_seqs=batch,
+            log_stats_interval=None,
+            async_scheduling=setting,
+            speculative_config=METHODS[method],
         )
         for setting in (False, True)
     }
@@ -61,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a model folder")
     parser.add_argument("--backend", default=None, help="a backend name (default: load_backend())")
+    parser.add_argument("--method", default="plain", choices=sorted(METHODS))
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--passes", type=int, default=9)
@@ -72,9 +89,12 @@ def main(argv: list[str] | None = None) -> None:
 
         folder = tempfile.mkdtemp(prefix="async-scheduling-")
         model = make_tiny_model(folder, "llama", vocab_size=512, hidden_size=128, intermediate_size=256)
-    rows = [(b, *measure(model, args.backend, b, args.max_tokens, args.passes)) for b in args.batches]
+    rows = [
+        (b, *measure(model, args.backend, b, args.max_tokens, args.passes, args.method)) for b in args.batches
+    ]
     device = torch.cuda.get_device_name() if args.backend == "cuda" else cpu_description()
-    print(f"\n{args.model}, greedy, {args.max_tokens} new tokens, median of {args.passes}; {device}")
+    what = f"{args.model}, {args.method}, greedy, {args.max_tokens} new tokens, median of {args.passes}"
+    print(f"\n{what}; {device}")
     print(f"{'batch':>5} {'sync tok/s':>11} {'async tok/s':>12} {'async/sync':>11}")
     for batch, sync, ahead in rows:
         print(f"{batch:>5} {sync:11.1f} {ahead:12.1f} {ahead / sync:10.3f}x")
