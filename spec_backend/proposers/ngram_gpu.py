@@ -211,6 +211,11 @@ class NgramGpuProposer(Proposer):
         return found
 
 
+#: the most elements of a ``[B, J, L]`` comparison ``ngram_match`` makes at once (~18 bytes each): longer
+#: windows and histories are matched a few n-gram lengths at a time, the running AND carried over
+MATCH_CHUNK_ELEMENTS = 1 << 20
+
+
 def ngram_match(
     tokens: torch.Tensor,
     lengths: torch.Tensor,
@@ -219,8 +224,8 @@ def ngram_match(
     n_max: int,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched prompt lookup, every n-gram length at once (a fixed count of ops whatever ``n_max``: on a
-    GPU each op is a launch the host pays for).
+    """Batched prompt lookup, n-gram lengths matched together (on a GPU each op is a launch the host
+    pays for), in chunks of lengths that keep a comparison within ``MATCH_CHUNK_ELEMENTS``.
 
     Args:
         tokens: [B, L] int, row b valid in ``[0, lengths[b])`` (padding is ignored).
@@ -228,19 +233,27 @@ def ngram_match(
     Returns:
         drafts [B, k] (same dtype as tokens; entries past ``counts[b]`` are padding) and counts [B] long.
     """
-    width = tokens.shape[1]
+    batch, width = tokens.shape
     device = tokens.device
     pos = torch.arange(width, device=device)  # [L]
-    j = torch.arange(min(n_max, width), device=device)  # [J]: an n-gram longer than the row cannot match
-    suffix = tokens.gather(1, (lengths[:, None] - 1 - j).clamp(min=0))  # [B, J]: tokens[b, len_b-1-j]
-    back = pos - j[:, None]  # [J, L]: e - j
-    eq = (tokens[:, back.clamp(min=0)] == suffix[:, :, None]) & (back >= 0)  # [B, J, L]
-    # [B, J, L]: the n-gram of length j+1 ending at e matches the suffix (every shorter one does too)
-    running = eq.to(torch.uint8).cumprod(dim=1).bool()
-    usable = running & (pos <= (lengths - 2)[:, None])[:, None, :]  # [B, J, L]: it has a next token
-    latest = torch.where(usable, pos, -1).amax(dim=2)  # [B, J]: latest usable end per length
-    length_ok = (j + 1 >= n_min) & (latest >= 0)  # [B, J]
-    longest = torch.where(length_ok, j, -1)  # [B, J]: the largest matching n wins
+    has_next = (pos <= (lengths - 2)[:, None])[:, None, :]  # [B, 1, L]: an end with a next token
+    lengths_n = min(n_max, width)  # an n-gram longer than the row cannot match
+    chunk = max(1, MATCH_CHUNK_ELEMENTS // max(1, batch * width))
+    carry: torch.Tensor | None = None  # [B, 1, L]: the last chunk's longest running match
+    latest_all = []
+    for j0 in range(0, lengths_n, chunk):
+        j = torch.arange(j0, min(lengths_n, j0 + chunk), device=device)  # [J]
+        suffix = tokens.gather(1, (lengths[:, None] - 1 - j).clamp(min=0))  # [B, J]: tokens[b, len_b-1-j]
+        back = pos - j[:, None]  # [J, L]: e - j
+        eq = (tokens[:, back.clamp(min=0)] == suffix[:, :, None]) & (back >= 0)  # [B, J, L]
+        # [B, J, L]: the n-gram of length j+1 ending at e matches the suffix (every shorter one does too)
+        running = eq.to(torch.uint8).cumprod(dim=1).bool()
+        running = running if carry is None else running & carry
+        carry = running[:, -1:]
+        latest_all.append(torch.where(running & has_next, pos, -1).amax(dim=2))  # [B, J]: latest end
+    latest = torch.cat(latest_all, dim=1)  # [B, n_max']
+    j = torch.arange(lengths_n, device=device)  # [J]
+    longest = torch.where((j + 1 >= n_min) & (latest >= 0), j, -1)  # [B, J]: the largest matching n wins
     best_end = torch.where(
         longest.amax(dim=1) >= 0, latest.gather(1, longest.argmax(dim=1, keepdim=True)).squeeze(1), -1
     )  # [B]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from spec_backend.config import SpeculativeConfig
 from spec_backend.proposers import NgramGpuProposer, NgramProposer, Proposer, SuffixProposer
 from spec_backend.proposers import ngram as ngram_module
+from spec_backend.proposers import ngram_gpu as ngram_gpu_module
 from spec_backend.proposers.ngram import last_occurrence
 from spec_backend.proposers.ngram_gpu import ngram_match
 from spec_backend.proposers.registry import build_proposer
@@ -148,19 +151,22 @@ def test_ngram_matches_reference_and_gpu(
     n_min=st.integers(1, 4),
     extra=st.integers(0, 3),
     caps=st.lists(st.integers(0, 5), min_size=5, max_size=5),
+    chunk_elements=st.sampled_from([1, 7, 64, 1 << 22]),
 )
 def test_batched_matches_equal_the_brute_force_row_by_row(
-    rows: list[list[int]], pad: int, k: int, n_min: int, extra: int, caps: list[int]
+    rows: list[list[int]], pad: int, k: int, n_min: int, extra: int, caps: list[int], chunk_elements: int
 ) -> None:
     """``ngram_match`` over a padded batch of histories of different lengths (padding past each, of tokens
-    that would match) gives each row the brute force's drafts, capped at its limit."""
+    that would match) gives each row the brute force's drafts, capped at its limit, whether it matches
+    every n-gram length at once or a few at a time (``MATCH_CHUNK_ELEMENTS``: down to one, the loop)."""
     width = max(1, max(len(r) for r in rows) + pad)
     tokens = torch.ones((len(rows), width), dtype=torch.int32)  # padding: token 1, a frequent token
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
     lengths = torch.tensor([len(r) for r in rows])
     limits = torch.tensor([min(k, c) for c in caps[: len(rows)]])
-    drafts, counts = ngram_match(tokens, lengths, limits, n_min, n_min + extra, k)
+    with mock.patch.object(ngram_gpu_module, "MATCH_CHUNK_ELEMENTS", chunk_elements):
+        drafts, counts = ngram_match(tokens, lengths, limits, n_min, n_min + extra, k)
     for b, row in enumerate(rows):
         want = reference(row, k, n_min, n_min + extra)[: int(limits[b])]
         assert drafts[b, : int(counts[b])].tolist() == want
