@@ -173,6 +173,18 @@ class Backend(ABC):
     #: ``async_scheduling`` (``engine/lookahead.py``) is on by default, and a plain step's host work
     #: overlaps the next step's device time; False (the host computes each op as it is called): off
     launches_async: ClassVar[bool] = False
+    #: whether ``start_host_copy``'s wait waits for the copied work alone, not for work queued after it
+    #: (a copy into pinned memory and an event): then a step launched ahead is queued before the step
+    #: before it is read (``engine/lookahead.py``); False: a read waits for everything queued, so the
+    #: step is read before the next one is launched
+    reads_early: ClassVar[bool] = False
+
+    def start_host_copy(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start copying ``tensor`` (a step's packed output: a few ints per request) to the host, right
+        after the work that writes it is queued; the returned callable waits for the copy and returns
+        the host tensor (``reads_early``: it waits for that work alone). Default: the copy is made when
+        the callable is called (``Tensor.cpu``, which on a queueing device waits for all queued work)."""
+        return tensor.cpu
 
     @abstractmethod
     def probe(self) -> Availability:

@@ -24,7 +24,10 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from spec_backend.engine.adaptive import AdaptiveDraftLength
 from spec_backend.engine.confidence import ConfidenceVerification
@@ -43,6 +46,10 @@ from spec_backend.runtime.runner import ModelRunner
 from spec_backend.runtime.slots import SlotTable
 
 logger = logging.getLogger("spec_backend.engine")
+
+
+def _copy_when_read(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return tensor.cpu
 
 
 class EngineStateError(RuntimeError):
@@ -102,6 +109,10 @@ class EngineCore:
         self.stepper = Stepper(self)
         #: plain steps launched before the host lands the step before them (``lookahead.py``); None: off
         self.lookahead = Lookahead(self) if async_scheduling else None
+        #: the backend's ``start_host_copy`` and ``reads_early`` (set by the LLM): a step launched ahead
+        #: starts its packed output's copy to the host as soon as it is queued
+        self.host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]] = _copy_when_read
+        self.reads_early = False
 
     @property
     def max_model_len(self) -> int:

@@ -8,10 +8,11 @@ step instead
 1. *launches* step n+1, its query tokens gathered on the device from step n's emitted tokens and its
    RNG counters and lengths one further than step n's, on the device too where its graphs read lengths
    from the device (``spec_ahead.launch_ahead``: no copy from the host while the slots stay as they
-   were);
-   step n, launched at the engine step before, may still be running: the host prepares n+1 meanwhile;
-2. *reads* step n's tokens: the step's one synchronisation (n+1 is queued behind it);
-3. *lands* step n on the host while the device runs step n+1.
+   were), and starts the copy of its tokens to the host (``Backend.start_host_copy``);
+2. *reads* step n's tokens, the step's one synchronisation, where the backend's read waits for step n
+   alone (``Backend.reads_early``: step n, launched at the engine step before, ran while the host
+   prepared n+1); else step n was read at the end of the engine step before;
+3. *lands* step n on the host while the device runs step n+1 (without early reads, n+1 is read then).
 
 Plain steps (no drafts) are launched ahead where the engine drafts nothing, whatever step n's tokens
 (no drafter; or one that takes its tokens at its next call, ``Drafter.defers_follow``, with speculation
@@ -63,6 +64,7 @@ class LookaheadEngine(StepEngine, Protocol):
     stepper: Stepper
     waiting: deque[Request]
     k: int
+    reads_early: bool
 
     @property
     def next_draft_length(self) -> int: ...
@@ -182,9 +184,10 @@ class Lookahead:
         self, requests: list[Request], ahead: Launched | None, fallback: str, speculative: bool
     ) -> Launched | None:
         """``Stepper.launch`` (read at once without a step in flight); ``None`` if it raised, the cache's
-        host lengths as they were (the failure logged, and what follows: ``fallback``)."""
-        lengths = self.engine.runner.cache.lengths
-        saved = list(lengths)
+        host lengths and the drafts waiting as they were (the failure logged, and what follows:
+        ``fallback``)."""
+        lengths, pending = self.engine.runner.cache.lengths, self.engine.pending
+        saved, held = list(lengths), pending.counts(0, len(requests))
         try:
             launched = self.engine.stepper.launch(requests, ahead, speculative)
             self.launches_ahead += int(ahead is not None)
@@ -193,6 +196,7 @@ class Lookahead:
             return launched if ahead is not None else launched.read()
         except Exception:
             lengths[: len(saved)] = saved
+            pending.restore(0, held)  # the drafts a launch from the synchronous state took (review)
             logger.error("a step launched ahead failed: %s", fallback, exc_info=True)
             return None
 
@@ -204,16 +208,15 @@ class Lookahead:
         if launched is None:
             self.drain()
             return
-        self.flight = launched  # read at the next engine step, once the step after it is queued
-        try:
-            flight = flight.read()  # the step's one read; ``launched`` is queued behind it
-        except Exception as exc:  # the device failed the step: its requests cannot go on
-            self.flight = None
-            for request in flight.requests:
-                if not request.finished:
-                    request.fail(f"step failed: {type(exc).__name__}: {exc}")
-            return
-        stepper.land(flight, True)  # the host's work, while the device runs ``launched``
+        self.flight = None
+        if self.engine.reads_early:  # the read waits for ``flight`` alone: ``launched`` is queued behind it
+            landing = _read(flight)
+            if landing is not None:
+                self.flight = launched  # read at the next engine step, once the one after it is queued
+                stepper.land(landing, True)  # the host's work, while the device runs ``launched``
+        else:  # a read waits for all queued work: ``flight`` was read at the engine step before
+            stepper.land(flight, True)  # the host's work, while the device runs ``launched``
+            self.flight = _read(launched)
 
     def drains(self, requests: list[Request], admitting: bool) -> bool:
         """Land the flight where the next step cannot be launched ahead of it: requests are admitted
@@ -238,6 +241,17 @@ class Lookahead:
     def clear(self) -> None:
         """Forget the flight (its requests were ended)."""
         self.flight = None
+
+
+def _read(launched: Launched) -> Launched | None:
+    """``launched`` with its tokens on the host; ``None`` (its requests failed) if the device failed it."""
+    try:
+        return launched.read()
+    except Exception as exc:  # the device failed the step: its requests cannot go on
+        for request in launched.requests:
+            if not request.finished:
+                request.fail(f"step failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _sampled(*groups: Iterable[Request]) -> bool:

@@ -80,6 +80,15 @@ class PendingDrafts:
         return sum(self._counts)
 
     # -- the engine ----------------------------------------------------------------------------------
+    def counts(self, start: int, batch: int) -> list[int]:
+        """The draft counts held for slots ``start .. start + batch - 1`` (``restore`` puts them back)."""
+        return self._counts[start : start + batch]
+
+    def restore(self, start: int, counts: list[int]) -> None:
+        """Hold ``counts`` again for the slots from ``start`` (a step that took them failed before it ran:
+        its drafts, still in their rows, are verified by the step that retries it)."""
+        self._counts[start : start + len(counts)] = counts
+
     def store(self, start: int, out: DraftOutput, budgets: Sequence[int], vocab_size: int) -> None:
         """Keep ``out``'s drafts for slots ``start ..``; a count is cut at its budget. From the first id
         outside [0, V) on, ids become placeholders on the device (no read back): the sampler ends that

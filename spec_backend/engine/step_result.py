@@ -8,7 +8,7 @@ count, one ``[B, W + 1]`` device tensor (``Verifier.launch``, ``CapturedVerify.l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -33,14 +33,18 @@ class StepResult:
     #: [B] int64 on the device: each request's RNG counter in this step (its tokens before the step);
     #: a speculative step launched after it counts on from here (``spec_ahead.py``)
     counters: torch.Tensor | None = None
+    #: waits for ``packed``'s copy to the host, started when the step was launched
+    #: (``Backend.start_host_copy``); None: the copy is made by ``read``
+    host: Callable[[], torch.Tensor] | None = None
 
     def read(self) -> StepResult:
         """The emitted tokens and counts on the host: the step's one device-to-host copy."""
         if not self.unread:
             return self
         assert self.packed is not None
-        emitted, drafted = unpack_emitted(self.packed.tolist())
-        return replace(self, emitted=emitted, drafted=drafted, unread=False)
+        rows = (self.host() if self.host is not None else self.packed).tolist()
+        emitted, drafted = unpack_emitted(rows)
+        return replace(self, emitted=emitted, drafted=drafted, unread=False, host=None)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,14 @@ class Launched:
     def read(self) -> Launched:
         """This step with its tokens on the host (``StepResult.read``)."""
         return replace(self, result=self.result.read())
+
+    def copying(self, start: Callable[[torch.Tensor], Callable[[], torch.Tensor]]) -> Launched:
+        """This step with its packed output's copy to the host started (``start``:
+        ``Backend.start_host_copy``), right after the step was queued."""
+        result = self.result
+        if not result.unread or result.packed is None:
+            return self
+        return replace(self, result=replace(result, host=start(result.packed)))
 
     def next_tokens(self, requests: list[Request]) -> torch.Tensor:  # [B, 1] int64
         """The query tokens of the step after this one, for ``requests`` (each one of this step's): each

@@ -56,6 +56,8 @@ class StepEngine(Protocol):
     tokenizer: Any
     tree: Plan | None
     running: list[Request]
+    host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]]
+    reads_early: bool
 
     @property
     def max_model_len(self) -> int: ...
@@ -141,15 +143,16 @@ class Stepper:
         count them. ``speculative``: a verify step launched ahead (``spec_ahead.py``). From the device
         where the step's graphs allow (``launch_ahead``), else from host values."""
         launched = launch_ahead(self.engine, requests, ahead, speculative) if ahead is not None else None
-        if launched is not None:
-            return launched
-        if ahead is None:
-            inputs = self.engine.pending.take(0, requests, self.device)
-        else:
-            tokens = ahead.next_tokens(requests)  # [B, 1]
-            inputs = DecodeInputs(tokens, [0] * len(requests), None, [()] * len(requests))
-        result = self._run(0, requests, inputs, False, 0 if ahead is None else 1)
-        return Launched(list(requests), result, speculative)
+        if launched is None:
+            if ahead is None:
+                inputs = self.engine.pending.take(0, requests, self.device)
+            else:
+                tokens = ahead.next_tokens(requests)  # [B, 1]
+                inputs = DecodeInputs(tokens, [0] * len(requests), None, [()] * len(requests))
+            result = self._run(0, requests, inputs, False, 0 if ahead is None else 1)
+            launched = Launched(list(requests), result, speculative)
+        # where the backend reads early, the copy is queued now: its read waits for this step alone
+        return launched.copying(self.engine.host_copy) if self.engine.reads_early else launched
 
     def land(self, launched: Launched, successor: bool) -> None:
         """A launched step's tokens appended (stop checks, detokenization, metrics), then the draft-next,

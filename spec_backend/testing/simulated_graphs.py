@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from spec_backend.backends.base import CapturePolicy, GraphFn, GraphOutput, GraphRunner
 from spec_backend.backends.graph_common import CapturedGraph, PaddedGraphRunner, SimulatedGraphDriver
 from spec_backend.backends.reference import ReferenceBackend
@@ -57,12 +59,17 @@ class SimulatedGraphsBackend(ReferenceBackend):
     name = "simulated-graphs"
     captures_draft_chains = True
     launches_async = True
+    reads_early = True  # as CUDA's (a CPU tensor's copy to the host is made at once either way)
 
     def __init__(self, max_capture_size: int = 64) -> None:
         self.max_capture_size = max_capture_size
         #: > 0 while a captured callable runs (a capture or a replay): what a device would run as one
         #: graph, not op by op from the host (``benchmarks/count_step_ops.py --graphs`` leaves it out)
         self.in_graph = 0
+
+    def start_host_copy(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """The tensor itself: on a CPU it is on the host already (its read is the one ``tolist``)."""
+        return lambda: tensor
 
     def capture_policy(self, num_hidden_layers: int | None = None) -> CapturePolicy:
         return CapturePolicy(max_capture_size=self.max_capture_size, graph_budget=None, enabled=True)

@@ -74,7 +74,12 @@ def _run(llm: LLM, prompts: list[list[int]], params: Any) -> list[tuple[Any, ...
     engine = llm.engine
     assert engine.slots.num_slots == 0 and engine.slots.consistent()
     assert engine.lookahead is None or engine.lookahead.flight is None
-    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
+    # drafts never change the tokens (greedy, or seeded by position): the draft and acceptance counts
+    # are what tells the drafts themselves apart
+    return [
+        (o.outputs[0].token_ids, o.outputs[0].finish_reason, o.num_draft_tokens, o.num_accepted_tokens)
+        for o in outs
+    ]
 
 
 def _ahead(llm: LLM) -> int:
@@ -122,10 +127,10 @@ def test_requests_that_end_mid_flight_leave_and_the_others_follow_their_slots(
         SamplingParams(
             temperature=0.0, max_tokens=p.max_tokens, stop_token_ids=[t[j]] if len(t) > j + 1 else None
         )
-        for (t, _), p, j in zip(sync, greedy, (30, 11, 25, 12, 3, 20), strict=True)
+        for (t, *_), p, j in zip(sync, greedy, (30, 11, 25, 12, 3, 20), strict=True)
     ]
     expected = _run(_llm(target, False, max_num_seqs=slots), prompts, stops)
-    assert sum(reason == "stop" for _, reason in expected) >= 3
+    assert sum(reason == "stop" for _, reason, *_ in expected) >= 3
     moved: list[bool] = []
 
     def counted(before: Any, now: Any) -> Any:
@@ -145,23 +150,38 @@ def test_a_decode_step_reads_the_device_once(target: str) -> None:
     assert _ahead(llm) > 0 and max(reads) == 1, reads
 
 
+class _LateReads(SimulatedGraphsBackend):
+    """Simulated graphs whose reads wait for all queued work (no pinned copy and event)."""
+
+    reads_early = False
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early-reads", "late-reads"])
 @pytest.mark.parametrize("spec", [FIXED, None], ids=["speculative", "plain"])
-def test_a_step_is_launched_before_the_one_before_it_is_read(target: str, spec: Any) -> None:
-    """Step n+1 is launched from step n's device output before step n is read, so on a device the host
-    prepares n+1 while n runs (and lands n while n+1 runs): each launch after the first of a run finds
-    its flight unread."""
-    llm = _llm(target, True, speculative_config=spec)
+def test_a_step_is_launched_before_the_one_before_it_is_read(target: str, spec: Any, early: bool) -> None:
+    """Where the backend's read waits for the step it copies alone (``reads_early``), step n+1 is
+    launched from step n's device output before step n is read, its copy to the host started at its
+    launch: the host prepares n+1 while n runs and lands n while n+1 runs. Where a read waits for all
+    queued work, step n is read before n+1 is launched (a read after it would wait for n+1 too)."""
+    backend = SimulatedGraphsBackend(max_capture_size=16) if early else _LateReads(max_capture_size=16)
+    llm = _llm(target, True, backend, speculative_config=spec)
+    expected = _run(_llm(target, False, speculative_config=spec), PROMPTS, MIXED)
     stepper: Any = llm.engine.stepper
-    launch, unread = stepper.launch, []
+    launch, unread, copying = stepper.launch, [], []
 
     def counted(requests: Any, ahead: Any, *rest: Any) -> Any:
         if ahead is not None:
             unread.append(ahead.result.unread)
-        return launch(requests, ahead, *rest)
+        launched = launch(requests, ahead, *rest)
+        copying.append(launched.result.host is not None)
+        return launched
 
     stepper.launch = counted
-    _run(llm, PROMPTS, MIXED)
-    assert unread.count(True) > len(unread) // 2, unread
+    assert _run(llm, PROMPTS, MIXED) == expected
+    if early:
+        assert unread.count(True) > len(unread) // 2 and all(copying), (unread, copying)
+    else:
+        assert len(unread) > 10 and not any(unread) and not any(copying), (unread, copying)
 
 
 @pytest.mark.parametrize("spec", [FIXED, *PLAIN_SPECS], ids=["speculative", "no-drafter", "speculation-off"])
@@ -301,6 +321,33 @@ def test_a_failing_launch_ahead_lands_and_steps_synchronously(
     with caplog.at_level(logging.ERROR, logger="spec_backend.engine.lookahead"):
         assert _run(llm, PROMPTS, MIXED) == expected
     assert "a step launched ahead failed" in caplog.text and _ahead(llm) > 3
+
+
+def test_a_failing_launch_from_the_synchronous_state_keeps_its_drafts(target: str) -> None:
+    """A launch from the synchronous state (its drafts taken from ``PendingDrafts``) that fails before
+    it runs: the synchronous step that retries it verifies those drafts (review finding: it verified
+    none, so the draft counts differed while the tokens, which drafts never change, did not)."""
+    expected = _run(_llm(target, False), PROMPTS, MIXED)
+    llm = _llm(target, True)
+    captured: Any = llm.engine.captured
+    forward, calls = captured.forward, {"n": 0}
+
+    def flaky(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first decode step's launch
+            raise RuntimeError("device fault")
+        return forward(*args)
+
+    stepper: Any = llm.engine.stepper
+    decode, held = stepper.decode, []
+
+    def retried(requests: Any) -> Any:
+        held.append(llm.engine.pending.total)
+        return decode(requests)
+
+    captured.forward, stepper.decode = flaky, retried
+    assert _run(llm, PROMPTS, MIXED) == expected and calls["n"] > 1
+    assert held and held[0] > 0  # the retry verifies the drafts the failed launch took
 
 
 def test_ngram_gpu_drafts_ahead_as_after_an_update() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,6 +54,7 @@ class CudaBackend(Backend):
     device_type = "cuda"
     launches_async = True  # kernels and graph replays queue on a stream
     captures_draft_chains = True  # captured attention reads lengths from device tensors
+    reads_early = True  # start_host_copy: pinned memory and an event
 
     def __init__(
         self,
@@ -78,6 +79,20 @@ class CudaBackend(Backend):
         self.graph_copy_output = graph_copy_output
         self.graph_progress = graph_progress
         self.fused_kernels = fused_kernels
+
+    def start_host_copy(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """A non-blocking copy into pinned memory, queued now, and an event after it: the wait is for
+        the step that wrote ``tensor``, not for the step launched after it."""
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+
+        def wait() -> torch.Tensor:
+            done.synchronize()
+            return host
+
+        return wait
 
     def probe(self) -> Availability:
         try:

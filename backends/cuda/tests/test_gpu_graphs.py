@@ -127,3 +127,16 @@ def test_tuple_outputs_replay_and_slice_every_output() -> None:
             torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
             assert got[1].dtype == torch.int64
     assert runner.replays == 2 and runner.eager_calls == 1  # type: ignore[attr-defined]
+
+
+def test_a_started_host_copy_holds_the_values_queued_before_it() -> None:
+    """``CudaBackend.start_host_copy`` (``reads_early``): the copy is queued when started, so work queued
+    after it (the next step launched ahead) changes neither what it returns nor what its wait waits for."""
+    backend = CudaBackend()
+    assert backend.reads_early
+    values = torch.arange(6, dtype=torch.int64, device="cuda").view(2, 3)  # [2, 3]
+    wait = backend.start_host_copy(values)
+    values.add_(100)  # queued after the copy
+    host = wait()
+    assert host.device.type == "cpu" and host.is_pinned()
+    assert host.tolist() == [[0, 1, 2], [3, 4, 5]]
