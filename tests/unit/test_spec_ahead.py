@@ -301,6 +301,19 @@ def test_a_top_k_request_steps_synchronously_while_it_runs(target: str) -> None:
     assert _run(llm, PROMPTS, params) == sync and _ahead(llm) == 0
 
 
+def _failing(call: Any, when: set[int]) -> tuple[Any, dict[str, int]]:
+    """``call``, raising a device fault at its calls numbered in ``when`` (from 1); and the call count."""
+    calls = {"n": 0}
+
+    def flaky(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] in when:
+            raise RuntimeError("device fault")
+        return call(*args)
+
+    return flaky, calls
+
+
 def test_a_failing_launch_ahead_lands_and_steps_synchronously(
     target: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -309,15 +322,7 @@ def test_a_failing_launch_ahead_lands_and_steps_synchronously(
     expected = _run(_llm(target, False), PROMPTS, MIXED)
     llm = _llm(target, True)
     drafter: Any = llm.engine.drafter
-    propose_ahead, calls = drafter.propose_ahead, {"n": 0}
-
-    def flaky(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] in (3, 4, 9):
-            raise RuntimeError("device fault")
-        return propose_ahead(*args)
-
-    drafter.propose_ahead = flaky
+    drafter.propose_ahead, _ = _failing(drafter.propose_ahead, {3, 4, 9})
     with caplog.at_level(logging.ERROR, logger="spec_backend.engine.lookahead"):
         assert _run(llm, PROMPTS, MIXED) == expected
     assert "a step launched ahead failed" in caplog.text and _ahead(llm) > 3
@@ -330,14 +335,7 @@ def test_a_failing_launch_from_the_synchronous_state_keeps_its_drafts(target: st
     expected = _run(_llm(target, False), PROMPTS, MIXED)
     llm = _llm(target, True)
     captured: Any = llm.engine.captured
-    forward, calls = captured.forward, {"n": 0}
-
-    def flaky(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 1:  # the first decode step's launch
-            raise RuntimeError("device fault")
-        return forward(*args)
-
+    flaky, calls = _failing(captured.forward, {1})  # the first decode step's launch
     stepper: Any = llm.engine.stepper
     decode, held = stepper.decode, []
 
