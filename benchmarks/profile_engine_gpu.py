@@ -13,7 +13,7 @@ steps of one request wave (after a warm-up wave) it prints
 
     python benchmarks/profile_engine_gpu.py                            # smollm2-random, batch 1, plain
     python benchmarks/profile_engine_gpu.py --mode ngram --batch 8
-    python benchmarks/profile_engine_gpu.py --dry-run                  # CPU: tiny model, reference backend
+    python benchmarks/profile_engine_gpu.py --dry-run                  # CPU: tiny model, simulated graphs
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ def host_table(profile: cProfile.Profile, rows: int) -> str:
 
 
 def build(args: argparse.Namespace, tmp: str) -> LLM:
-    if args.dry_run:
-        from spec_backend.backends.reference import ReferenceBackend
+    if args.dry_run:  # the GPU's paths (captured steps, async scheduling, steps ahead), simulated
+        from spec_backend.testing.simulated_graphs import SimulatedGraphsBackend
 
-        backend: Any = ReferenceBackend()
+        backend: Any = SimulatedGraphsBackend()
     else:
         from spec_backend_cuda import CudaBackend
 
@@ -103,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-random", choices=["smollm2-random", "random-1b"])
-    parser.add_argument("--mode", default="plain", choices=["plain", "ngram", "synthetic", "draft"])
+    modes = ["plain", "ngram", "ngram_gpu", "synthetic", "synthetic_gpu", "draft"]
+    parser.add_argument("--mode", default="plain", choices=modes)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--steps", type=int, default=32, help="new tokens per request in the profiled waves")
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--eager", action="store_true", help="graphs off")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, reference backend")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random model, simulated graphs")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (use --dry-run to check the script on CPU)")
