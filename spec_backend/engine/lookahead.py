@@ -101,7 +101,7 @@ class Lookahead:
         rolls back by its lengths alone (no sliding-window rings, no recurrent state)."""
         engine, drafter = self.engine, self.engine.drafter
         captured = engine.captured
-        if drafter is None or not (drafter.drafts_ahead and drafter.defers_follow):
+        if drafter is None or not drafter.drafts_ahead:
             return False
         if captured is None or captured.verify is None or not captured.device_lengths:
             return False

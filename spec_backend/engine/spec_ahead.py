@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from spec_backend.engine.step_result import Launched, StepResult, moved_rows
+from spec_backend.proposers.contract import FlightTokens
 from spec_backend.runtime.captured import step_graph
 from spec_backend.runtime.captured_verify import verify_kind_of
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
@@ -95,17 +96,19 @@ def budgets_fixed(requests: list[Request], k: int, max_model_len: int) -> bool:
     return all(r.remaining >= 2 * q and max_model_len - r.num_tokens >= 2 * q for r in requests)
 
 
-def emitted_of(flight: Launched, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``flight``'s emitted tokens ``[B, W]`` (placeholders after them), counts ``[B]`` and RNG counters
-    ``[B]`` for ``requests`` (each one of the flight's), on the device."""
-    packed, counters = flight.result.packed, flight.result.counters
-    assert packed is not None and counters is not None
+def flight_tokens(flight: Launched, requests: list[Request]) -> FlightTokens:
+    """``flight``'s tokens on the device for ``requests`` (each one of the flight's): emitted ``[B, W]``
+    (placeholders after them), their counts, each request's tokens before the step (its RNG counter) and
+    the step's first query token."""
+    result = flight.result
+    packed, counters, fed = result.packed, result.counters, result.fed
+    assert packed is not None and counters is not None and fed is not None
     index = moved_rows(flight.requests, requests)
     if index is not None:  # requests left since the launch: the rows of those still running
         rows = torch.tensor(index, dtype=torch.int64).to(packed.device)  # [B]
-        packed, counters = packed[rows], counters[rows]
+        packed, counters, fed = packed[rows], counters[rows], fed[rows]
     emitted = packed[:, :-1]  # [B, W]: the last column is the verified draft count
-    return emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters  # [B, W], [B], [B]
+    return FlightTokens(emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters, fed)
 
 
 def launch_ahead(
@@ -123,22 +126,23 @@ def launch_ahead(
         return None
     captured, verify, kind = found
     q = captured.q
-    emitted, counts, counters = emitted_of(flight, requests)  # [B, W], [B], [B]
-    first = counters + counts  # [B] each request's tokens after step n: its first draft's RNG counter
+    tokens_n = flight_tokens(flight, requests)
+    first = tokens_n.before + tokens_n.counts  # [B] each request's tokens after step n: its RNG counter
     sampling = engine.sampling_state.metadata(0, first)
-    last = emitted.gather(1, (counts - 1).clamp(min=0)[:, None])  # [B, 1]
+    last = tokens_n.emitted.gather(1, (tokens_n.counts - 1).clamp(min=0)[:, None])  # [B, 1]
     tokens = last
     if speculative:
         drafter = engine.drafter
         assert drafter is not None
         unseen = [r.unseen_tokens() for r in requests]  # none while steps go ahead: handed over on landing
-        if any(unseen):
+        if any(unseen) and drafter.defers_follow:
             _failed(requests, drafter.take_tokens(requests, unseen))
-        drafts = drafter.propose_ahead(requests, emitted, counts, [q - 1] * len(requests))  # [B, K]
+        drafts = drafter.propose_ahead(requests, tokens_n, [q - 1] * len(requests))  # [B, K]
         tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
     batch, target = captured.forward_ahead(tokens.clamp_min(0).reshape(-1), first - 1 + q)
     packed = verify.launch(kind, target.logits, tokens, sampling)  # [B, q + 1]
-    return Launched(list(requests), StepResult(batch, target, [], [], packed, True, first), speculative)
+    result = StepResult(batch, target, [], [], packed, True, first, last.squeeze(1))
+    return Launched(list(requests), result, speculative)
 
 
 def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> None:
@@ -154,10 +158,14 @@ def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> No
     for slot, request in enumerate(running):
         if not request.finished:
             engine.slots.truncate(slot, request.num_tokens - 1 + (q if successor else 0))
-    if successor:
+    drafter = engine.drafter
+    if successor and drafter is not None:  # the drafter drafted after these tokens on the device
         live = [r for r in running if not r.finished]
-        if engine.drafter is not None and live:
-            _failed(live, engine.drafter.take_tokens(live, [r.unseen_tokens() for r in live]))
+        if drafter.defers_follow and live:
+            _failed(live, drafter.take_tokens(live, [r.unseen_tokens() for r in live]))
+        elif not drafter.defers_follow:
+            drafter.landed_ahead([None if r.finished else r for r in running])
+    if successor:
         return
     index = moved_rows(launched.requests, running)
     if index is not None:  # the drafter reads its requests' tokens alone (``defers_follow``): their lists
@@ -180,7 +188,12 @@ def _graphs(
     kind = verify_kind_of(engine.sampling_state.flags(0, batch))
     if captured is None or captured.verify is None or kind not in captured.verify.runners or kind is None:
         return None
-    if not captured.device_lengths or flight.result.counters is None or not (speculative or captured.q == 1):
+    if (
+        not captured.device_lengths
+        or flight.result.counters is None
+        or flight.result.fed is None
+        or not (speculative or captured.q == 1)
+    ):
         return None
     return captured, captured.verify, kind
 
@@ -191,4 +204,4 @@ def _failed(requests: list[Request], errors: tuple[str | None, ...]) -> None:
             request.fail(error)
 
 
-__all__ = ["AheadEngine", "AheadStepper", "budgets_fixed", "emitted_of", "land_ahead", "launch_ahead"]
+__all__ = ["AheadEngine", "AheadStepper", "budgets_fixed", "flight_tokens", "land_ahead", "launch_ahead"]

@@ -33,6 +33,8 @@ class StepResult:
     #: [B] int64 on the device: each request's RNG counter in this step (its tokens before the step);
     #: a speculative step launched after it counts on from here (``spec_ahead.py``)
     counters: torch.Tensor | None = None
+    #: [B] int64 on the device: each request's first query token in this step (its newest token before)
+    fed: torch.Tensor | None = None
     #: waits for ``packed``'s copy to the host, started when the step was launched
     #: (``Backend.start_host_copy``); None: the copy is made by ``read``
     host: Callable[[], torch.Tensor] | None = None

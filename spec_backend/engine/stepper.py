@@ -228,7 +228,7 @@ class Stepper:
         kind = _graph_kind(captured, requests, inputs, sampling)
         if captured is not None and captured.verify is not None and kind is not None:
             packed = captured.verify.launch(kind, target.logits, inputs.tokens, sampling)
-            return StepResult(batch, target, [], [], packed, True, sampling.positions)
+            return StepResult(batch, target, [], [], packed, True, sampling.positions, inputs.tokens[:, 0])
         flat_probs = None
         if inputs.probs is not None:  # [B, K_max, V] -> [T, V] in request order
             k_idx = torch.arange(inputs.probs.shape[1], device=inputs.probs.device)  # [K_max]
@@ -238,7 +238,7 @@ class Stepper:
         packed = engine.verifier.launch(
             batch, requests, target.logits, sampling, flat_probs, last_only, valid
         )
-        return StepResult(batch, target, [], [], packed, True, sampling.positions)
+        return StepResult(batch, target, [], [], packed, True, sampling.positions, inputs.tokens[:, 0])
 
     def _sampling(self, start: int, requests: list[Request], ahead: int = 0) -> SamplingMetadata:
         """The step's sampling metadata; each request's first draft position is its RNG counter (``ahead``:

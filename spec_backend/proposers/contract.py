@@ -127,6 +127,17 @@ class DraftOutput:
     tree_parents: tuple[tuple[int, ...], ...] | None = None  # host [B][n_b]
 
 
+@dataclass(frozen=True)
+class FlightTokens:
+    """A step launched and not landed, as a drafter drafting after it sees it (``Drafter.propose_ahead``):
+    its emitted tokens on the device, nothing read to the host."""
+
+    emitted: torch.Tensor  # [B, W] int64: each request's emitted tokens, placeholders after them
+    counts: torch.Tensor  # [B] int64: each request's emitted tokens (1 .. W)
+    before: torch.Tensor  # [B] int64: each request's tokens before the step
+    fed: torch.Tensor  # [B] int64: the step's first query token (each request's newest token before it)
+
+
 class Drafter(ABC):
     """Every drafting method. ``num_speculative_tokens`` is K; ``hidden_states`` what it reads."""
 
@@ -144,7 +155,9 @@ class Drafter(ABC):
     #: whether ``shadow`` drafts (a host lookup); the engine plans its steps around the shadows' dates
     can_shadow: bool = False
     #: whether ``propose_ahead`` drafts after a step the host has not landed (its tokens on the device):
-    #: async speculative steps (``engine/spec_ahead.py``). Only a drafter that ``defers_follow``
+    #: async speculative steps (``engine/spec_ahead.py``). Only a drafter whose state is its requests'
+    #: tokens (no target hidden states): a drafter that ``defers_follow``, or one that ``landed_ahead``
+    #: tells when the step lands
     drafts_ahead: bool = False
 
     def cache_bytes_per_slot(self) -> int:
@@ -203,17 +216,17 @@ class Drafter(ABC):
         return None
 
     def propose_ahead(
-        self,
-        requests: Sequence[DraftRequest],
-        emitted: torch.Tensor,  # [B, W] int64 on the device: a step's emitted tokens, padding after them
-        counts: torch.Tensor,  # [B] int64 on the device: each request's emitted tokens
-        budgets: Sequence[int],
+        self, requests: Sequence[DraftRequest], flight: FlightTokens, budgets: Sequence[int]
     ) -> torch.Tensor:  # [B, K] int64, placeholders past each request's drafts
-        """A drafter that ``drafts_ahead``: the drafts after each request's ``counts[b]`` tokens of
-        ``emitted`` (a step not landed; nothing read to the host), which its next ``take_tokens`` or call
-        then brings, the step landed."""
-        del requests, emitted, counts, budgets
+        """A drafter that ``drafts_ahead``: the drafts after ``flight``'s tokens (a step not landed;
+        nothing read to the host). When the step lands, its tokens reach the drafter by its next
+        ``take_tokens`` (a drafter that ``defers_follow``) or ``landed_ahead``."""
+        del requests, flight, budgets
         raise NotImplementedError(f"{type(self).__name__} does not draft ahead (drafts_ahead is False)")
+
+    def landed_ahead(self, requests: Sequence[DraftRequest | None]) -> None:  # noqa: B027 - optional hook
+        """A drafter that ``drafts_ahead`` and does not ``defer_follow``: the step it drafted after
+        (``propose_ahead``) landed; ``requests`` in their slots (``None``: a request that ended there)."""
 
     @abstractmethod
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -278,6 +291,7 @@ __all__ = [
     "DraftRequest",
     "Drafter",
     "DrafterContext",
+    "FlightTokens",
     "empty_drafts",
     "last_committed_rows",
     "pack_drafts",

@@ -43,6 +43,8 @@ from spec_backend.proposers.contract import (
     empty_drafts,
     pack_drafts,
 )
+from spec_backend.proposers.draft_model_ahead import DraftAhead
+from spec_backend.proposers.draft_model_checks import check_positions, check_vocab, pard_token
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
@@ -51,7 +53,7 @@ from spec_backend.step import SlotCache, build_step_batch, build_tree_batch
 
 if TYPE_CHECKING:
     from spec_backend.backends.base import Backend
-    from spec_backend.proposers.contract import DrafterContext
+    from spec_backend.proposers.contract import DrafterContext, FlightTokens
     from spec_backend.runtime.captured import CapturedChain, CapturedDecode
     from spec_backend.runtime.kv_cache import RaggedKVCache
     from spec_backend.runtime.runner import ModelRunner
@@ -94,6 +96,7 @@ class DraftModelDrafter(Drafter):
         self._fed: dict[str, _Fed] = {}
         self.mask_token_id = mask_token_id  # PARD parallel drafting when set
         self.drafts_trees = False  # set by the builder for token trees: no chain step to capture
+        self.ahead: DraftAhead | None = None  # greedy chains over device lengths: drafting ahead
 
     def cache_bytes_per_slot(self) -> int:
         return self.layout.bytes_per_position * (self.max_model_len + self.headroom)
@@ -111,6 +114,13 @@ class DraftModelDrafter(Drafter):
         chains = not (self.probabilistic or self.drafts_trees or self.mask_token_id is not None)
         if self.decode_graph is not None and self.backend is not None and chains:  # argmax chains only
             self.chain_graph = capture_chain(self.decode_graph, self.backend, self.num_speculative_tokens - 1)
+        self.ahead = None
+        if self.chain_graph is not None:  # captured where attention reads device lengths: ahead too
+            pair = maybe_capture(self.runner, self.backend, 2, num_slots, self.enforce_eager)
+            if pair is not None:
+                pair.device_lengths = True
+                self.ahead = DraftAhead(pair, self.chain_graph)
+        self.drafts_ahead = self.ahead is not None
 
     def caches(self) -> Sequence[SlotCache]:
         return (self._runner().cache,)
@@ -129,6 +139,22 @@ class DraftModelDrafter(Drafter):
 
     def remove_request(self, request_id: str) -> None:
         self._fed.pop(request_id, None)
+
+    def propose_ahead(
+        self, requests: Sequence[DraftRequest], flight: FlightTokens, budgets: Sequence[int]
+    ) -> torch.Tensor:  # [B, K]
+        """K greedy drafts per request after ``flight`` (``draft_model_ahead``; budgets are K there)."""
+        if self.ahead is None:
+            raise NotImplementedError("this draft model drafts ahead only as a captured greedy chain")
+        return self.ahead.propose(flight)
+
+    def landed_ahead(self, requests: Sequence[DraftRequest | None]) -> None:
+        """Each live request's cache holds its tokens and K-1 fed drafts, as after a draft-next."""
+        cache, fed = self._runner().cache, self.num_speculative_tokens - 1
+        for slot, request in enumerate(requests):
+            if request is not None:
+                cache.truncate(slot, request.num_tokens + fed)
+                self._fed[request.request_id] = _Fed(start=request.num_tokens, drafts=fed)
 
     def propose(self, inputs: DraftInputs) -> DraftOutput:
         runner, requests = self._runner(), inputs.requests
@@ -290,8 +316,8 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
 
         dtype = resolve_dtype(str(config.draft_model_config.dtype))
     model = ctx.load_model(path, dtype)
-    _check_vocab(ctx, model, path)
-    _check_positions(model, path, ctx.max_model_len)
+    check_vocab(ctx, model, path)
+    check_positions(model, path, ctx.max_model_len)
     assert config.num_speculative_tokens is not None
     k, tree = config.num_speculative_tokens, branching_tree(config.token_tree)
     if config.parallel_drafting and (tree is not None or config.tree_top_k or config.tree_paths):
@@ -308,70 +334,12 @@ def build_draft_model_drafter(ctx: DrafterContext) -> DraftModelDrafter:
         config.uses_draft_probs,
         ctx.backend,
         ctx.enforce_eager,
-        _pard_token(model, path) if config.parallel_drafting else None,
+        pard_token(model, path) if config.parallel_drafting else None,
     )
     # a static tree's level feeds up to every node; a dynamic one's (or paths'), its frontier and ancestors
     drafter.headroom = max(k, len(tree or ()), (config.tree_top_k or config.tree_paths or 0) * k)
     drafter.drafts_trees = tree is not None or bool(config.tree_top_k or config.tree_paths)
     return drafter
-
-
-def _pard_token(draft: Any, path: str) -> int:
-    """The mask token of a PARD draft model (``pard_token`` or ``ptd_token_id`` in its config)."""
-    config = draft.config
-    token = next((getattr(config, k) for k in ("pard_token", "ptd_token_id") if hasattr(config, k)), None)
-    vocab = int(draft.get_input_embeddings().weight.shape[0])
-    if token is None:
-        raise ValueError(
-            "parallel_drafting=True with method='draft_model' needs a PARD draft model: its config.json "
-            f"must name the mask token as pard_token or ptd_token_id, and {path!r} has neither"
-        )
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-        raise ValueError(
-            f"draft model {path!r}: pard_token must be a token id in [0, {vocab}), got {token!r}"
-        )
-    return token
-
-
-def _check_positions(draft: Any, path: str, max_model_len: int) -> None:
-    """The draft model must know every position a request can reach (``max_model_len``): past its
-    ``max_position_embeddings`` its position encoding was never trained (or does not exist)."""
-    config = draft.config.get_text_config() if hasattr(draft.config, "get_text_config") else draft.config
-    limit = getattr(config, "max_position_embeddings", None)
-    if isinstance(limit, int) and limit < max_model_len:
-        raise ValueError(
-            f"the draft model {path!r} has max_position_embeddings={limit}, fewer than the engine's "
-            f"max_model_len={max_model_len}; use a draft model with at least {max_model_len} positions, "
-            f"or pass LLM(max_model_len={limit})"
-        )
-
-
-def _check_vocab(ctx: DrafterContext, draft: Any, path: str) -> None:
-    target: Any = ctx.target
-    target_v = int(target.get_output_embeddings().weight.shape[0])
-    draft_v = int(draft.get_output_embeddings().weight.shape[0])
-    if target_v != draft_v:
-        raise ValueError(
-            f"the draft model must share the target's vocabulary: target has {target_v} tokens, draft model "
-            f"{path!r} has {draft_v}"
-        )
-    if ctx.target_vocab is None:
-        return
-    from spec_backend.runtime.loader import load_tokenizer
-    from spec_backend.runtime.sources import resolve_model
-
-    tokenizer = load_tokenizer(resolve_model(path))
-    if tokenizer is None:
-        return
-    target_vocab = ctx.target_vocab
-    clashes = sorted(t for t, i in tokenizer.get_vocab().items() if target_vocab.get(t, i) != i)
-    if clashes:  # tokens both know under different ids (an extra special token on one side is fine)
-        example = clashes[0]
-        raise ValueError(
-            f"the draft model {path!r} has a different tokenizer from the target: {len(clashes)} token(s) "
-            f"have different ids, e.g. {example!r} is {tokenizer.get_vocab()[example]} in the draft and "
-            f"{target_vocab[example]} in the target; use a draft model trained with the target's tokenizer"
-        )
 
 
 __all__ = ["DraftModelDrafter", "build_draft_model_drafter"]

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 import torch
 
 from spec_backend.proposers.base import Proposer
-from spec_backend.proposers.contract import Drafter, DraftInputs, DraftOutput, DraftRequest, pack_drafts
+from spec_backend.proposers.contract import (
+    Drafter,
+    DraftInputs,
+    DraftOutput,
+    DraftRequest,
+    FlightTokens,
+    pack_drafts,
+)
 from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 
 
@@ -137,13 +144,10 @@ class HostDrafter(Drafter):
         return DraftOutput(token_ids, tuple(int(b) for b in inputs.budgets), errors=tuple(errors))
 
     def propose_ahead(
-        self,
-        requests: Sequence[DraftRequest],
-        emitted: torch.Tensor,  # [B, W] int64 on the device
-        counts: torch.Tensor,  # [B] int64 on the device
-        budgets: Sequence[int],
+        self, requests: Sequence[DraftRequest], flight: FlightTokens, budgets: Sequence[int]
     ) -> torch.Tensor:  # [B, K] int64, placeholders past each match
-        found = self.proposer.propose_ahead([r.request_id for r in requests], emitted, counts, budgets)
+        ids = [r.request_id for r in requests]
+        found = self.proposer.propose_ahead(ids, flight.emitted, flight.counts, budgets)
         if found is None:
             name = type(self.proposer).__name__
             raise NotImplementedError(f"{name} drafts on the host (drafts_ahead is False)")

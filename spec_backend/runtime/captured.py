@@ -214,6 +214,7 @@ class CapturedChain:
                 f"q={decode.q}, tree={decode.tree}, chain={chain}"
             )
         self.decode, self.chain = decode, chain
+        self._plans: dict[int, StepBatch] = {}  # batch size -> the host plan of a chain launched ahead
         self.graph: GraphRunner = backend.graph_runner(self._chain, decode.capture_sizes)
         device, largest = decode.runner.cache.layout.device, decode.capture_sizes[-1]
         self.graph.capture(
@@ -254,6 +255,21 @@ class CapturedChain:
     def forward(self, first: torch.Tensor) -> torch.Tensor:  # [B] -> [B, chain]
         """Drafts 2..K of every live request after draft 1 ``first``."""
         return replay_chain(self.graph, self.decode.runner.cache, self.chain, {"input_ids": first})
+
+    @torch.no_grad()
+    def forward_ahead(
+        self,
+        first: torch.Tensor,  # [B] draft 1 of every live request
+        seq_lens: torch.Tensor,  # [B] each request's tokens with draft 1, on the device only
+    ) -> torch.Tensor:  # [B, chain]
+        """``forward`` over lengths the host has not read (a step launched ahead): the host reserves the
+        chain's rows past its lengths (an upper bound), over a plan made once per batch size."""
+        b, cache = first.shape[0], self.decode.runner.cache
+        plan = self._plans.get(b)
+        if plan is None:
+            rows, lens = first.new_zeros(b * self.chain), seq_lens.new_full((b,), self.chain)  # [N], [B]
+            plan = self._plans[b] = static_step_batch(rows, lens, self.chain, cache.capacity)
+        return replay_planned(self.graph, cache, plan, {"input_ids": first, "seq_lens": seq_lens})
 
 
 def covers_live(start: int, batch_size: int, cache: RaggedKVCache, capture_sizes: Sequence[int]) -> bool:

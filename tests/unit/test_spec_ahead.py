@@ -20,7 +20,7 @@ from engine_fixtures import PROMPTS, CapturingReference, one_thread  # noqa: F40
 from spec_backend.engine import LLM, SamplingParams, spec_ahead
 from spec_backend.engine.lookahead import AHEAD_PER_DECISION
 from spec_backend.engine.step_result import moved_rows
-from spec_backend.proposers.contract import Drafter
+from spec_backend.proposers.contract import Drafter, FlightTokens
 from spec_backend.proposers.host_drafter import HostDrafter
 from spec_backend.proposers.ngram import NgramProposer
 from spec_backend.proposers.ngram_gpu import NgramGpuProposer
@@ -87,15 +87,42 @@ def _ahead(llm: LLM) -> int:
     return llm.engine.lookahead.speculative_launches
 
 
-def test_tokens_equal_the_synchronous_engines(target: str) -> None:
-    """Greedy and sampled requests (seeded, and the engine's seeds), four slots: every token equals the
-    synchronous engine's, and most decode steps went ahead."""
-    sync = _llm(target, False)
+@pytest.fixture(scope="module")
+def shallow(target: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The target's first decoder layer under its embeddings and head, as a draft model: its greedy drafts
+    are accepted often but not always, so every accepted count (and a wrong draft state) shows."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    folder = tmp_path_factory.mktemp("shallow-draft")
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def _draft_model(draft: str) -> dict[str, Any]:
+    """``draft`` as a draft model, K drafts every step."""
+    return {
+        "method": "draft_model",
+        "model": draft,
+        "num_speculative_tokens": K,
+        "adaptive_draft_length": False,
+    }
+
+
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model"])
+def test_tokens_equal_the_synchronous_engines(target: str, shallow: str, drafter: str) -> None:
+    """Greedy and sampled requests (seeded, and the engine's seeds), four slots: every token, and every
+    request's draft and acceptance counts, equal the synchronous engine's, and many decode steps went
+    ahead: ``ngram_gpu``'s drafts matched on the device, or a draft model's (``draft_model_ahead``)."""
+    spec = FIXED if drafter == "ngram_gpu" else _draft_model(shallow)
+    sync = _llm(target, False, speculative_config=spec)
     expected = _run(sync, PROMPTS, MIXED)
-    llm = _llm(target, True)
+    llm = _llm(target, True, speculative_config=spec)
     assert _run(llm, PROMPTS, MIXED) == expected
     assert llm.metrics.total.num_accepted_tokens == sync.metrics.total.num_accepted_tokens > 0
-    assert llm.engine.num_steps == sync.engine.num_steps and _ahead(llm) > llm.engine.num_steps // 2
+    assert llm.engine.num_steps == sync.engine.num_steps and _ahead(llm) > llm.engine.num_steps // 3
 
 
 # plain decoding; a host drafter with speculation off for batches of 2+ (plain flights beside a drafter)
@@ -113,23 +140,25 @@ def test_plain_steps_launched_from_the_device_give_the_synchronous_tokens(target
     assert lookahead is not None and lookahead.launches_ahead > 20 and _ahead(llm) == 0
 
 
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model"])
 @pytest.mark.parametrize("slots", [3, 6], ids=["admissions", "no-waiting"])
 def test_requests_that_end_mid_flight_leave_and_the_others_follow_their_slots(
-    target: str, slots: int, monkeypatch: pytest.MonkeyPatch
+    target: str, shallow: str, slots: int, drafter: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stop tokens taken from the synchronous run (each request ends at a token of its own, its next step
     in flight), other lengths, and more greedy requests than slots (admissions while steps go ahead) or
     not: the rows of the requests still running follow their moved slots."""
     prompts = [*PROMPTS, [7, 8, 7, 8, 7, 8, 9], [3, 1, 3, 1, 3]]
+    spec = FIXED if drafter == "ngram_gpu" else _draft_model(shallow)
     greedy = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (50, 14, 41, 30, 9, 36)]
-    sync = _run(_llm(target, False, max_num_seqs=slots), prompts, greedy)
+    sync = _run(_llm(target, False, max_num_seqs=slots, speculative_config=spec), prompts, greedy)
     stops = [
         SamplingParams(
             temperature=0.0, max_tokens=p.max_tokens, stop_token_ids=[t[j]] if len(t) > j + 1 else None
         )
         for (t, *_), p, j in zip(sync, greedy, (30, 11, 25, 12, 3, 20), strict=True)
     ]
-    expected = _run(_llm(target, False, max_num_seqs=slots), prompts, stops)
+    expected = _run(_llm(target, False, max_num_seqs=slots, speculative_config=spec), prompts, stops)
     assert sum(reason == "stop" for _, reason, *_ in expected) >= 3
     moved: list[bool] = []
 
@@ -139,7 +168,7 @@ def test_requests_that_end_mid_flight_leave_and_the_others_follow_their_slots(
         return index
 
     monkeypatch.setattr(spec_ahead, "moved_rows", counted)
-    llm = _llm(target, True, max_num_seqs=slots)
+    llm = _llm(target, True, max_num_seqs=slots, speculative_config=spec)
     assert _run(llm, prompts, stops) == expected and _ahead(llm) > 0 and any(moved)
 
 
@@ -384,5 +413,6 @@ def test_only_drafters_that_draft_on_the_device_draft_ahead() -> None:
     host = HostDrafter(NgramProposer(2, 1, 2), device)
     assert not host.drafts_ahead
     with pytest.raises(NotImplementedError, match="NgramProposer drafts on the host"):
-        host.propose_ahead([], torch.zeros((0, 1), dtype=torch.int64), torch.zeros(0, dtype=torch.int64), [])
+        empty = torch.zeros(0, dtype=torch.int64)
+        host.propose_ahead([], FlightTokens(empty.view(0, 1), empty, empty, empty), [])
     assert Drafter.drafts_ahead is False

@@ -118,14 +118,15 @@ def test_async_scheduling_gives_the_synchronous_tokens_with_graphs(model_dir: st
     assert all(reason != "error" for _, reason in outs[None])
 
 
-def test_speculative_steps_launched_ahead_give_the_synchronous_tokens(model_dir: str) -> None:
-    """``ngram_gpu`` with K drafts every step: its verify steps launch before the host lands the step
-    before them (``engine/spec_ahead.py``, over CUDA graphs and the device's lengths) and give the
-    synchronous engine's greedy and seeded sampled tokens."""
+@pytest.mark.parametrize("method", ["ngram_gpu", "draft_model"])
+def test_speculative_steps_launched_ahead_give_the_synchronous_tokens(model_dir: str, method: str) -> None:
+    """``ngram_gpu``, or a draft model (the target itself), K drafts every step: the verify steps launch
+    before the host lands the step before them (``engine/spec_ahead.py``, over CUDA graphs and the
+    device's lengths) and give the synchronous engine's greedy and seeded sampled tokens."""
     from spec_backend.engine import LLM, SamplingParams
 
-    spec = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
-    spec["adaptive_draft_length"] = False
+    spec: dict[str, object] = {"method": method, "num_speculative_tokens": 3, "adaptive_draft_length": False}
+    spec |= {"prompt_lookup_min": 1} if method == "ngram_gpu" else {"model": model_dir}
     params = [
         SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True),
         SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True),
