@@ -138,6 +138,8 @@ class Lookahead:
         if speculative:
             if not budgets_fixed(requests, engine.k, engine.max_model_len):
                 return False  # near a request's end its budget (so its drafts) would depend on step n
+            if engine.drafter is not None and not engine.drafter.ready_ahead(requests):
+                return False  # e.g. a draft model after a draft-next with speculation off (review)
             if engine.adaptive is not None and self._since_decision >= AHEAD_PER_DECISION:
                 self._decide = True  # adaptive drafting times a synchronous step and chooses again
             if self._decide:

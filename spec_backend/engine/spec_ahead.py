@@ -25,14 +25,16 @@ step (no successor) truncates them to the synchronous state and runs the draft-n
 synchronous step verifies.
 
 Steps go ahead only where the next step's drafts equal the synchronous engine's, so the tokens do too
-(greedy and seeded sampled): the drafter drafts from its requests' tokens alone (``defers_follow``), every
-request's draft budget is K whatever step n emits (``budgets_fixed``), no confidence scheduling or token
-tree chooses per step, and the backend's captured attention reads the lengths from the device
-(``Backend.captures_draft_chains``). With adaptive drafting, steps go ahead while its last choice drafts
-K, ``AHEAD_PER_DECISION`` at a time between choices made at synchronous steps it times, and a new batch
-is chosen for first (``lookahead.py``): greedy tokens do not depend on the draft length, and a sampled
-request always drafts K. Everything else ``lookahead.py`` requires of a step
-launched ahead (no logprobs, no logits processors, a captured sampler kind, admissions) holds too.
+(greedy and seeded sampled; a draft model's up to a near-tie in low precision, ``draft_model_ahead``):
+the drafter's state is its requests' tokens (``defers_follow``) or a draft model's fed drafts, ready for
+it (``Drafter.ready_ahead``), every request's draft budget is K whatever step n emits
+(``budgets_fixed``), no confidence scheduling or token tree chooses per step, and the backend's captured
+attention reads the lengths from the device (``Backend.captures_draft_chains``). With adaptive drafting,
+steps go ahead while its last choice drafts K, ``AHEAD_PER_DECISION`` at a time between choices made at
+synchronous steps it times, and a new batch is chosen for first (``lookahead.py``): greedy tokens do not
+depend on the draft length, and a sampled request always drafts K. Everything else ``lookahead.py``
+requires of a step launched ahead (no logprobs, no logits processors, a captured sampler kind,
+admissions) holds too.
 
 Glossary: *landed* — a step's tokens appended to its requests on the host; *flight* — the launched step
 not landed yet (``lookahead.py``); *ahead* — drafted or launched from a flight's device output.

@@ -224,6 +224,13 @@ class Drafter(ABC):
         del requests, flight, budgets
         raise NotImplementedError(f"{type(self).__name__} does not draft ahead (drafts_ahead is False)")
 
+    def ready_ahead(self, requests: Sequence[DraftRequest]) -> bool:
+        """Whether ``propose_ahead`` may draft after the next step of ``requests``: its state is the one a
+        draft-next of K drafts leaves (default: ``drafts_ahead``; a drafter whose state is its requests'
+        tokens always is)."""
+        del requests
+        return self.drafts_ahead
+
     def landed_ahead(self, requests: Sequence[DraftRequest | None]) -> None:  # noqa: B027 - optional hook
         """A drafter that ``drafts_ahead`` and does not ``defer_follow``: the step it drafted after
         (``propose_ahead``) landed; ``requests`` in their slots (``None``: a request that ended there)."""

@@ -148,6 +148,15 @@ class DraftModelDrafter(Drafter):
             raise NotImplementedError("this draft model drafts ahead only as a captured greedy chain")
         return self.ahead.propose(flight)
 
+    def ready_ahead(self, requests: Sequence[DraftRequest]) -> bool:
+        """Each request's cache holds its tokens and K-1 fed drafts (``DraftAhead`` feeds from there): a
+        draft-next drafted K for it at its current tokens (not one with speculation off, review)."""
+        fed, k = self._fed, self.num_speculative_tokens
+        return self.ahead is not None and all(
+            (f := fed.get(r.request_id)) is not None and f.start == r.num_tokens and f.drafts == k - 1
+            for r in requests
+        )
+
     def landed_ahead(self, requests: Sequence[DraftRequest | None]) -> None:
         """Each live request's cache holds its tokens and K-1 fed drafts, as after a draft-next."""
         cache, fed = self._runner().cache, self.num_speculative_tokens - 1

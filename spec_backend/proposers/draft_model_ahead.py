@@ -10,7 +10,9 @@ same keys), or the last draft, which it lacks. Draft 1 is the argmax after the b
 one replay of the greedy chain (``CapturedChain.forward_ahead``). Rows written past a request's tokens are
 masked by its lengths and rewritten by its next step. The host's cache lengths hold an upper bound until
 the step lands (``landed``): then each request's cache holds its tokens and its K-1 fed drafts, as after
-the synchronous draft-next.
+the synchronous draft-next. The drafts are the synchronous ones where the two computations agree (in
+float64, tests); in lower precision a near-tie between two tokens could draft the other one, which never
+changes a greedy token and leaves sampled ones distributed as the target's.
 """
 
 from __future__ import annotations

@@ -141,6 +141,22 @@ def test_plain_steps_launched_from_the_device_give_the_synchronous_tokens(target
 
 
 @pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model"])
+def test_speculation_turning_back_on_drafts_before_steps_go_ahead(
+    target: str, shallow: str, drafter: str
+) -> None:
+    """Speculation off at two requests (``disable_by_batch_size``) and on again once one ends: a draft
+    model's cache then lags the tokens (a draft-next without drafts feeds nothing), so a synchronous
+    draft-next of K drafts comes before any step goes ahead (``Drafter.ready_ahead``; review finding:
+    its landing failed every request)."""
+    spec = (FIXED if drafter == "ngram_gpu" else _draft_model(shallow)) | {"disable_by_batch_size": 2}
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (80, 20)]
+    expected = _run(_llm(target, False, speculative_config=spec), PROMPTS[:2], params)
+    llm = _llm(target, True, speculative_config=spec)
+    assert _run(llm, PROMPTS[:2], params) == expected and _ahead(llm) > 5
+    assert all(reason == "length" for _, reason, *_ in expected)
+
+
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model"])
 @pytest.mark.parametrize("slots", [3, 6], ids=["admissions", "no-waiting"])
 def test_requests_that_end_mid_flight_leave_and_the_others_follow_their_slots(
     target: str, shallow: str, slots: int, drafter: str, monkeypatch: pytest.MonkeyPatch
