@@ -48,10 +48,6 @@ from spec_backend.runtime.slots import SlotTable
 logger = logging.getLogger("spec_backend.engine")
 
 
-def _copy_when_read(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-    return tensor.cpu
-
-
 class EngineStateError(RuntimeError):
     """The engine's own bookkeeping is inconsistent (a bug or an interrupted step); it is reset."""
 
@@ -109,10 +105,10 @@ class EngineCore:
         self.stepper = Stepper(self)
         #: plain steps launched before the host lands the step before them (``lookahead.py``); None: off
         self.lookahead = Lookahead(self) if async_scheduling else None
-        #: the backend's ``start_host_copy`` and ``reads_early`` (set by the LLM): a step launched ahead
-        #: starts its packed output's copy to the host as soon as it is queued
-        self.host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]] = _copy_when_read
-        self.reads_early = False
+        #: the backend's ``start_host_copy`` where it ``reads_early`` (set by the LLM): a step launched ahead
+        #: starts its packed output's copy to the host as soon as it is queued; None: reads wait for all
+        #: queued work, so each step is read before the next is launched
+        self.host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]] | None = None
 
     @property
     def max_model_len(self) -> int:

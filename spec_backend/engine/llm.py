@@ -215,7 +215,7 @@ class LLM:
             runner, slots, verifier, drafter, k, max_num_seqs, disable, self.metrics, self.tokenizer,
             adaptive, hits, confidence, tree, self.async_scheduling,
         )  # fmt: skip
-        engine.host_copy, engine.reads_early = self.backend.start_host_copy, self.backend.reads_early
+        engine.host_copy = self.backend.start_host_copy if self.backend.reads_early else None
         eager = self.enforce_eager or bool(spec is not None and spec.enforce_eager)
         eager |= tree is not None and not self.backend.captures_token_trees
         capture_steps(engine, self.backend, eager)

@@ -64,7 +64,6 @@ class LookaheadEngine(StepEngine, Protocol):
     stepper: Stepper
     waiting: deque[Request]
     k: int
-    reads_early: bool
 
     @property
     def next_draft_length(self) -> int: ...
@@ -211,7 +210,7 @@ class Lookahead:
             self.drain()
             return
         self.flight = None
-        if self.engine.reads_early:  # the read waits for ``flight`` alone: ``launched`` is queued behind it
+        if self.engine.host_copy is not None:  # reads early: ``flight`` alone, ``launched`` queued behind
             landing = _read(flight)
             if landing is not None:
                 self.flight = launched  # read at the next engine step, once the one after it is queued

@@ -56,8 +56,7 @@ class StepEngine(Protocol):
     tokenizer: Any
     tree: Plan | None
     running: list[Request]
-    host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]]
-    reads_early: bool
+    host_copy: Callable[[torch.Tensor], Callable[[], torch.Tensor]] | None
 
     @property
     def max_model_len(self) -> int: ...
@@ -152,7 +151,8 @@ class Stepper:
             result = self._run(0, requests, inputs, False, 0 if ahead is None else 1)
             launched = Launched(list(requests), result, speculative)
         # where the backend reads early, the copy is queued now: its read waits for this step alone
-        return launched.copying(self.engine.host_copy) if self.engine.reads_early else launched
+        copy = self.engine.host_copy
+        return launched if copy is None else launched.copying(copy)
 
     def land(self, launched: Launched, successor: bool) -> None:
         """A launched step's tokens appended (stop checks, detokenization, metrics), then the draft-next,
