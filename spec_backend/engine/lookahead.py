@@ -45,10 +45,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from spec_backend.engine.spec_ahead import budgets_fixed
+from spec_backend.engine.spec_ahead import budgets_fixed, captured_kind
 from spec_backend.engine.stepper import StepEngine
 from spec_backend.runtime.captured import step_graph
-from spec_backend.runtime.captured_verify import verify_kind_of
 
 if TYPE_CHECKING:
     from spec_backend.engine.adaptive import AdaptiveDraftLength
@@ -159,11 +158,9 @@ class Lookahead:
     def _captured_kind(self, requests: list[Request]) -> bool:
         """Whether the verify step's captured sampler has a graph kind for ``requests`` (no top-k or top-p,
         no grammar)."""
-        captured = self.engine.captured
-        if captured is None or captured.verify is None or any(r.grammar is not None for r in requests):
+        if any(r.grammar is not None for r in requests):
             return False
-        kind = verify_kind_of(self.engine.sampling_state.flags(0, len(requests)))
-        return kind is not None and kind in captured.verify.runners
+        return captured_kind(self.engine, self.engine.captured, len(requests)) is not None
 
     def ready(self, requests: list[Request]) -> bool:
         """Whether the next decode step of ``requests`` goes ahead (``step``): a step is in flight (the

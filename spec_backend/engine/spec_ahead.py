@@ -136,9 +136,10 @@ def launch_ahead(
     if speculative:
         drafter = engine.drafter
         assert drafter is not None
-        unseen = [r.unseen_tokens() for r in requests]  # none while steps go ahead: handed over on landing
-        if any(unseen) and drafter.defers_follow:
-            _failed(requests, drafter.take_tokens(requests, unseen))
+        if drafter.defers_follow:  # none unseen while steps go ahead: handed over on landing
+            unseen = [r.unseen_tokens() for r in requests]
+            if any(unseen):
+                _failed(requests, drafter.take_tokens(requests, unseen))
         drafts = drafter.propose_ahead(requests, tokens_n, [q - 1] * len(requests))  # [B, K]
         tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
     batch, target = captured.forward_ahead(tokens.clamp_min(0).reshape(-1), first - 1 + q)
@@ -187,8 +188,8 @@ def _graphs(
     on the device."""
     plain = step_graph(engine.captured, engine.captured_plain, batch, False)
     captured = engine.captured if speculative else plain
-    kind = verify_kind_of(engine.sampling_state.flags(0, batch))
-    if captured is None or captured.verify is None or kind not in captured.verify.runners or kind is None:
+    kind = captured_kind(engine, captured, batch)
+    if captured is None or captured.verify is None or kind is None:
         return None
     if (
         not captured.device_lengths
@@ -200,10 +201,27 @@ def _graphs(
     return captured, captured.verify, kind
 
 
+def captured_kind(engine: AheadEngine, captured: CapturedDecode | None, batch: int) -> str | None:
+    """The kind of ``captured``'s sampler graphs that verifies slots ``0 .. batch - 1`` (from the host's
+    sampling flags: nothing built on the device); ``None``: none captured for them (top-k or top-p)."""
+    if captured is None or captured.verify is None:
+        return None
+    kind = verify_kind_of(engine.sampling_state.flags(0, batch))
+    return kind if kind in captured.verify.runners else None
+
+
 def _failed(requests: list[Request], errors: tuple[str | None, ...]) -> None:
     for request, error in zip(requests, errors, strict=False):
         if error is not None and not request.finished:
             request.fail(error)
 
 
-__all__ = ["AheadEngine", "AheadStepper", "budgets_fixed", "flight_tokens", "land_ahead", "launch_ahead"]
+__all__ = [
+    "AheadEngine",
+    "AheadStepper",
+    "budgets_fixed",
+    "captured_kind",
+    "flight_tokens",
+    "land_ahead",
+    "launch_ahead",
+]
