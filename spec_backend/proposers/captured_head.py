@@ -40,8 +40,8 @@ from spec_backend.runtime.captured import (
     covers_live,
     replay_chain,
     replay_planned,
-    static_step_batch,
 )
+from spec_backend.runtime.static_batch import static_step_batch
 from spec_backend.step import StepBatch
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from spec_backend.backends.base import Backend, GraphRunner
 from spec_backend.graphs import GraphCaptureError, padded_size, plan_capture_sizes
 from spec_backend.runtime.hf_compat import cache_kwargs
 from spec_backend.runtime.runner import ModelRunner, num_decoder_layers
+from spec_backend.runtime.static_batch import host_plan, static_step_batch
 from spec_backend.step import RaggedAttentionMetadata, StepBatch, TargetOutput, build_step_batch
 
 if TYPE_CHECKING:
@@ -34,39 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spec_backend.engine")
 T = TypeVar("T")
-
-
-def static_step_batch(
-    input_ids: torch.Tensor,  # [N] = [B * q] int64
-    seq_lens: torch.Tensor,  # [B] each request's seq len after this step (padding requests: 0)
-    q: int,
-    capacity: int,  # the cache's positions per slot: the width attention reads in a captured step
-) -> StepBatch:
-    """A captured step's batch: ``q`` query tokens per request from slot 0, every shape static, every
-    index a device op (nothing read from the host). Padding requests take positions ``0 .. q-1`` of their
-    (free) slots."""
-    b, device = seq_lens.shape[0], input_ids.device
-    lens = torch.clamp(seq_lens, min=q)  # [B]
-    rows = torch.arange(b, device=device).repeat_interleave(q)  # [N]
-    cols = torch.arange(q, device=device).repeat(b)  # [N]
-    q_lens = torch.full((b,), q, dtype=torch.int64, device=device)  # [B]
-    return StepBatch(
-        start=0,
-        slot_ids=torch.arange(b, device=device),
-        input_ids=input_ids,
-        positions=lens[rows] - q + cols,
-        query_start_loc=torch.arange(b + 1, device=device) * q,
-        query_lens=q_lens,
-        seq_lens=lens,
-        rows=rows,
-        cols=cols,
-        query_lens_host=(q,) * b,
-        num_draft_tokens=(q - 1,) * b,
-        max_seq_len=capacity,
-        draft_token_ids=input_ids.new_zeros(0, dtype=torch.int32),
-        attention=RaggedAttentionMetadata(query_lens=q_lens, kv_lens=lens),
-        static_shapes=True,
-    )
 
 
 class CapturedDecode:
@@ -173,11 +141,7 @@ class CapturedDecode:
         batch (its host counts; its tensors a placeholder layout, made once per batch size) and output."""
         if not self.device_lengths or self.tree:
             raise ValueError("a step launched ahead needs a chain step whose attention reads device lengths")
-        b = seq_lens.shape[0]
-        plan = self._plans.get(b)
-        if plan is None:
-            zeros, lens = input_ids.new_zeros(b * self.q), seq_lens.new_full((b,), self.q)  # [N], [B]
-            plan = self._plans[b] = static_step_batch(zeros, lens, self.q, self.runner.cache.capacity)
+        plan = host_plan(self._plans, seq_lens.shape[0], self.q, self.runner.cache.capacity, seq_lens.device)
         per_token = seq_lens if self.q == 1 else seq_lens.repeat_interleave(self.q)  # [N]
         return plan, self._replay(plan, {"input_ids": input_ids, "seq_lens": per_token})
 
@@ -264,11 +228,8 @@ class CapturedChain:
     ) -> torch.Tensor:  # [B, chain]
         """``forward`` over lengths the host has not read (a step launched ahead): the host reserves the
         chain's rows past its lengths (an upper bound), over a plan made once per batch size."""
-        b, cache = first.shape[0], self.decode.runner.cache
-        plan = self._plans.get(b)
-        if plan is None:
-            rows, lens = first.new_zeros(b * self.chain), seq_lens.new_full((b,), self.chain)  # [N], [B]
-            plan = self._plans[b] = static_step_batch(rows, lens, self.chain, cache.capacity)
+        cache = self.decode.runner.cache
+        plan = host_plan(self._plans, first.shape[0], self.chain, cache.capacity, first.device)
         return replay_planned(self.graph, cache, plan, {"input_ids": first, "seq_lens": seq_lens})
 
 
@@ -397,6 +358,5 @@ __all__ = [
     "maybe_capture",
     "replay_chain",
     "replay_planned",
-    "static_step_batch",
     "step_graph",
 ]
