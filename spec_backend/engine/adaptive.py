@@ -275,8 +275,9 @@ class AdaptiveDraftLength:
         plain decoding, and its shadows' outcomes are counted as ``choose`` would count them."""
         if self.steps + 1 >= self.hold_until or len(requests) != len(self.hold_ids):
             return False
-        if any(r.finished or r.request_id != i for r, i in zip(requests, self.hold_ids, strict=True)):
-            return False  # finished ones leave after this step, or another batch (a request retried alone)
+        for request, held_id in zip(requests, self.hold_ids, strict=True):
+            if request.finished or request.request_id != held_id:  # finished ones leave after this step,
+                return False  # or another batch (a request retried alone)
         if self.shadows.open and self.resolve_shadows(requests):  # the acceptances rose: decide
             self.hold_until = 0
             return False
@@ -346,11 +347,12 @@ class AdaptiveDraftLength:
     def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
         """A decode step of ``batch`` requests that verified ``drafts`` drafts (one count per request,
         under draft length ``k``) and accepted ``accepted`` in all took ``seconds``."""
-        self.drafted += sum(drafts)
+        rows = sum(drafts)
+        self.drafted += rows
         self.accepted += accepted
         measured = self.batch(batch)
-        measured.add_reach(drafts, k)
-        rows = sum(drafts)
+        if k:  # a budget of 0 reaches nothing
+            measured.add_reach(drafts, k)
         fresh = self.steps - measured.reference_step <= REFERENCE_AGE
         if not rows:  # a plain step: the reference
             now = measured.reference if fresh else seconds

@@ -186,12 +186,16 @@ class EngineCore:
             self.stepper.decode(list(self.running))
             return
         verified_k, running, total = self._next_k, list(self.running), self.metrics.total
-        accepted, drafted = total.num_accepted_tokens, [r.stats.num_draft_tokens for r in running]
+        # nothing to verify (a plain step): the counts stay as they are, and none is read per request
+        drafted = [r.stats.num_draft_tokens for r in running] if self.pending.total else None
+        accepted = total.num_accepted_tokens
         start = self.adaptive.clock()
         self.stepper.decode(running)
         seconds = self.adaptive.clock() - start
         if verified_k == self._next_k:
-            drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
+            drafts = [0] * len(running)
+            if drafted is not None:
+                drafts = [r.stats.num_draft_tokens - d for r, d in zip(running, drafted, strict=True)]
             accepted = total.num_accepted_tokens - accepted
             self.adaptive.observe(len(running), verified_k, seconds, drafts, accepted)
 
