@@ -19,7 +19,7 @@ module keeps the measurements its costs come from, all as ratios to a plain step
   drafts).
 
 Glossary: *plain step* — a decode step that verified no draft; *asking* — the drafter's call for the next
-step's drafts (a budget above 0), paid whether or not it finds any.
+step's drafts (a budget above 0) or for a shadow's, paid whether or not it finds any.
 """
 
 from __future__ import annotations
