@@ -8,10 +8,8 @@ cache's slots, padding requests on the free slots after the live ones (position 
 are rewritten when a request takes it), the attention mask from the device ``seq_lens``, keys read over
 each slot's whole capacity (zeroed at capture). Drawing each draft from the head's logits stays eager
 between replays. A head whose draft index picks its weights (MTP with several layers,
-``ChainHead.step_kinds``) runs eagerly: its layers past the first attend over rows only they write
-(committed rows go through the first), so the rows a capture's example or a replay's padding requests
-leave in a slot would be read by the request that takes it next, where eager steps read what that
-request's own steps left.
+``ChainHead.step_kinds``) runs eagerly: a draft step feeds its layer every chain row that layer has not
+computed (``layered_chain``), a row count that varies with the step, not one row per request.
 
 Where the backend's captured attention reads each forward's lengths from device tensors
 (``Backend.captures_draft_chains``) and drafts are point masses (argmax), the whole chain after draft 1 is
@@ -160,7 +158,7 @@ def capture_head_step(
         return None
     if head.step_kinds() > 1:
         logger.info(
-            "the %s head's draft steps run eagerly: its %d layers attend over rows only they write",
+            "the %s head's draft steps run eagerly: each of its %d layers is fed the chain rows it lacks",
             type(head).__name__,
             head.step_kinds(),
         )

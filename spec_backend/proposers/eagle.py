@@ -29,6 +29,7 @@ from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_draf
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import Grower
 from spec_backend.proposers.head_cache import HeadCacheDrafter
+from spec_backend.proposers.layered_chain import LayeredChain, feed_other_layers
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
 from spec_backend.proposers.tree_build import depths_of, fill_static_batch
 from spec_backend.step import HiddenStateRequest, StepBatch, build_tree_batch
@@ -86,15 +87,25 @@ class EagleDrafter(HeadCacheDrafter):
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, out.device)
         chain = DraftChain(inputs.requests, self.probabilistic, out.device)
-        graph = self.step_graph
+        graph, layered = self.step_graph, self._layered(start, batch)
         for step in range(k_max):
             ids = self._draw(chain, out, step)
             if step == 0 and graph is not None and graph.chains(start, batch, k_max):
                 chain.extend(graph.forward_chain(ids, out))  # drafts 2..K: one replay
                 break
-            if step + 1 < k_max:
+            if step + 1 < k_max and layered is not None:
+                out = layered.step(step + 1, ids, out)  # every layer over rows it computed
+            elif step + 1 < k_max:
                 out = self._run(start, ids[:, None], out[:, None], [1] * batch, step + 1)
         return chain.output(inputs.budgets)
+
+    def _layered(self, start: int, batch: int) -> LayeredChain | None:
+        """The chain of a head whose draft steps run different layers (``layered_chain``)."""
+        layers = self.head.step_kinds()
+        if layers == 1:
+            return None
+        forward = lambda tokens, hidden, lens, step: self._forward(start, tokens, hidden, lens, step)  # noqa: E731
+        return LayeredChain(self._cache(), start, batch, layers, forward)
 
     @torch.inference_mode()
     def propose_tree(self, inputs: DraftInputs, parents: Sequence[int], ranks: Sequence[int]) -> DraftOutput:
@@ -162,7 +173,12 @@ class EagleDrafter(HeadCacheDrafter):
 
     def _feed_committed(self, inputs: DraftInputs) -> torch.Tensor:  # [B, H] each request's last row
         tokens, hidden, lens = self._prepare(inputs)
-        out = self._run(inputs.batch.start, tokens, hidden, lens)
+        start, cache = inputs.batch.start, self._cache()
+        before = list(cache.lengths[start : start + len(lens)])
+        out = self._run(start, tokens, hidden, lens)
+        if self.head.step_kinds() > 1:  # every layer's rows at the committed positions (``layered_chain``)
+            forward = lambda step: self._forward(start, tokens, hidden, lens, step)  # noqa: E731
+            feed_other_layers(cache, start, before, self.head.step_kinds(), forward)
         self.mark_committed(inputs, lens)
         return out
 

@@ -116,6 +116,14 @@ def test_moe_blocks_load_from_per_expert_weights(tmp_path: Path) -> None:
 
 def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[int]:
     """MTP drafts from the pseudo-code; the MTP decoder layers are read by transformers itself."""
+    return [d for d, _ in _oracle_steps(target_dir, committed, k, nextn)]
+
+
+def _oracle_steps(
+    target_dir: str, committed: list[int], k: int, nextn: int
+) -> list[tuple[int, torch.Tensor]]:
+    """Per draft: the draft and the head output that drew it ``[H]``, each step's layer recomputed over
+    every committed token and every draft before it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(target_dir)
@@ -132,7 +140,7 @@ def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[i
 
     with torch.no_grad():
         h = list(target(torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states[-1][0])
-        toks, drafts = committed[1:], []
+        toks, drafts = committed[1:], list[tuple[int, torch.Tensor]]()
         for step in range(k):
             p = f"model.layers.{L + step % nextn}."
             pos = torch.arange(len(toks))[None]
@@ -145,7 +153,7 @@ def _oracle(target_dir: str, committed: list[int], k: int, nextn: int) -> list[i
                 x, attention_mask=mask, position_ids=pos, position_embeddings=full.model.rotary_emb(x, pos)
             )
             d = int(target.lm_head(norm(out[0, -1], p + "shared_head.norm.weight")).argmax())
-            drafts.append(d)
+            drafts.append((d, out[0, -1]))
             toks, h = [*toks, d], [*h, out[0, -1]]
     return drafts
 
@@ -158,6 +166,44 @@ def test_every_steps_drafts_match_a_rebuild_from_the_committed_tokens(tmp_path: 
         speculative_config={"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 2},
     )
     check_rebuilds(llm, lambda committed: _oracle(target, committed, 2, 1))
+
+
+def test_every_mtp_layer_attends_over_rows_it_computed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two MTP layers, K = 4 (layers 0, 1, 0, 1), in a slot another request held before: the head output
+    that draws each draft equals the oracle's, which recomputes each step's layer over every committed
+    token and draft (``proposers/layered_chain.py``). Failed before (by 2.5e-3 from draft 3 on, and by
+    what the slot held before): the committed rows went through layer 0 only, and each draft step fed its
+    layer one row, so a layer attended over positions it never wrote."""
+    target = write_glm_with_mtp(tmp_path / "two", nextn=2, seed=4)
+    spec = {"adaptive_draft_length": False, "method": "mtp", "num_speculative_tokens": 4}
+    llm = LLM(target, dtype="float64", speculative_config=spec, max_num_seqs=1)
+    llm.generate(
+        [list(range(60, 80))], SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True)
+    )
+    drafter: Any = llm.engine.drafter
+    propose, draw, steps = drafter.propose, drafter._draw, []
+
+    def spy_propose(inputs: Any) -> Any:
+        steps.append((inputs.requests[0].num_tokens, []))
+        return propose(inputs)
+
+    def spy_draw(chain: Any, out: torch.Tensor, step: int) -> torch.Tensor:
+        steps[-1][1].append(out[0].clone())
+        return draw(chain, out, step)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(drafter, "propose", spy_propose)
+    monkeypatch.setattr(drafter, "_draw", spy_draw)
+    prompt = PROMPTS[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))[0].outputs[0]
+    tokens, checked = prompt + out.token_ids, 0
+    for n, outs in steps:
+        expected = _oracle_steps(target, tokens[:n], len(outs), 2)
+        for step, (got, (_, want)) in enumerate(zip(outs, expected, strict=True)):
+            assert torch.allclose(got, want, atol=1e-9, rtol=0), f"draft {step + 1} after {n} tokens"
+            checked += 1
+    assert checked >= 12 and len(steps) >= 3
 
 
 def test_configuration_from_the_checkpoint(glm: str, caplog: pytest.LogCaptureFixture) -> None:
