@@ -16,15 +16,14 @@ batch of ``B``: the tokens a step emits over its cost, in plain steps.
   drafts in a quarter of the steps are worth ``1 + (a + a^2) / 4``, far less than half a draft in every
   step, ``(1 - a^1.5) / (1 - a)``, at a small ``a``.
 * **Cost.** What a step costs depends on the drafts it verifies, not on its budget: an eager step computes
-  one row per query token, so ``C(B, k) = 1 + A(B) + s(B) * sum_{j<=k} R_j`` with ``s`` the extra time of
-  one draft row per request and ``A`` that of asking the drafter at all (a host lookup costs the same
-  whether or not it finds drafts); on an engine whose verify step is a captured graph of K+1 rows per
-  request (``fixed_width``) any step with a draft replays it and one without replays the one-token step,
-  so ``C(B, k) = 1 + A(B) + s(B) * (1 - (1 - R_1)^B)`` with ``s`` the verify graph's extra. Both are
-  measured **against plain steps of the same moment** (``draft_costs``): a step that verified ``x > 0``
-  drafts and took ``t`` against ``t_0``, the plain steps' time over the last ``REFERENCE_AGE`` steps, gives
-  ``(t / t_0 - 1 - A) * B / x`` (flat: ``t / t_0 - 1 - A``), and ``s`` is their moving average; a step with
-  no plain step that recent is no sample. Absolute times would not do: a decode
+  one row per query token, so ``C(B, k) = 1 + s(B) * sum_{j<=k} R_j`` with ``s`` the extra time of one
+  draft row per request; on an engine whose verify step is a captured graph of K+1 rows per request
+  (``fixed_width``) any step with a draft replays it and one without replays the one-token step, so
+  ``C(B, k) = 1 + s(B) * (1 - (1 - R_1)^B)`` with ``s`` the verify graph's extra. ``s`` is measured
+  **against plain steps of the same moment**: a step that verified ``x > 0`` drafts and took ``t``
+  against ``t_0``, the plain steps' time over the last ``REFERENCE_AGE`` steps (every step verifying no
+  draft is one), gives ``(t / t_0 - 1) * B / x`` (flat: ``t / t_0 - 1``), and ``s`` is their moving
+  average; a step with no plain step that recent is no sample. Absolute times would not do: a decode
   step's time grows with the context (on the AVX2 demo from 6.3 ms at a short prompt to 11-12 ms at a
   code edit's) and drifts with the load, so lengths timed during different prompts compared prompts
   (plain decoding once measured 18 ms during code edits against 11 ms for one draft during chat, and one
@@ -66,19 +65,11 @@ query row a verify step adds for one draft.
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from spec_backend.engine.draft_costs import (
-    MIN_SAMPLES,
-    REFERENCE_AGE,
-    BatchCosts,
-    expected_tokens,
-    interpolated,
-    reach_of,
-    reached_tokens,
-)
 from spec_backend.engine.shadow_drafts import SHADOW_MAX, ShadowDrafts, ShadowRequest
 
 #: pseudo-drafts at the engine's mean acceptance added to each request's own counts
@@ -89,6 +80,14 @@ EXPLORE_EVERY = 32
 EXPLORE_MAX = 1024
 #: how much faster than plain decoding (k = 0) drafting must be predicted to be before it is chosen
 MARGIN = 1.05
+#: weight of a new measurement in the moving averages
+EMA_WEIGHT = 0.25
+#: measurements (plain steps, drafting steps) before they are trusted
+MIN_SAMPLES = 2
+#: steps after a plain step during which a drafting step's time is compared with it (module docstring)
+REFERENCE_AGE = 8
+#: weight of a new plain step in the reference (recent plain steps count: the context and the load drift)
+REFERENCE_WEIGHT = 0.5
 #: a step never reached
 NEVER = 2**62
 #: consecutive steps one re-measurement lasts: the drafts of the step that switches are verified by the
@@ -99,12 +98,76 @@ EXPLORE_HOLD = MIN_SAMPLES + 1
 CHOSEN_KEPT = 4096
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a step emits on average with ``k`` drafts each accepted with probability ``acceptance``
+    (exactly ``k`` every step; ``reached_tokens`` when the number of drafts varies). The closed form."""
+    a = min(max(acceptance, 0.0), 1.0)
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def reached_tokens(acceptance: float, reach: Sequence[float]) -> list[float]:
+    """``[len(reach) + 1]``: the tokens a step emits on average with draft length ``k`` (entry ``k``)
+    when ``reach[j - 1]`` of the requests are proposed at least ``j`` drafts, each accepted with
+    probability ``acceptance``: ``E(k) = 1 + sum_{j<=k} acceptance^j reach[j - 1]``."""
+    a = min(max(acceptance, 0.0), 1.0)
+    tokens, power = [1.0], 1.0
+    for share in reach:
+        power *= a
+        tokens.append(tokens[-1] + power * share)
+    return tokens
+
+
+def reach_of(drafts: Sequence[int], k: int) -> list[float]:
+    """``[k]``: the share of requests whose drafts (``drafts``, one count per request) reach 1..k."""
+    n = max(len(drafts), 1)
+    return [sum(1 for d in drafts if d >= j) / n for j in range(1, k + 1)]
+
+
+def interpolated(profile: Mapping[int, float], batch: int) -> float:
+    """``s(batch)`` from a profile: linear between the two profiled sizes around it, the nearest end's
+    outside them."""
+    sizes = sorted(profile)
+    if not sizes:
+        raise ValueError("an empty profile has no slope")
+    if batch <= sizes[0]:
+        return profile[sizes[0]]
+    if batch >= sizes[-1]:
+        return profile[sizes[-1]]
+    hi = bisect.bisect_left(sizes, batch)
+    lo_size, hi_size = sizes[hi - 1], sizes[hi]
+    share = (batch - lo_size) / (hi_size - lo_size)
+    return profile[lo_size] + share * (profile[hi_size] - profile[lo_size])
+
+
+@dataclass
+class _Batch:
+    """What is measured at one batch size (module docstring)."""
+
+    reach: list[float]  # [K] R_j: share of requests proposed at least j drafts (moving averages)
+    reached: list[int]  # [K] samples of each R_j
+    slope: float = (
+        0.0  # s: extra time of a draft row per request (fixed_width: of a verify step), plain steps
+    )
+    samples: int = 0  # drafting steps timed against a recent plain step
+    sample_step: int = -(2**62)  # the step that timed drafting last
+    plain: int = 0  # plain steps timed
+    reference: float = 0.0  # a plain step's time now (moving average over recent plain steps)
+    reference_step: int = -(2**62)  # the step that timed it last
+
+    def add_reach(self, drafts: Sequence[int], k: int) -> None:
+        """Requests were proposed ``drafts`` drafts (one count each) under a budget of ``k``: R_1..R_k."""
+        for j, share in enumerate(reach_of(drafts, k)):
+            old = self.reach[j]
+            self.reach[j] = old + EMA_WEIGHT * (share - old) if self.reached[j] else share
+            self.reached[j] += 1
+
+
 @dataclass
 class AdaptiveDraftLength:
     """The draft-length policy of one engine (module docstring)."""
 
     k: int
-    batches: dict[int, BatchCosts] = field(default_factory=dict)  # batch size -> its measurements
+    batches: dict[int, _Batch] = field(default_factory=dict)  # batch size -> its measurements
     drafted: int = 0  # every verified (or shadow) draft so far
     accepted: int = 0
     steps: int = 0
@@ -144,11 +207,11 @@ class AdaptiveDraftLength:
         drafted, accepted = drafted + shadow_drafted, accepted + shadow_accepted
         return (accepted + PRIOR_DRAFTS * self.mean_acceptance) / (drafted + PRIOR_DRAFTS)
 
-    def batch(self, batch: int) -> BatchCosts:
+    def batch(self, batch: int) -> _Batch:
         """The measurements at ``batch`` requests (empty at first)."""
         found = self.batches.get(batch)
         if found is None:
-            found = self.batches[batch] = BatchCosts([0.0] * self.k, [0] * self.k)
+            found = self.batches[batch] = _Batch([0.0] * self.k, [0] * self.k)
             # drafting already timed; a drafter that cannot shadow is taken to fill its budget until a
             # verify step says otherwise (its reach is learnt only from those)
             if self.profile and batch <= max(self.profile):
@@ -272,8 +335,14 @@ class AdaptiveDraftLength:
         return [sum(column) for column in zip(*per_request, strict=True)] or [0.0] * (self.k + 1)
 
     def cost(self, batch: int, k: int) -> float:
-        """``C(B, k)``: a step's expected time with draft length ``k``, in plain steps (``draft_costs``)."""
-        return self.batch(batch).cost(k, batch, self.fixed_width)
+        """``C(B, k)``: a step's expected time with draft length ``k``, in plain steps (module docstring)."""
+        measured = self.batch(batch)
+        if k == 0:
+            return 1.0
+        slope = max(measured.slope, 0.0)  # a draft row costs something: a faster step was noise
+        if self.fixed_width:
+            return 1.0 + slope * (1.0 - (1.0 - measured.reach[0]) ** batch)
+        return 1.0 + slope * sum(measured.reach[:k])
 
     def observe(self, batch: int, k: int, seconds: float, drafts: Sequence[int], accepted: int) -> None:
         """A decode step of ``batch`` requests that verified ``drafts`` drafts (one count per request,
@@ -284,8 +353,18 @@ class AdaptiveDraftLength:
         measured = self.batch(batch)
         if k:  # a budget of 0 reaches nothing
             measured.add_reach(drafts, k)
-        asked = bool(k) or self.last_shadow == self.steps  # a shadow's lookup asks the drafter too
-        measured.observe(self.steps, asked, seconds, rows, batch, self.fixed_width)
+        fresh = self.steps - measured.reference_step <= REFERENCE_AGE
+        if not rows:  # a plain step: the reference
+            now = measured.reference if fresh else seconds
+            measured.reference = now + REFERENCE_WEIGHT * (seconds - now)
+            measured.reference_step, measured.plain = self.steps, measured.plain + 1
+            return
+        if not fresh or measured.reference <= 0.0:
+            return  # too long after a plain step to compare with it (module docstring)
+        extra = seconds / measured.reference - 1.0
+        slope = extra if self.fixed_width else extra * batch / rows
+        measured.slope = measured.slope + EMA_WEIGHT * (slope - measured.slope) if measured.samples else slope
+        measured.samples, measured.sample_step = measured.samples + 1, self.steps
 
     def resolve_shadows(self, requests: Sequence[ShadowRequest]) -> int:
         """Count the shadows of ``requests`` that their tokens since decide (``shadow_drafts``); the drafts

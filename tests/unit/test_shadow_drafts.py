@@ -215,22 +215,3 @@ def test_sampled_requests_are_not_shadowed(target: str) -> None:
     ]
     outputs = llm.generate(PROMPTS[:2], params)
     assert shadows and {request_id for request_id, *_ in shadows} == {outputs[0].request_id}
-
-
-@pytest.mark.parametrize("shadowed", [True, False])
-def test_a_shadows_lookup_is_timed_as_asking_the_drafter(shadowed: bool) -> None:
-    """A plain step whose drafter looked up a shadow paid the lookup (``draft_costs``: the asking's cost),
-    so it is a sample of that cost and enters the reference without it; a step that did not (negative
-    control) is a plain step's time."""
-    policy = AdaptiveDraftLength(K)
-    for _ in range(MIN_SAMPLES):
-        policy.choose(1, [0.5])
-        policy.observe(1, 0, 1.0, [0], 0)
-    policy.choose(1, [0.5])
-    if shadowed:
-        policy.observe_shadows(1, [FakeRequest("a", [5])], [[]])  # found nothing
-    policy.observe(1, 0, 1.2, [0], 0)
-    measured = policy.batches[1]
-    assert measured.asks == (1 if shadowed else 0)
-    assert measured.ask == pytest.approx(0.2 if shadowed else 0.0)
-    assert measured.reference == pytest.approx(1.0 if shadowed else 1.1)
