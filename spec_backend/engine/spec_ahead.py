@@ -1,5 +1,6 @@
 """Steps launched ahead from the device: a verify step launched before the host lands the step before
-it, its drafts found on the device from that step's tokens (``Drafter.propose_ahead``: ``ngram_gpu``),
+it, its drafts found on the device from that step's tokens (``Drafter.propose_ahead``: ``ngram_gpu``, a
+draft model, an EAGLE-style head over that step's hidden states as well),
 and a plain step (``lookahead.py``) whose one-token graph reads device lengths, by the same path without
 drafts (nothing copied from the host: a copy from pageable memory would wait for the step in flight).
 
@@ -100,17 +101,22 @@ def budgets_fixed(requests: list[Request], k: int, max_model_len: int) -> bool:
 
 def flight_tokens(flight: Launched, requests: list[Request]) -> FlightTokens:
     """``flight``'s tokens on the device for ``requests`` (each one of the flight's): emitted ``[B, W]``
-    (placeholders after them), their counts, each request's tokens before the step (its RNG counter) and
-    the step's first query token."""
+    (placeholders after them), their counts, each request's tokens before the step (its RNG counter), the
+    step's first query token, and the target's hidden states of its ``W`` query rows where recorded."""
     result = flight.result
     packed, counters, fed = result.packed, result.counters, result.fed
     assert packed is not None and counters is not None and fed is not None
+    width, launched = packed.shape[1] - 1, len(flight.requests)  # q rows per request
+    final, aux = result.target.final, result.target.aux  # [N, H], [N, n_aux, H]: N >= launched * q
+    final = None if final is None else final[: launched * width].view(launched, width, *final.shape[1:])
+    aux = None if aux is None else aux[: launched * width].view(launched, width, *aux.shape[1:])
     index = moved_rows(flight.requests, requests)
     if index is not None:  # requests left since the launch: the rows of those still running
         rows = torch.tensor(index, dtype=torch.int64).to(packed.device)  # [B]
         packed, counters, fed = packed[rows], counters[rows], fed[rows]
+        final, aux = (None if t is None else t[rows] for t in (final, aux))
     emitted = packed[:, :-1]  # [B, W]: the last column is the verified draft count
-    return FlightTokens(emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters, fed)
+    return FlightTokens(emitted, (emitted != PLACEHOLDER_TOKEN_ID).sum(dim=1), counters, fed, final, aux)
 
 
 def launch_ahead(

@@ -39,7 +39,7 @@ from spec_backend.runtime.captured import (
     replay_chain,
     replay_planned,
 )
-from spec_backend.runtime.static_batch import static_step_batch
+from spec_backend.runtime.static_batch import host_plan, static_step_batch
 from spec_backend.step import StepBatch
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ class CapturedHeadStep:
         self, head: ChainHead, cache: RaggedKVCache, backend: Backend, max_num_seqs: int, chain: int = 0
     ) -> None:
         self.head, self.cache, self.chain = head, cache, chain
+        # batch size -> the host plan of a replay ahead: committed rows (K+1 a request), the chain (K-1)
+        self._committed_plans: dict[int, StepBatch] = {}
+        self._chain_plans: dict[int, StepBatch] = {}
         self.capture_sizes = plan_capture_sizes(0, max_num_seqs, backend=backend)
         param = next(head.parameters())
         largest, width = self.capture_sizes[-1], int(head.config.hidden_size)
@@ -68,9 +71,19 @@ class CapturedHeadStep:
         self.graph: GraphRunner = backend.graph_runner(self._forward, self.capture_sizes)
         self.graph.capture(example)
         self.chain_graph: GraphRunner | None = None
+        #: a step's committed rows at K+1 rows per request over device lengths (drafting ahead:
+        #: ``eagle_ahead``); captured with the chain where the backend's attention reads device lengths
+        self.committed_graph: GraphRunner | None = None
+        self.rows = chain + 2  # K+1
         if chain:
             self.chain_graph = backend.graph_runner(self._chain, self.capture_sizes)
             self.chain_graph.capture(example)
+        if chain and backend.captures_draft_chains:
+            sizes = [size * self.rows for size in self.capture_sizes]
+            self.committed_graph = backend.graph_runner(self._committed, sizes)
+            self.committed_graph.capture(
+                {name: t.repeat_interleave(self.rows, dim=0) for name, t in example.items()}
+            )
         cache.zero_all()  # the example rows the captures wrote
         logger.info(
             "captured the draft head's one-row step for %s requests%s",
@@ -115,6 +128,56 @@ class CapturedHeadStep:
             ids = ids if vocab is None else vocab[ids]
             drafts.append(ids)
         return torch.stack(drafts, dim=1)
+
+    def _committed(
+        self,
+        input_ids: torch.Tensor,  # [N * q] each row's next token
+        hidden: torch.Tensor,  # [N * q, H] each row's target features through ``combine``
+        seq_lens: torch.Tensor,  # [N * q] each request's rows with its q rows, repeated per row
+    ) -> torch.Tensor:  # [N * q, H]
+        """The committed rows' captured callable: ``q`` rows per request (``rows``), every shape static."""
+        q, n = self.rows, input_ids.shape[0]
+        b = n // q
+        batch = static_step_batch(input_ids, seq_lens.view(b, q)[:, 0], q, self.cache.capacity)
+        self.cache.plan = batch
+        try:
+            ids, positions = input_ids.view(b, q), batch.positions.view(b, q)
+            out: torch.Tensor = self.head(ids, hidden.view(b, q, -1), positions, self.cache, batch.attention)
+        finally:
+            self.cache.plan = None
+        return out.reshape(n, -1)
+
+    @torch.no_grad()
+    def committed_ahead(
+        self,
+        input_ids: torch.Tensor,  # [B, q] each row's next token
+        hidden: torch.Tensor,  # [B, q, H]
+        seq_lens: torch.Tensor,  # [B] each request's rows with these, on the device only
+    ) -> torch.Tensor:  # [B, q, H]
+        """``q`` rows per request of every live slot over lengths the host has not read (drafting ahead):
+        the host reserves them past its lengths (an upper bound), over a plan made once per batch size."""
+        if self.committed_graph is None:
+            raise ValueError(
+                "this head's steps were captured without device lengths: it does not draft ahead"
+            )
+        b, q = input_ids.shape
+        plan = host_plan(self._committed_plans, b, q, self.cache.capacity, input_ids.device)
+        inputs = {
+            "input_ids": input_ids.reshape(b * q),
+            "hidden": hidden.reshape(b * q, -1),
+            "seq_lens": seq_lens.repeat_interleave(q),
+        }
+        return replay_planned(self.committed_graph, self.cache, plan, inputs).view(b, q, -1)
+
+    @torch.no_grad()
+    def chain_ahead(self, first: torch.Tensor, hidden: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Drafts 2..K after draft 1 ``first [B]`` and the head output ``hidden [B, H]`` that drew it, each
+        request's rows with draft 1's ``seq_lens [B]`` on the device only: ``[B, chain]``."""
+        if self.chain_graph is None:
+            raise ValueError("this head's draft steps were captured without a chain graph")
+        plan = host_plan(self._chain_plans, first.shape[0], self.chain, self.cache.capacity, first.device)
+        inputs = {"input_ids": first, "hidden": hidden, "seq_lens": seq_lens}
+        return replay_planned(self.chain_graph, self.cache, plan, inputs)
 
     def chains(self, start: int, batch_size: int, drafts: int) -> bool:
         """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the

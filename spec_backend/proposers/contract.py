@@ -136,6 +136,10 @@ class FlightTokens:
     counts: torch.Tensor  # [B] int64: each request's emitted tokens (1 .. W)
     before: torch.Tensor  # [B] int64: each request's tokens before the step
     fed: torch.Tensor  # [B] int64: the step's first query token (each request's newest token before it)
+    #: the target's hidden states of the step's query rows, where its forward recorded them (a drafter
+    #: that reads them: EAGLE-style heads): post-norm final ``[B, q, H]``, auxiliary ``[B, q, n_aux, H]``
+    final: torch.Tensor | None = None
+    aux: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -154,10 +158,9 @@ class Drafter(ABC):
     defers_follow: bool = False
     #: whether ``shadow`` drafts (a host lookup); the engine plans its steps around the shadows' dates
     can_shadow: bool = False
-    #: whether ``propose_ahead`` drafts after a step the host has not landed (its tokens on the device):
-    #: async speculative steps (``engine/spec_ahead.py``). Only a drafter whose state is its requests'
-    #: tokens (no target hidden states): a drafter that ``defers_follow``, or one that ``landed_ahead``
-    #: tells when the step lands
+    #: whether ``propose_ahead`` drafts after a step the host has not landed (its tokens, and the target's
+    #: hidden states of its rows, on the device): async speculative steps (``engine/spec_ahead.py``). A
+    #: drafter that ``defers_follow``, or one that ``landed_ahead`` tells when the step lands
     drafts_ahead: bool = False
 
     def cache_bytes_per_slot(self) -> int:

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.proposers.contract import DraftInputs, DraftOutput, empty_drafts
+from spec_backend.proposers.contract import DraftInputs, DraftOutput, DraftRequest, FlightTokens, empty_drafts
 from spec_backend.proposers.draft_sampling import DraftChain
 from spec_backend.proposers.dynamic_tree import Grower
+from spec_backend.proposers.eagle_ahead import HeadAhead
 from spec_backend.proposers.head_cache import HeadCacheDrafter
 from spec_backend.proposers.layered_chain import LayeredChain, feed_other_layers
 from spec_backend.proposers.sibling_draws import sampled_siblings, static_tree_output
@@ -62,6 +63,10 @@ class EagleDrafter(HeadCacheDrafter):
         #: a chain; the graphs are captured with the cache (``allocate_caches``)
         self.capture_backend: Backend | None = None
         self.step_graph: CapturedHeadStep | None = None
+        self.ahead: HeadAhead | None = None  # greedy chains over device lengths: drafting ahead
+        #: per request, its tokens when it was last drafted K (else -1): the step verifying them is a
+        #: K+1-row step, whose rows drafting ahead feeds (``ready_ahead``)
+        self._chained: dict[str, int] = {}
 
     def allocate_caches(self, num_slots: int) -> None:
         from spec_backend.proposers.captured_head import capture_head_step
@@ -74,6 +79,46 @@ class EagleDrafter(HeadCacheDrafter):
             self.step_graph = capture_head_step(
                 self.head, self._cache(), self.capture_backend, num_slots, chain
             )
+        graph = self.step_graph
+        ahead = graph is not None and graph.committed_graph is not None and graph.chain_graph is not None
+        self.ahead = HeadAhead(self.head, graph, self.hidden_states.final) if graph and ahead else None
+        self.drafts_ahead = self.ahead is not None
+
+    def propose_ahead(
+        self, requests: Sequence[DraftRequest], flight: FlightTokens, budgets: Sequence[int]
+    ) -> torch.Tensor:  # [B, K]
+        """K greedy drafts per request after ``flight`` (``eagle_ahead``; budgets are K there)."""
+        if self.ahead is None:
+            raise NotImplementedError("this head drafts ahead only as a captured greedy chain")
+        return self.ahead.propose(flight)
+
+    def ready_ahead(self, requests: Sequence[DraftRequest]) -> bool:
+        """Every live slot replays from 0 within the captured sizes, and each request's committed rows are
+        its tokens but the newest (the catch-up ran at its last step) and it was drafted K there: the step
+        in flight verifies K+1 rows (not a step after speculation was off, whose one row it cannot feed)."""
+        graph = self.step_graph
+        return (
+            self.ahead is not None
+            and graph is not None
+            and graph.covers(0, len(requests))
+            and all(
+                self._rows.get(r.request_id) == r.num_tokens - 1 == self._chained.get(r.request_id, -1) - 1
+                for r in requests
+            )
+        )
+
+    def landed_ahead(self, requests: Sequence[DraftRequest | None]) -> None:
+        """Each live request's cache holds its committed rows and the chain's, as after a draft-next."""
+        if self.ahead is None:
+            raise RuntimeError("landed_ahead on a head that does not draft ahead")
+        cache = self._cache()
+        for slot, request_id, committed, length in self.ahead.landed(requests):
+            cache.truncate(slot, length)
+            self._rows[request_id], self._chained[request_id] = committed, committed + 1
+
+    def remove_request(self, request_id: str) -> None:
+        super().remove_request(request_id)
+        self._chained.pop(request_id, None)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:
@@ -82,6 +127,10 @@ class EagleDrafter(HeadCacheDrafter):
         start, batch = inputs.batch.start, len(inputs.requests)
         out = self._feed_committed(inputs)  # [B, H] each request's last row
         k_max = max(inputs.budgets, default=0)
+        for request, budget in zip(inputs.requests, inputs.budgets, strict=True):  # drafted K here or not
+            self._chained[request.request_id] = (
+                request.num_tokens if budget == self.num_speculative_tokens else -1
+            )
         if k_max == 0:
             return empty_drafts(batch, self.num_speculative_tokens, out.device)
         chain = DraftChain(inputs.requests, self.probabilistic, out.device)

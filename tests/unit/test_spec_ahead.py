@@ -20,11 +20,6 @@ from engine_fixtures import PROMPTS, CapturingReference, one_thread  # noqa: F40
 from spec_backend.engine import LLM, SamplingParams, spec_ahead
 from spec_backend.engine.lookahead import AHEAD_PER_DECISION
 from spec_backend.engine.step_result import moved_rows
-from spec_backend.proposers.contract import Drafter, FlightTokens
-from spec_backend.proposers.host_drafter import HostDrafter
-from spec_backend.proposers.ngram import NgramProposer
-from spec_backend.proposers.ngram_gpu import NgramGpuProposer
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.testing import host_reads
 from spec_backend.testing.simulated_graphs import SimulatedGraphsBackend
 from spec_backend.tools.tiny import make_tiny_model
@@ -87,18 +82,22 @@ def _ahead(llm: LLM) -> int:
     return llm.engine.lookahead.speculative_launches
 
 
-@pytest.fixture(scope="module")
-def shallow(target: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The target's first decoder layer under its embeddings and head, as a draft model: its greedy drafts
-    are accepted often but not always, so every accepted count (and a wrong draft state) shows."""
+def first_layer_draft(target: str, folder: Any) -> str:
+    """The target's first decoder layer under its embeddings and head, as a draft model in ``folder``: its
+    greedy drafts are accepted often but not always, so every accepted count (and a wrong draft state)
+    shows."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     model.model.layers = model.model.layers[:1]
     model.config.num_hidden_layers = 1
-    folder = tmp_path_factory.mktemp("shallow-draft")
     model.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="module")
+def shallow(target: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return first_layer_draft(target, tmp_path_factory.mktemp("shallow-draft"))
 
 
 def _draft_model(draft: str) -> dict[str, Any]:
@@ -391,44 +390,3 @@ def test_a_failing_launch_from_the_synchronous_state_keeps_its_drafts(target: st
     captured.forward, stepper.decode = flaky, retried
     assert _run(llm, PROMPTS, MIXED) == expected and calls["n"] > 1
     assert held and held[0] > 0  # the retry verifies the drafts the failed launch took
-
-
-def test_ngram_gpu_drafts_ahead_as_after_an_update() -> None:
-    """``propose_ahead`` over tokens still on the device drafts what ``update`` then ``propose_on_device``
-    drafts; the update that lands them afterwards writes nothing twice, and the next proposal agrees."""
-    prompts = {"a": [1, 2, 3, 1, 2, 3, 1, 2], "b": [5, 6, 7, 5, 6], "c": [9, 9, 4]}
-    new = {"a": [3, 1], "b": [7], "c": [9, 9, 4]}
-    ahead, plain = NgramGpuProposer(3, 1, 3), NgramGpuProposer(3, 1, 3)
-    for proposer in (ahead, plain):
-        for rid, prompt in prompts.items():
-            proposer.add_request(rid, prompt)
-    ids = list(prompts)
-    emitted = torch.full((3, 4), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)  # [B, W]
-    for b, rid in enumerate(ids):
-        emitted[b, : len(new[rid])] = torch.tensor(new[rid])
-    counts = torch.tensor([len(new[r]) for r in ids])
-    got = ahead.propose_ahead(ids, emitted, counts, [3, 2, 3])
-    for rid in ids:
-        plain.update(rid, new[rid])
-    want = plain.propose_on_device(ids, [3, 2, 3])
-    assert torch.equal(got[1], want[1]) and got[1].tolist() == [3, 2, 3]
-    for g, w, c in zip(got[0].tolist(), want[0].tolist(), got[1].tolist(), strict=True):
-        assert g[:c] == w[:c]
-    for rid in ids:  # the landing: counted, not queued again
-        ahead.update(rid, new[rid])
-    assert not ahead._pending and not any(ahead._ahead.values())
-    for proposer in (ahead, plain):
-        proposer.update("a", [3])
-    assert ahead.propose(ids) == plain.propose(ids)
-
-
-def test_only_drafters_that_draft_on_the_device_draft_ahead() -> None:
-    """A host proposer behind ``HostDrafter`` does not draft ahead, and asking one that cannot says so."""
-    device = torch.device("cpu")
-    assert HostDrafter(NgramGpuProposer(2, 1, 2), device).drafts_ahead
-    host = HostDrafter(NgramProposer(2, 1, 2), device)
-    assert not host.drafts_ahead
-    with pytest.raises(NotImplementedError, match="NgramProposer drafts on the host"):
-        empty = torch.zeros(0, dtype=torch.int64)
-        host.propose_ahead([], FlightTokens(empty.view(0, 1), empty, empty, empty), [])
-    assert Drafter.drafts_ahead is False

@@ -1,0 +1,239 @@
+"""Drafting ahead (``engine/spec_ahead.py``) by each drafter that does it, against the synchronous engine:
+every verify step's drafts, not only the tokens (a random head's drafts are rarely accepted, so its
+acceptance counts cannot tell two drafters apart), and an EAGLE-style head's drafts over the flight's
+hidden states (``proposers/eagle_ahead.py``): one that drafts what the target's first layer predicts
+(accepted often, not always), and an EAGLE-3 head over auxiliary layers. Also the proposers' own
+``propose_ahead``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from engine_fixtures import PROMPTS, one_thread  # noqa: F401 - autouse
+from test_spec_ahead import (  # noqa: F401 - fixtures (no_fallback: autouse)
+    FIXED,
+    MIXED,
+    K,
+    _ahead,
+    _draft_model,
+    _llm,
+    _run,
+    first_layer_draft,
+    no_fallback,
+)
+
+from spec_backend.engine import SamplingParams
+from spec_backend.proposers.contract import Drafter, FlightTokens
+from spec_backend.proposers.host_drafter import HostDrafter
+from spec_backend.proposers.ngram import NgramProposer
+from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+from spec_backend.runtime.captured_verify import CapturedVerify
+from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
+from spec_backend.tools.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("spec-ahead-drafters"), "llama")
+
+
+@pytest.fixture(scope="module")
+def shallow(target: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return first_layer_draft(target, tmp_path_factory.mktemp("shallow-draft"))
+
+
+def write_first_layer_eagle(path: Path, target_dir: str) -> str:
+    """An EAGLE-1 head in its published format that drafts what the target's first layer predicts: ``fc``
+    picks the token's embedding, layer 0 (no input norm in EAGLE-1) passes it through (zero output
+    projections), layer 1 is the target's layer 0; the target's LM head and all-ones final norm give the
+    argmax a one-layer target would."""
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(target_dir, "config.json"), encoding="utf-8") as f:
+        cfg: dict[str, Any] = json.load(f)
+    cfg.update({"num_hidden_layers": 2, "bias": False, "architectures": ["LlamaForCausalLM"]})
+    hidden, prefix = int(cfg["hidden_size"]), "model.layers.0."
+    weights = load_file(os.path.join(target_dir, "model.safetensors"))
+    first = {name[len(prefix) :]: t for name, t in weights.items() if name.startswith(prefix)}
+    silent = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+    tensors = {"fc.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)}  # [H, 2H]
+    tensors |= {f"layers.1.{name}": t for name, t in first.items()}
+    tensors |= {
+        f"layers.0.{name}": torch.zeros_like(t) if name in silent else t
+        for name, t in first.items()
+        if name != "input_layernorm.weight"
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({name: t.clone().contiguous() for name, t in tensors.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def heads(target: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from spec_backend.testing.fixtures import draft_checkpoints as w
+
+    root = tmp_path_factory.mktemp("heads")
+    return {
+        "eagle": write_first_layer_eagle(root / "eagle", target),
+        "eagle3": w.write_eagle3(root / "eagle3", target, "speculators", draft_vocab=64, aux_ids=[0, 1, 2]),
+    }
+
+
+def _spec(drafter: str, shallow: str, heads: dict[str, str]) -> dict[str, Any]:
+    """``drafter``'s speculative config, K drafts every step."""
+    if drafter == "ngram_gpu":
+        return FIXED
+    if drafter == "draft_model":
+        return _draft_model(shallow)
+    return {
+        "method": drafter,
+        "model": heads[drafter],
+        "num_speculative_tokens": K,
+        "adaptive_draft_length": False,
+    }
+
+
+def _verified(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
+    """Every verify step's query tokens ``[B, K+1]`` (the first token, then the drafts), per captured
+    sampler (one per engine)."""
+    seen: dict[int, list[torch.Tensor]] = {}
+    launch = CapturedVerify.launch
+
+    def spy(self: CapturedVerify, kind: str, logits: torch.Tensor, tokens: torch.Tensor, *rest: Any) -> Any:
+        seen.setdefault(id(self), []).append(tokens.clone())
+        return launch(self, kind, logits, tokens, *rest)
+
+    monkeypatch.setattr(CapturedVerify, "launch", spy)
+    return seen
+
+
+def _drafts_by_request(llm: Any, monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], list[int]]:
+    """Every draft the engine's drafter makes, by request and its tokens then: (request id, tokens) ->
+    drafts within the budget (synchronous draft-next, or drafted ahead from a flight's tokens)."""
+    drafter, seen = llm.engine.drafter, {}
+    propose, propose_ahead = drafter.propose, drafter.propose_ahead
+
+    def spy(inputs: Any) -> Any:
+        out = propose(inputs)
+        for b, request in enumerate(inputs.requests):
+            seen[request.request_id, request.num_tokens] = out.token_ids[
+                b, : out.num_draft_tokens[b]
+            ].tolist()
+        return out
+
+    def spy_ahead(requests: Any, flight: FlightTokens, budgets: Any) -> torch.Tensor:
+        drafts = propose_ahead(requests, flight, budgets)
+        after = (flight.before + flight.counts).tolist()
+        for b, request in enumerate(requests):
+            seen[request.request_id, after[b]] = drafts[b, : budgets[b]].tolist()
+        return drafts  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(drafter, "propose", spy)
+    monkeypatch.setattr(drafter, "propose_ahead", spy_ahead)
+    return seen
+
+
+def _steps(verified: dict[int, list[torch.Tensor]], llm: Any) -> list[list[list[int]]]:
+    return [t.tolist() for t in verified[id(llm.engine.captured.verify)]]
+
+
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model", "eagle", "eagle3"])
+def test_every_verify_steps_drafts_are_the_synchronous_ones(
+    target: str, shallow: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy and sampled requests, four slots: every verify step's drafts, every token and every
+    request's draft and acceptance counts equal the synchronous engine's, many steps went ahead, and
+    drafts were accepted (but for the random EAGLE-3 head)."""
+    spec, verified = _spec(drafter, shallow, heads), _verified(monkeypatch)
+    sync = _llm(target, False, speculative_config=spec)
+    expected = _run(sync, PROMPTS, MIXED)
+    llm = _llm(target, True, speculative_config=spec)
+    assert _run(llm, PROMPTS, MIXED) == expected
+    assert llm.engine.num_steps == sync.engine.num_steps and _ahead(llm) > llm.engine.num_steps // 3
+    steps = _steps(verified, sync)
+    assert _steps(verified, llm) == steps and len(steps) > 20
+    accepted = sync.metrics.total.num_accepted_tokens
+    assert llm.metrics.total.num_accepted_tokens == accepted and (accepted > 20 or drafter == "eagle3")
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "eagle3"])
+def test_a_head_follows_moved_slots_and_catches_up_after_speculation_was_off(
+    target: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests ending at tokens of their own mid-flight (their slots move), admissions while steps go
+    ahead, and speculation off at four requests (``disable_by_batch_size``): the head's catch-up runs at
+    every synchronous step, so steps go ahead again once speculation is back on; every draft the
+    synchronous engine makes, the engine going ahead makes for the same request at the same tokens."""
+    spec = _spec(drafter, "", heads) | {"disable_by_batch_size": 4}
+    prompts = [*PROMPTS, [7, 8, 7, 8, 7, 8, 9], [3, 1, 3, 1, 3]]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (90, 14, 41, 30, 9, 80)]
+    first = _run(_llm(target, False, max_num_seqs=4, speculative_config=spec), prompts, greedy)
+    stops = [
+        SamplingParams(
+            temperature=0.0, max_tokens=p.max_tokens, stop_token_ids=[t[j]] if len(t) > j + 1 else None
+        )
+        for (t, *_), p, j in zip(first, greedy, (70, 11, 25, 12, 3, 60), strict=True)
+    ]
+    sync = _llm(target, False, max_num_seqs=4, speculative_config=spec)
+    drafted = _drafts_by_request(sync, monkeypatch)
+    expected = _run(sync, prompts, stops)
+    llm = _llm(target, True, max_num_seqs=4, speculative_config=spec)
+    drafted_ahead = _drafts_by_request(llm, monkeypatch)
+    assert _run(llm, prompts, stops) == expected and _ahead(llm) > 10
+    assert sum(reason == "stop" for _, reason, *_ in expected) >= 3
+    # the same request at the same tokens drafts the same (where both drafted: a request ending at the
+    # step in flight leaves, and one waiting is admitted, a step later, so speculation may be on at a
+    # batch size where the synchronous engine's was off, and the other way round)
+    both = [key for key, drafts in drafted.items() if drafts and drafted_ahead.get(key)]
+    assert len(both) > len([d for d in drafted.values() if d]) // 2
+    for key in both:
+        n = min(len(drafted[key]), len(drafted_ahead[key]))
+        assert drafted[key][:n] == drafted_ahead[key][:n], key
+
+
+def test_ngram_gpu_drafts_ahead_as_after_an_update() -> None:
+    """``propose_ahead`` over tokens still on the device drafts what ``update`` then ``propose_on_device``
+    drafts; the update that lands them afterwards writes nothing twice, and the next proposal agrees."""
+    prompts = {"a": [1, 2, 3, 1, 2, 3, 1, 2], "b": [5, 6, 7, 5, 6], "c": [9, 9, 4]}
+    new = {"a": [3, 1], "b": [7], "c": [9, 9, 4]}
+    ahead, plain = NgramGpuProposer(3, 1, 3), NgramGpuProposer(3, 1, 3)
+    for proposer in (ahead, plain):
+        for rid, prompt in prompts.items():
+            proposer.add_request(rid, prompt)
+    ids = list(prompts)
+    emitted = torch.full((3, 4), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)  # [B, W]
+    for b, rid in enumerate(ids):
+        emitted[b, : len(new[rid])] = torch.tensor(new[rid])
+    counts = torch.tensor([len(new[r]) for r in ids])
+    got = ahead.propose_ahead(ids, emitted, counts, [3, 2, 3])
+    for rid in ids:
+        plain.update(rid, new[rid])
+    want = plain.propose_on_device(ids, [3, 2, 3])
+    assert torch.equal(got[1], want[1]) and got[1].tolist() == [3, 2, 3]
+    for g, w, c in zip(got[0].tolist(), want[0].tolist(), got[1].tolist(), strict=True):
+        assert g[:c] == w[:c]
+    for rid in ids:  # the landing: counted, not queued again
+        ahead.update(rid, new[rid])
+    assert not ahead._pending and not any(ahead._ahead.values())
+    for proposer in (ahead, plain):
+        proposer.update("a", [3])
+    assert ahead.propose(ids) == plain.propose(ids)
+
+
+def test_only_drafters_that_draft_on_the_device_draft_ahead() -> None:
+    """A host proposer behind ``HostDrafter`` does not draft ahead, and asking one that cannot says so."""
+    device = torch.device("cpu")
+    assert HostDrafter(NgramGpuProposer(2, 1, 2), device).drafts_ahead
+    host = HostDrafter(NgramProposer(2, 1, 2), device)
+    assert not host.drafts_ahead
+    with pytest.raises(NotImplementedError, match="NgramProposer drafts on the host"):
+        empty = torch.zeros(0, dtype=torch.int64)
+        host.propose_ahead([], FlightTokens(empty.view(0, 1), empty, empty, empty), [])
+    assert Drafter.drafts_ahead is False
