@@ -43,12 +43,11 @@ not landed yet (``lookahead.py``); *ahead* — drafted or launched from a flight
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from spec_backend.engine.step_result import Launched, StepResult, moved_rows
+from spec_backend.engine.step_result import Launched, StepResult, moved_rows, request_rows
 from spec_backend.proposers.contract import FlightTokens
 from spec_backend.runtime.captured import step_graph
 from spec_backend.runtime.captured_verify import verify_kind_of
@@ -177,10 +176,10 @@ def land_ahead(stepper: AheadStepper, launched: Launched, successor: bool) -> No
     if successor:
         return
     index = moved_rows(launched.requests, running)
-    if index is not None:  # the drafter reads its requests' tokens alone (``defers_follow``): their lists
-        result = replace(result, emitted=[result.emitted[i] for i in index],
-                         drafted=[result.drafted[i] for i in index])  # fmt: skip
-        kept = [kept[i] for i in index]
+    if index is not None:  # requests left since the launch: the draft-next sees the live ones' rows
+        kept = [kept[i] for i in index]  # (a head reads their hidden states; review: it read slot b's)
+        cached = [r.num_tokens - len(k) - 1 for r, k in zip(running, kept, strict=True)]
+        result = request_rows(result, index, cached)
     if running:
         stepper.draft_next(0, running, result, False, kept)
 

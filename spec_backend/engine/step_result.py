@@ -94,24 +94,35 @@ def moved_rows(before: Sequence[Request], now: Sequence[Request]) -> list[int] |
 
 
 def one_token_rows(result: StepResult, index: Sequence[int], lengths: Sequence[int]) -> StepResult:
-    """A one-token step's result for its requests at ``index``, as a step of those requests alone would
-    hold it: they fill the slots ``0 ..`` now (``lengths``: the cache's host lengths, this step's
-    position included), the batch is rebuilt over their tokens and the target's rows are theirs."""
+    """A one-token step's result for its requests at ``index`` (``lengths``: the cache's host lengths, this
+    step's position included): ``request_rows``."""
+    return request_rows(result, index, [lengths[i] - 1 for i in range(len(index))])
+
+
+def request_rows(result: StepResult, index: Sequence[int], cached: Sequence[int]) -> StepResult:
+    """A step's result, ``q`` query rows per request (a captured step's layout), for its requests at
+    ``index``, as a step of those requests alone would hold it: they fill the slots ``0 ..`` now
+    (``cached``: each one's cached positions before the step), the batch is rebuilt over their tokens and
+    the target's rows (logits and hidden states, ``q`` each) are theirs."""
     batch, target = result.batch, result.target
-    rows = torch.tensor(list(index), dtype=torch.int64).to(batch.input_ids.device)  # [b]
-    tokens = batch.input_ids.view(batch.batch_size, 1)[rows]  # [b, 1]
-    cached = [lengths[i] - 1 for i in range(len(index))]
+    q = batch.query_lens_host[0] if batch.query_lens_host else 1
+    if any(n != q for n in batch.query_lens_host):
+        raise ValueError(f"a step's rows by request need q rows each, got {list(batch.query_lens_host)}")
+    device = batch.input_ids.device
+    requests = torch.tensor(list(index), dtype=torch.int64).to(device)  # [b]
+    rows = (requests[:, None] * q + torch.arange(q, device=device)).reshape(-1)  # [b * q]
+    tokens = batch.input_ids.reshape(-1)[rows].view(len(index), q)  # [b, q]
     picked = TargetOutput(
-        logits=target.logits[rows],  # [b, V]
-        final=target.final[rows] if target.final is not None else None,  # [b, H]
-        aux=target.aux[rows] if target.aux is not None else None,  # [b, n_aux, H]
+        logits=target.logits[rows],  # [b * q, V]
+        final=target.final[rows] if target.final is not None else None,  # [b * q, H]
+        aux=target.aux[rows] if target.aux is not None else None,  # [b * q, n_aux, H]
     )
     return StepResult(
-        batch=build_step_batch(0, tokens, [1] * len(index), cached, [0] * len(index)),
+        batch=build_step_batch(0, tokens, [q] * len(index), list(cached), [q - 1] * len(index)),
         target=picked,
         emitted=[result.emitted[i] for i in index],
         drafted=[result.drafted[i] for i in index],
     )
 
 
-__all__ = ["Launched", "StepResult", "moved_rows", "one_token_rows"]
+__all__ = ["Launched", "StepResult", "moved_rows", "one_token_rows", "request_rows"]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spec_backend.graphs import plan_capture_sizes
+from spec_backend.graphs import padded_size, plan_capture_sizes
 from spec_backend.runtime.captured import (
     capture_allowed,
     captured_or_refused,
@@ -78,11 +78,13 @@ class CapturedHeadStep:
         if chain:
             self.chain_graph = backend.graph_runner(self._chain, self.capture_sizes)
             self.chain_graph.capture(example)
-        if chain and backend.captures_draft_chains:
-            sizes = [size * self.rows for size in self.capture_sizes]
-            self.committed_graph = backend.graph_runner(self._committed, sizes)
+        self.committed_sizes: list[int] = []
+        if chain and backend.captures_draft_chains:  # the verify step's sizes: K+1 rows per request
+            self.committed_sizes = plan_capture_sizes(self.rows - 1, max_num_seqs, backend=backend)
+            self.committed_graph = backend.graph_runner(self._committed, self.committed_sizes)
+            largest_rows = self.committed_sizes[-1]
             self.committed_graph.capture(
-                {name: t.repeat_interleave(self.rows, dim=0) for name, t in example.items()}
+                {name: t[:1].expand(largest_rows, *t.shape[1:]).contiguous() for name, t in example.items()}
             )
         cache.zero_all()  # the example rows the captures wrote
         logger.info(
@@ -178,6 +180,12 @@ class CapturedHeadStep:
         plan = host_plan(self._chain_plans, first.shape[0], self.chain, self.cache.capacity, first.device)
         inputs = {"input_ids": first, "hidden": hidden, "seq_lens": seq_lens}
         return replay_planned(self.chain_graph, self.cache, plan, inputs)
+
+    def goes_ahead(self, batch_size: int) -> bool:
+        """Whether drafting ahead replays for every live slot of ``batch_size`` requests: the committed
+        rows' graph holds their K+1 rows each, and the chain covers them."""
+        fits = padded_size(batch_size * self.rows, self.committed_sizes) is not None
+        return self.committed_graph is not None and fits and self.covers(0, batch_size)
 
     def chains(self, start: int, batch_size: int, drafts: int) -> bool:
         """Whether a step drafting ``drafts`` for ``batch_size`` requests from slot ``start`` replays the

@@ -93,14 +93,14 @@ class EagleDrafter(HeadCacheDrafter):
         return self.ahead.propose(flight)
 
     def ready_ahead(self, requests: Sequence[DraftRequest]) -> bool:
-        """Every live slot replays from 0 within the captured sizes, and each request's committed rows are
-        its tokens but the newest (the catch-up ran at its last step) and it was drafted K there: the step
-        in flight verifies K+1 rows (not a step after speculation was off, whose one row it cannot feed)."""
+        """Every live slot replays from 0 within the captured sizes (``goes_ahead``), each request's
+        committed rows are its tokens but the newest (the catch-up ran at its last step) and it was drafted
+        K there: the step in flight verifies K+1 rows (not one after speculation was off: one row)."""
         graph = self.step_graph
         return (
             self.ahead is not None
             and graph is not None
-            and graph.covers(0, len(requests))
+            and graph.goes_ahead(len(requests))
             and all(
                 self._rows.get(r.request_id) == r.num_tokens - 1 == self._chained.get(r.request_id, -1) - 1
                 for r in requests

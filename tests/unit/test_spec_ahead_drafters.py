@@ -49,10 +49,11 @@ def shallow(target: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def write_first_layer_eagle(path: Path, target_dir: str) -> str:
-    """An EAGLE-1 head in its published format that drafts what the target's first layer predicts: ``fc``
-    picks the token's embedding, layer 0 (no input norm in EAGLE-1) passes it through (zero output
-    projections), layer 1 is the target's layer 0; the target's LM head and all-ones final norm give the
-    argmax a one-layer target would."""
+    """An EAGLE-1 head in its published format that drafts about what the target's first layer predicts:
+    ``fc`` takes the token's embedding plus a little of the target's hidden state (whose rows then move
+    some drafts), layer 0 (no input norm in EAGLE-1) passes it through (zero output projections), layer 1
+    is the target's layer 0; the target's LM head and all-ones final norm give the argmax a one-layer
+    target would."""
     from safetensors.torch import load_file, save_file
 
     with open(os.path.join(target_dir, "config.json"), encoding="utf-8") as f:
@@ -62,7 +63,8 @@ def write_first_layer_eagle(path: Path, target_dir: str) -> str:
     weights = load_file(os.path.join(target_dir, "model.safetensors"))
     first = {name[len(prefix) :]: t for name, t in weights.items() if name.startswith(prefix)}
     silent = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
-    tensors = {"fc.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)}  # [H, 2H]
+    # [H, 2H]: the embedding, and a little of the target's hidden state (so the rows fed matter)
+    tensors = {"fc.weight": torch.cat([torch.eye(hidden), 0.01 * torch.eye(hidden)], dim=1)}
     tensors |= {f"layers.1.{name}": t for name, t in first.items()}
     tensors |= {
         f"layers.0.{name}": torch.zeros_like(t) if name in silent else t
@@ -237,3 +239,63 @@ def test_only_drafters_that_draft_on_the_device_draft_ahead() -> None:
         empty = torch.zeros(0, dtype=torch.int64)
         host.propose_ahead([], FlightTokens(empty.view(0, 1), empty, empty, empty), [])
     assert Drafter.drafts_ahead is False
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "eagle3"])
+def test_a_drained_flight_feeds_the_head_the_rows_of_its_live_requests(
+    target: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three slots, five requests, the first ending at a token of its own while its next step flies: that
+    flight lands without a successor (an admission waits) after the slots moved, and the synchronous
+    draft-next feeds the head each live request's own hidden-state rows (``StepResult`` rows by request,
+    ``request_rows``). Failed before (review): it fed slot b's rows of the flight, those of the request
+    that sat there at launch, and the moved request drafted otherwise from then on."""
+    from spec_backend.engine import spec_ahead
+
+    spec = _spec(drafter, "", heads)
+    prompts = [
+        [5, 6, 7, 8, 9, 5, 6],
+        [40, 41, 42],
+        [11, 12, 13, 14, 11, 12],
+        [90, 3, 90, 3, 90],
+        [7, 8, 7, 8, 9],
+    ]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True) for _ in prompts]
+    first = _run(_llm(target, False, max_num_seqs=3, speculative_config=spec), prompts, greedy)
+    stop = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True, stop_token_ids=[first[0][0][15]])
+    params = [stop, *greedy[1:]]
+    sync = _llm(target, False, max_num_seqs=3, speculative_config=spec)
+    drafted = _drafts_by_request(sync, monkeypatch)
+    expected = _run(sync, prompts, params)
+    rebuilt: list[int] = []
+    by_request = spec_ahead.request_rows
+
+    def counted(result: Any, index: Any, cached: Any) -> Any:
+        rebuilt.append(len(index))
+        return by_request(result, index, cached)
+
+    monkeypatch.setattr(spec_ahead, "request_rows", counted)
+    llm = _llm(target, True, max_num_seqs=3, speculative_config=spec)
+    drafted_ahead = _drafts_by_request(llm, monkeypatch)
+    assert _run(llm, prompts, params) == expected and expected[0][1] == "stop"
+    assert rebuilt and _ahead(llm) > 20
+    both = [key for key, drafts in drafted.items() if drafts and drafted_ahead.get(key)]
+    assert len(both) > len([d for d in drafted.values() if d]) // 2
+    assert [drafted[key] for key in both] == [drafted_ahead[key] for key in both]
+
+
+def test_a_heads_committed_rows_graph_is_captured_at_the_verify_steps_sizes(
+    target: str, heads: dict[str, str]
+) -> None:
+    """The head's K+1-rows graph takes the verify step's capture sizes (the backend's token cap, not K+1
+    times the one-row graph's: review), and a batch whose rows it cannot hold does not go ahead."""
+    llm = _llm(target, True, max_num_seqs=8, speculative_config=_spec("eagle3", "", heads))
+    drafter: Any = llm.engine.drafter
+    step, verify = drafter.step_graph, llm.engine.captured
+    assert verify is not None and step.committed_sizes == list(verify.graph.capture_sizes)
+    assert max(step.committed_sizes) == 16 and max(step.capture_sizes) == 8  # the simulated cap: 16
+    for _ in range(5):
+        drafter.cache.add_slot()
+    assert not step.goes_ahead(5)  # 5 * (K + 1) rows > 16
+    drafter.cache.pop_slot()
+    assert step.goes_ahead(4)
