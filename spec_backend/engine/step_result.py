@@ -102,8 +102,9 @@ def one_token_rows(result: StepResult, index: Sequence[int], lengths: Sequence[i
 def request_rows(result: StepResult, index: Sequence[int], cached: Sequence[int]) -> StepResult:
     """A step's result, ``q`` query rows per request (a captured step's layout), for its requests at
     ``index``, as a step of those requests alone would hold it: they fill the slots ``0 ..`` now
-    (``cached``: each one's cached positions before the step), the batch is rebuilt over their tokens and
-    the target's rows (logits and hidden states, ``q`` each) are theirs."""
+    (``cached``: each one's cached positions before the step), the batch is rebuilt over their tokens (a
+    step launched ahead holds placeholders there) and the target's rows (logits and hidden states, ``q``
+    each) are theirs."""
     batch, target = result.batch, result.target
     q = batch.query_lens_host[0] if batch.query_lens_host else 1
     if any(n != q for n in batch.query_lens_host):

@@ -79,7 +79,9 @@ class CapturedHeadStep:
             self.chain_graph = backend.graph_runner(self._chain, self.capture_sizes)
             self.chain_graph.capture(example)
         self.committed_sizes: list[int] = []
-        if chain and backend.captures_draft_chains:  # the verify step's sizes: K+1 rows per request
+        # planned as the verify step's sizes (K+1 rows per request; the backend's cap now, which on CUDA
+        # follows free memory, so the verify step's, planned later, may be smaller: speed only)
+        if chain and backend.captures_draft_chains:
             self.committed_sizes = plan_capture_sizes(self.rows - 1, max_num_seqs, backend=backend)
             self.committed_graph = backend.graph_runner(self._committed, self.committed_sizes)
             largest_rows = self.committed_sizes[-1]

@@ -287,8 +287,8 @@ def test_a_drained_flight_feeds_the_head_the_rows_of_its_live_requests(
 def test_a_heads_committed_rows_graph_is_captured_at_the_verify_steps_sizes(
     target: str, heads: dict[str, str]
 ) -> None:
-    """The head's K+1-rows graph takes the verify step's capture sizes (the backend's token cap, not K+1
-    times the one-row graph's: review), and a batch whose rows it cannot hold does not go ahead."""
+    """The head's K+1-rows graph is planned as the verify step's capture sizes (the backend's token cap,
+    not K+1 times the one-row graph's: review), and a batch whose rows it cannot hold does not go ahead."""
     llm = _llm(target, True, max_num_seqs=8, speculative_config=_spec("eagle3", "", heads))
     drafter: Any = llm.engine.drafter
     step, verify = drafter.step_graph, llm.engine.captured
