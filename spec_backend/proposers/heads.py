@@ -9,11 +9,16 @@ K tokens by running head ``i`` for draft ``i``; they differ only in what a head 
 
 Draft ``i`` is drawn from head ``i``'s distribution given everything the head saw, so sampled drafts
 with those probabilities keep probabilistic verification lossless.
+
+Argmax drafts go ahead too (``propose_ahead``, async speculative steps: ``engine/spec_ahead.py``): the
+heads keep no state between steps, so the drafts after a step not landed yet come from its hidden state
+at the bonus token's row (its accepted count) and its bonus token, both on the device.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -21,6 +26,8 @@ from spec_backend.proposers.contract import (
     Drafter,
     DraftInputs,
     DraftOutput,
+    DraftRequest,
+    FlightTokens,
     empty_drafts,
     last_committed_rows,
 )
@@ -47,6 +54,25 @@ class HeadDrafter(Drafter):
     def follow(self, inputs: DraftInputs) -> tuple[str | None, ...] | None:
         """Nothing to keep up with: the heads read only the step's hidden states."""
         return (None,) * len(inputs.requests)
+
+    @torch.inference_mode()
+    def propose_ahead(
+        self, requests: Sequence[DraftRequest], flight: FlightTokens, budgets: Sequence[int]
+    ) -> torch.Tensor:  # [B, K]
+        """K argmax drafts per request after ``flight`` (module docstring; budgets are K there)."""
+        final = flight.final  # [B, q, H]
+        if final is None or self.probabilistic:
+            raise RuntimeError(f"{type(self).__name__} drafts ahead from a step's hidden states, argmax only")
+        batch, width = final.shape[0], final.shape[2]
+        accepted = flight.counts - 1  # [B] the bonus token's row
+        hidden = final.gather(1, accepted.view(batch, 1, 1).expand(batch, 1, width)).squeeze(1)  # [B, H]
+        tokens = flight.emitted.gather(1, accepted[:, None]).squeeze(1)  # [B] the bonus tokens
+        state, drafts = self.start(hidden), []
+        for i in range(self.num_speculative_tokens):
+            state, logits = self.head_step(i, state, tokens)
+            tokens = logits.float().argmax(dim=-1)  # [B], as ``select_drafts`` draws argmax drafts
+            drafts.append(tokens)
+        return torch.stack(drafts, dim=1)
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftOutput:

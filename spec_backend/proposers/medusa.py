@@ -32,6 +32,7 @@ class MedusaDrafter(HeadDrafter):
                 f"num_speculative_tokens={k} exceeds the checkpoint's {heads.num_heads} Medusa heads"
             )
         self.heads, self.num_speculative_tokens, self.probabilistic = heads, k, probabilistic
+        self.drafts_ahead = not probabilistic  # argmax drafts go ahead (``HeadDrafter.propose_ahead``)
 
     def start(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.to(next(self.heads.parameters()).dtype)  # [B, H]

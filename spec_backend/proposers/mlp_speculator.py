@@ -22,6 +22,7 @@ class MLPSpeculatorDrafter(HeadDrafter):
                 f"num_speculative_tokens={k} exceeds the MLPSpeculator's n_predict={model.n_predict}"
             )
         self.model, self.num_speculative_tokens, self.probabilistic = model, k, probabilistic
+        self.drafts_ahead = not probabilistic  # argmax drafts go ahead (``HeadDrafter.propose_ahead``)
 
     def start(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.to(self.model.dtype)  # [B, H]

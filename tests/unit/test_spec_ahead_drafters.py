@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ def heads(target: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, st
     return {
         "eagle": write_first_layer_eagle(root / "eagle", target),
         "eagle3": w.write_eagle3(root / "eagle3", target, "speculators", draft_vocab=64, aux_ids=[0, 1, 2]),
+        "medusa": w.write_medusa(root / "medusa", 32, 128, K, "vllm"),
+        "mlp_speculator": w.write_mlp_speculator(root / "mlp", 32, 128, 16, K, tied=False),
     }
 
 
@@ -146,13 +149,17 @@ def _steps(verified: dict[int, list[torch.Tensor]], llm: Any) -> list[list[list[
     return [t.tolist() for t in verified[id(llm.engine.captured.verify)]]
 
 
-@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model", "eagle", "eagle3"])
+@pytest.mark.parametrize(
+    "drafter", ["ngram_gpu", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"]
+)
 def test_every_verify_steps_drafts_are_the_synchronous_ones(
     target: str, shallow: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Greedy and sampled requests, four slots: every verify step's drafts, every token and every
     request's draft and acceptance counts equal the synchronous engine's, many steps went ahead, and
-    drafts were accepted (but for the random EAGLE-3 head)."""
+    drafts were accepted (but for the random heads, EAGLE-3, Medusa and MLPSpeculator, whose drafts are
+    compared step by step all the same; ``test_head_drafters_draft_ahead_from_the_bonus_tokens_row``
+    covers accepted counts for the last two)."""
     spec, verified = _spec(drafter, shallow, heads), _verified(monkeypatch)
     sync = _llm(target, False, speculative_config=spec)
     expected = _run(sync, PROMPTS, MIXED)
@@ -162,7 +169,8 @@ def test_every_verify_steps_drafts_are_the_synchronous_ones(
     steps = _steps(verified, sync)
     assert _steps(verified, llm) == steps and len(steps) > 20
     accepted = sync.metrics.total.num_accepted_tokens
-    assert llm.metrics.total.num_accepted_tokens == accepted and (accepted > 20 or drafter == "eagle3")
+    random_head = drafter in ("eagle3", "medusa", "mlp_speculator")  # drafts rarely accepted
+    assert llm.metrics.total.num_accepted_tokens == accepted and (accepted > 20 or random_head)
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "eagle3"])
@@ -299,3 +307,55 @@ def test_a_heads_committed_rows_graph_is_captured_at_the_verify_steps_sizes(
     assert not step.goes_ahead(5)  # 5 * (K + 1) rows > 16
     drafter.cache.pop_slot()
     assert step.goes_ahead(4)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    output_token_ids: list[int]
+    prompt_token_ids: list[int] = field(default_factory=lambda: [1])
+    seed: int = 0
+    temperature: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "mlp_speculator"])
+def test_head_drafters_draft_ahead_from_the_bonus_tokens_row(
+    target: str, heads: dict[str, str], drafter: str
+) -> None:
+    """A flight of three requests that accepted 0, 2 and 1 drafts: ``propose_ahead`` drafts what
+    ``propose`` drafts from the same step landed (each request's hidden state at its bonus token's row,
+    and the bonus token), for Medusa and MLPSpeculator."""
+    from spec_backend.engine import LLM
+    from spec_backend.proposers.contract import AcceptedTokens, DraftInputs
+    from spec_backend.step import TargetOutput, build_step_batch
+
+    llm = LLM(target, dtype="float64", speculative_config=_spec(drafter, "", heads))
+    head: Any = llm.engine.drafter
+    assert head.drafts_ahead
+    q, counts = K + 1, [1, 3, 2]
+    gen = torch.Generator().manual_seed(0)
+    final = torch.randn(3, q, 32, generator=gen, dtype=torch.float64)  # [B, q, H]
+    emitted = torch.randint(0, 128, (3, q), generator=gen)  # [B, q]
+    for b, c in enumerate(counts):
+        emitted[b, c:] = PLACEHOLDER_TOKEN_ID
+    before = torch.tensor([4, 9, 6])
+    flight = FlightTokens(emitted, torch.tensor(counts), before, emitted[:, 0], final=final)
+    ahead = head.propose_ahead([], flight, [K] * 3)  # [B, K]
+    requests = [
+        _Request(str(b), [7] * (int(before[b]) - 1) + emitted[b, :c].tolist()) for b, c in enumerate(counts)
+    ]
+    accepted = tuple(c - 1 for c in counts)
+    inputs = DraftInputs(
+        batch=build_step_batch(0, emitted.clamp(min=0), [q] * 3, [int(t) - 1 for t in before], [K] * 3),
+        target=TargetOutput(logits=torch.zeros(3 * q, 128), final=final.reshape(3 * q, 32)),
+        accepted=AcceptedTokens(
+            tuple(r.output_token_ids[-c:] for r, c in zip(requests, counts, strict=True)), accepted, False
+        ),
+        requests=requests,
+        budgets=(K, K, K),
+    )
+    assert ahead.tolist() == head.propose(inputs).token_ids.tolist()
