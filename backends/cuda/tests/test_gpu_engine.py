@@ -119,27 +119,29 @@ def test_async_scheduling_gives_the_synchronous_tokens_with_graphs(model_dir: st
     assert all(reason != "error" for _, reason in outs[None])
 
 
-@pytest.mark.parametrize("method", ["ngram_gpu", "draft_model", "eagle3"])
+@pytest.mark.parametrize("method", ["ngram_gpu", "draft_model", "eagle3", "medusa"])
 def test_speculative_steps_launched_ahead_give_the_synchronous_tokens(
     model_dir: str, method: str, tmp_path: Path
 ) -> None:
-    """``ngram_gpu``, a draft model (the target itself) or an EAGLE-3 head, K drafts every step: the verify
-    steps launch before the host lands the step before them (``engine/spec_ahead.py``, over CUDA graphs
-    and the device's lengths) and give the synchronous engine's greedy and seeded sampled tokens. (A
-    model's catch-up ahead feeds more rows than the synchronous one: on a GPU a near-tie could draft
-    another token, which changes sampled tokens, never greedy ones: greedy only there.)"""
+    """``ngram_gpu``, a draft model (the target itself), an EAGLE-3 or a Medusa head, K drafts every step:
+    the verify steps launch before the host lands the step before them (``engine/spec_ahead.py``, over
+    CUDA graphs and the device's lengths) and give the synchronous engine's greedy and seeded sampled
+    tokens. (A model's catch-up ahead feeds more rows than the synchronous one: on a GPU a near-tie could
+    draft another token, which changes sampled tokens, never greedy ones: greedy only there.)"""
     from spec_backend.engine import LLM, SamplingParams
-    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3
+    from spec_backend.testing.fixtures.draft_checkpoints import write_eagle3, write_medusa
 
     spec: dict[str, object] = {"method": method, "num_speculative_tokens": 3, "adaptive_draft_length": False}
     spec |= {"prompt_lookup_min": 1} if method == "ngram_gpu" else {"model": model_dir}
     if method == "eagle3":
         spec["model"] = write_eagle3(tmp_path / "eagle3", model_dir, "speculators", aux_ids=[0, 1, 1])
+    if method == "medusa":  # the tiny model's hidden size and vocabulary
+        spec["model"] = write_medusa(tmp_path / "medusa", 32, 128, 3, "vllm")
     params = [
         SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True),
         SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True),
     ]
-    if method != "ngram_gpu":
+    if method in ("draft_model", "eagle3"):
         params[1] = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     outs, ahead = {}, 0
     for setting in (None, False):
