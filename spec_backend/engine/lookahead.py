@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from spec_backend.engine.spec_ahead import budgets_fixed, captured_kind
+from spec_backend.engine.spec_ahead import captured_kind, room_ahead
 from spec_backend.engine.stepper import StepEngine
 from spec_backend.runtime.captured import step_graph
 
@@ -122,8 +122,9 @@ class Lookahead:
 
     def can_launch(self, requests: list[Request]) -> bool:
         """Whether a step of ``requests`` can be launched, a step in flight or not. A verify step
-        (``speculates``): every budget K whatever the step in flight emits, at most
-        ``AHEAD_PER_DECISION`` between adaptive drafting's choices. Else a one-token step: no drafts wait
+        (``speculates``): every budget K whatever the step in flight emits (``max_tokens`` aside: cut on
+        the device), at most ``AHEAD_PER_DECISION`` between adaptive drafting's choices. Else a
+        one-token step: no drafts wait
         (``PendingDrafts``; a draft-next before speculation went off stored them), and the step replays
         no verify graph padded with placeholders. Either: no request waits while a drafter may draft for
         a sampled request (admissions keep the synchronous engine's steps), and each request samples
@@ -134,8 +135,8 @@ class Lookahead:
         if self.flight is not None and self.flight.speculative != speculative:
             return False  # a flight of the other kind lands first
         if speculative:
-            if not budgets_fixed(requests, engine.k, engine.max_model_len):
-                return False  # near a request's end its budget (so its drafts) would depend on step n
+            if not room_ahead(requests, engine.k, engine.max_model_len):
+                return False  # the step in flight may end a request, or near max_model_len
             if engine.drafter is not None and not engine.drafter.ready_ahead(requests):
                 return False  # e.g. a draft model after a draft-next with speculation off (review)
             if engine.adaptive is not None and self._since_decision >= AHEAD_PER_DECISION:

@@ -39,6 +39,9 @@ class SamplingState:
         self.top_k = torch.zeros(capacity, dtype=torch.int64, device=device)  # [S]
         self.top_p = torch.ones(capacity, dtype=torch.float32, device=device)  # [S]
         self.seeds = torch.full((capacity,), -1, dtype=torch.int64, device=device)  # [S]
+        #: [S] each request's tokens when ``max_tokens`` ends it (prompt + max_tokens): a step launched
+        #: ahead caps its draft budget on the device (``spec_ahead.launch_ahead``)
+        self.ends = torch.zeros(capacity, dtype=torch.int64, device=device)
         self._host: list[_Host] = []
 
     # -- SlotCache -----------------------------------------------------------------------------------
@@ -54,7 +57,7 @@ class SamplingState:
 
     def move_slot(self, src: int, dst: int) -> None:
         self._host[dst] = self._host[src]
-        for t in (self.temperature, self.top_k, self.top_p, self.seeds):
+        for t in (self.temperature, self.top_k, self.top_p, self.seeds, self.ends):
             t[dst] = t[src]
 
     def pop_slot(self) -> None:
@@ -73,6 +76,7 @@ class SamplingState:
         self.top_k[slot] = host.top_k
         self.top_p[slot] = host.top_p
         self.seeds[slot] = host.seed
+        self.ends[slot] = len(request.prompt_token_ids) + int(params.max_tokens)
 
     def flags(self, start: int, batch: int) -> SamplingFlags:
         """The sampler's branch flags of slots ``start .. start + batch - 1``, from the host copy."""

@@ -28,8 +28,9 @@ synchronous step verifies.
 Steps go ahead only where the next step's drafts equal the synchronous engine's, so the tokens do too
 (greedy and seeded sampled; a draft model's up to a near-tie in low precision, ``draft_model_ahead``):
 the drafter's state is its requests' tokens (``defers_follow``) or a draft model's fed drafts, ready for
-it (``Drafter.ready_ahead``), every request's draft budget is K whatever step n emits
-(``budgets_fixed``), no confidence scheduling or token tree chooses per step, and the backend's captured
+it (``Drafter.ready_ahead``), every request's draft budget is K whatever step n emits but for
+``max_tokens``, whose cut is made on the device from step n's counts (``room_ahead``,
+``within_budgets``), no confidence scheduling or token tree chooses per step, and the backend's captured
 attention reads the lengths from the device (``Backend.captures_draft_chains``). With adaptive drafting,
 steps go ahead while its last choice drafts K, ``AHEAD_PER_DECISION`` at a time between choices made at
 synchronous steps it times, and a new batch is chosen for first (``lookahead.py``): greedy tokens do not
@@ -90,12 +91,22 @@ class AheadStepper(Protocol):
     ) -> None: ...
 
 
-def budgets_fixed(requests: list[Request], k: int, max_model_len: int) -> bool:
-    """Whether every request's draft budget for the step after the next is K whatever the next step
-    emits (1 .. K+1 tokens): ``EngineCore._budget`` caps it by ``max_tokens`` and ``max_model_len``, and
-    the step after it must fit the cache too."""
+def room_ahead(requests: list[Request], k: int, max_model_len: int) -> bool:
+    """Whether the step after the next is worth launching now for every request whatever the next step
+    emits (1 .. K+1 tokens): ``max_tokens`` cannot end the request at the next step (a step launched
+    after it would be wasted) and its cache holds the step after, so its draft budget is K there but for
+    ``max_tokens``, which ``launch_ahead`` applies on the device (``EngineCore._budget`` caps by both)."""
     q = k + 1
-    return all(r.remaining >= 2 * q and max_model_len - r.num_tokens >= 2 * q for r in requests)
+    return all(r.remaining > q and max_model_len - r.num_tokens >= 2 * q for r in requests)
+
+
+def within_budgets(drafts: torch.Tensor, ends: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``drafts [B, K]`` cut to each request's budget as ``EngineCore._budget`` cuts it by ``max_tokens``
+    (a step verifying ``b`` drafts emits up to ``b + 1`` tokens, and ``ends - after`` are left, ``after``
+    the tokens after the step in flight): placeholders past it, which the sampler never accepts."""
+    budget = (ends - after - 1).clamp(min=0)  # [B]
+    columns = torch.ones_like(drafts).cumsum(dim=1) - 1  # [B, K] 0 .. K-1, made on the device
+    return torch.where(columns < budget[:, None], drafts, torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))
 
 
 def flight_tokens(flight: Launched, requests: list[Request]) -> FlightTokens:
@@ -146,6 +157,7 @@ def launch_ahead(
             if any(unseen):
                 _failed(requests, drafter.take_tokens(requests, unseen))
         drafts = drafter.propose_ahead(requests, tokens_n, [q - 1] * len(requests))  # [B, K]
+        drafts = within_budgets(drafts, engine.sampling_state.ends[: len(requests)], first)
         tokens = torch.cat([last, drafts], dim=1)  # [B, K+1]
     batch, target = captured.forward_ahead(tokens.clamp_min(0).reshape(-1), first - 1 + q)
     packed = verify.launch(kind, target.logits, tokens, sampling)  # [B, q + 1]
@@ -224,9 +236,10 @@ def _failed(requests: list[Request], errors: tuple[str | None, ...]) -> None:
 __all__ = [
     "AheadEngine",
     "AheadStepper",
-    "budgets_fixed",
     "captured_kind",
     "flight_tokens",
     "land_ahead",
     "launch_ahead",
+    "room_ahead",
+    "within_budgets",
 ]

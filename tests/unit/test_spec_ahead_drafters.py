@@ -289,7 +289,8 @@ def test_a_drained_flight_feeds_the_head_the_rows_of_its_live_requests(
     assert rebuilt and _ahead(llm) > 20
     both = [key for key, drafts in drafted.items() if drafts and drafted_ahead.get(key)]
     assert len(both) > len([d for d in drafted.values() if d]) // 2
-    assert [drafted[key] for key in both] == [drafted_ahead[key] for key in both]
+    # (drafted ahead: K, cut to the budget on the device afterwards; the synchronous ones: the budget)
+    assert [drafted[key] for key in both] == [drafted_ahead[key][: len(drafted[key])] for key in both]
 
 
 def test_a_heads_committed_rows_graph_is_captured_at_the_verify_steps_sizes(
@@ -359,3 +360,38 @@ def test_head_drafters_draft_ahead_from_the_bonus_tokens_row(
         budgets=(K, K, K),
     )
     assert ahead.tolist() == head.propose(inputs).token_ids.tolist()
+
+
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "eagle"])
+def test_steps_go_ahead_near_max_tokens_with_budgets_cut_on_the_device(
+    target: str, shallow: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within 2(K+1) tokens of ``max_tokens`` a request's draft budget depends on the step in flight's
+    count: steps still go ahead there (``room_ahead``: unless the step in flight may end the request),
+    the budget cut on the device (``within_budgets``: placeholders past it), and every verify step's
+    drafts, the tokens and the step count equal the synchronous engine's (no step launched for a
+    request already ended). Before, the last 2(K+1) tokens of each request stepped synchronously."""
+    from spec_backend.engine import stepper
+
+    spec, verified = _spec(drafter, shallow, heads), _verified(monkeypatch)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (23, 17, 30, 11)]
+    sync = _llm(target, False, speculative_config=spec)
+    expected = _run(sync, PROMPTS, params)
+    left: list[int] = []  # the fewest tokens left to a request at each verify step launched ahead
+    launch = stepper.launch_ahead
+
+    def counted(engine: Any, requests: Any, flight: Any, speculative: bool) -> Any:
+        if speculative:
+            left.append(min(r.remaining for r in requests))
+        return launch(engine, requests, flight, speculative)
+
+    monkeypatch.setattr(stepper, "launch_ahead", counted)
+    llm = _llm(target, True, speculative_config=spec)
+    assert _run(llm, PROMPTS, params) == expected
+    assert llm.engine.num_steps == sync.engine.num_steps
+    # a step ahead whose every budget was cut to 0 replays the verify graph with placeholders where the
+    # synchronous engine replays its one-token step (whose sampler is another): the steps with drafts
+    drafting = [[step for step in _steps(verified, e) if any(d >= 0 for row in step for d in row[1:])]
+                for e in (sync, llm)]  # fmt: skip
+    assert drafting[1] == drafting[0] and len(drafting[0]) > 5
+    assert any(n < 2 * (K + 1) for n in left) and min(left) > K + 1
