@@ -35,7 +35,7 @@ TF_MIN_TESTS := tests/unit/test_models_hybrid.py tests/unit/test_models_sliding.
 	tests/unit/test_drafter_mtp.py tests/unit/test_drafter_mtp_layouts.py tests/unit/test_engine_graphs.py \
 	tests/unit/test_drafter_eagle3.py tests/unit/test_drafter_dflash.py tests/unit/test_engine_trees.py \
 	tests/unit/test_replayed_layer.py tests/unit/test_lean_forward.py tests/unit/test_captured_head.py \
-	tests/unit/test_spec_ahead.py tests/unit/test_spec_ahead_drafters.py \
+	tests/unit/test_spec_ahead.py tests/unit/test_spec_ahead_drafters.py tests/unit/test_spec_ahead_parts.py \
 	backends/cuda/tests/test_cuda_engine_cpu.py backends/cuda/tests/test_cuda_fused_kernels.py
 test-transformers-min: $(STAMP)
 	test -f $(TF_MIN_STAMP) || (rm -rf $(TF_MIN) && $(PY) -m pip install -q --no-deps --target $(TF_MIN) \

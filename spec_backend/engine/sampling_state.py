@@ -29,6 +29,8 @@ class _Host:
 
 
 _IDLE = _Host(0.0, 0, 1.0, -1)
+#: the largest end a slot stores (int64; ``SamplingState.ends``)
+_END_CAP = 2**62
 
 
 class SamplingState:
@@ -76,7 +78,9 @@ class SamplingState:
         self.top_k[slot] = host.top_k
         self.top_p[slot] = host.top_p
         self.seeds[slot] = host.seed
-        self.ends[slot] = len(request.prompt_token_ids) + int(params.max_tokens)
+        # capped: max_tokens has no upper bound (a client may send 2**63 - 1), and past max_model_len
+        # any end is the same (``room_ahead`` keeps steps ahead 2(K+1) tokens short of it)
+        self.ends[slot] = min(len(request.prompt_token_ids) + int(params.max_tokens), _END_CAP)
 
     def flags(self, start: int, batch: int) -> SamplingFlags:
         """The sampler's branch flags of slots ``start .. start + batch - 1``, from the host copy."""

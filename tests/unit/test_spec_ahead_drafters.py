@@ -2,15 +2,14 @@
 every verify step's drafts, not only the tokens (a random head's drafts are rarely accepted, so its
 acceptance counts cannot tell two drafters apart), and an EAGLE-style head's drafts over the flight's
 hidden states (``proposers/eagle_ahead.py``): one that drafts what the target's first layer predicts
-(accepted often, not always), and an EAGLE-3 head over auxiliary layers. Also the proposers' own
-``propose_ahead``.
+(accepted often, not always), and an EAGLE-3 head over auxiliary layers. The parts on their own:
+``test_spec_ahead_parts.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,8 @@ from test_spec_ahead import (  # noqa: F401 - fixtures (no_fallback: autouse)
 )
 
 from spec_backend.engine import SamplingParams
-from spec_backend.proposers.contract import Drafter, FlightTokens
-from spec_backend.proposers.host_drafter import HostDrafter
-from spec_backend.proposers.ngram import NgramProposer
-from spec_backend.proposers.ngram_gpu import NgramGpuProposer
+from spec_backend.proposers.contract import FlightTokens
 from spec_backend.runtime.captured_verify import CapturedVerify
-from spec_backend.sampling.metadata import PLACEHOLDER_TOKEN_ID
 from spec_backend.tools.tiny import make_tiny_model
 
 
@@ -78,17 +73,21 @@ def write_first_layer_eagle(path: Path, target_dir: str) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def heads(target: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def write_heads(target: str, root: Path) -> dict[str, str]:
+    """A head checkpoint per method in its published format, for ``target``."""
     from spec_backend.testing.fixtures import draft_checkpoints as w
 
-    root = tmp_path_factory.mktemp("heads")
     return {
         "eagle": write_first_layer_eagle(root / "eagle", target),
         "eagle3": w.write_eagle3(root / "eagle3", target, "speculators", draft_vocab=64, aux_ids=[0, 1, 2]),
         "medusa": w.write_medusa(root / "medusa", 32, 128, K, "vllm"),
         "mlp_speculator": w.write_mlp_speculator(root / "mlp", 32, 128, 16, K, tied=False),
     }
+
+
+@pytest.fixture(scope="module")
+def heads(target: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return write_heads(target, tmp_path_factory.mktemp("heads"))
 
 
 def _spec(drafter: str, shallow: str, heads: dict[str, str]) -> dict[str, Any]:
@@ -208,45 +207,48 @@ def test_a_head_follows_moved_slots_and_catches_up_after_speculation_was_off(
         assert drafted[key][:n] == drafted_ahead[key][:n], key
 
 
-def test_ngram_gpu_drafts_ahead_as_after_an_update() -> None:
-    """``propose_ahead`` over tokens still on the device drafts what ``update`` then ``propose_on_device``
-    drafts; the update that lands them afterwards writes nothing twice, and the next proposal agrees."""
-    prompts = {"a": [1, 2, 3, 1, 2, 3, 1, 2], "b": [5, 6, 7, 5, 6], "c": [9, 9, 4]}
-    new = {"a": [3, 1], "b": [7], "c": [9, 9, 4]}
-    ahead, plain = NgramGpuProposer(3, 1, 3), NgramGpuProposer(3, 1, 3)
-    for proposer in (ahead, plain):
-        for rid, prompt in prompts.items():
-            proposer.add_request(rid, prompt)
-    ids = list(prompts)
-    emitted = torch.full((3, 4), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)  # [B, W]
-    for b, rid in enumerate(ids):
-        emitted[b, : len(new[rid])] = torch.tensor(new[rid])
-    counts = torch.tensor([len(new[r]) for r in ids])
-    got = ahead.propose_ahead(ids, emitted, counts, [3, 2, 3])
-    for rid in ids:
-        plain.update(rid, new[rid])
-    want = plain.propose_on_device(ids, [3, 2, 3])
-    assert torch.equal(got[1], want[1]) and got[1].tolist() == [3, 2, 3]
-    for g, w, c in zip(got[0].tolist(), want[0].tolist(), got[1].tolist(), strict=True):
-        assert g[:c] == w[:c]
-    for rid in ids:  # the landing: counted, not queued again
-        ahead.update(rid, new[rid])
-    assert not ahead._pending and not any(ahead._ahead.values())
-    for proposer in (ahead, plain):
-        proposer.update("a", [3])
-    assert ahead.propose(ids) == plain.propose(ids)
+@pytest.mark.parametrize("drafter", ["ngram_gpu", "draft_model"])  # drafts accepted enough to be cut
+def test_steps_go_ahead_near_max_tokens_with_budgets_cut_on_the_device(
+    target: str, shallow: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within 2(K+1) tokens of ``max_tokens`` a request's draft budget depends on the step in flight's
+    count: steps still go ahead there (``room_ahead``: unless the step in flight may end the request),
+    the budget cut on the device (``within_budgets``: placeholders past it), and every verify step's
+    drafts, the tokens and the step count equal the synchronous engine's (no step launched for a
+    request already ended). Before, the last 2(K+1) tokens of each request stepped synchronously."""
+    from spec_backend.engine import spec_ahead, stepper
 
+    spec, verified = _spec(drafter, shallow, heads), _verified(monkeypatch)
+    prompts = [*PROMPTS, [7, 8, 7, 8, 7, 8, 9], [3, 1, 3, 1, 3]]
+    lengths = (23, 17, 30, 11, 26, 19)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in lengths]
+    sync = _llm(target, False, max_num_seqs=6, speculative_config=spec)
+    expected = _run(sync, prompts, params)
+    left: list[int] = []  # the fewest tokens left to a request at each verify step launched ahead
+    kept: list[int] = []  # every budget cut on the device below K
+    launch, cut = stepper.launch_ahead, spec_ahead.within_budgets
 
-def test_only_drafters_that_draft_on_the_device_draft_ahead() -> None:
-    """A host proposer behind ``HostDrafter`` does not draft ahead, and asking one that cannot says so."""
-    device = torch.device("cpu")
-    assert HostDrafter(NgramGpuProposer(2, 1, 2), device).drafts_ahead
-    host = HostDrafter(NgramProposer(2, 1, 2), device)
-    assert not host.drafts_ahead
-    with pytest.raises(NotImplementedError, match="NgramProposer drafts on the host"):
-        empty = torch.zeros(0, dtype=torch.int64)
-        host.propose_ahead([], FlightTokens(empty.view(0, 1), empty, empty, empty), [])
-    assert Drafter.drafts_ahead is False
+    def counted(engine: Any, requests: Any, flight: Any, speculative: bool) -> Any:
+        if speculative:
+            left.append(min(r.remaining for r in requests))
+        return launch(engine, requests, flight, speculative)
+
+    def cut_counted(drafts: torch.Tensor, ends: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        kept.extend(b for b in (ends - after - 1).clamp(min=0).tolist() if b < K)
+        return cut(drafts, ends, after)
+
+    monkeypatch.setattr(stepper, "launch_ahead", counted)
+    monkeypatch.setattr(spec_ahead, "within_budgets", cut_counted)
+    llm = _llm(target, True, max_num_seqs=6, speculative_config=spec)
+    assert _run(llm, prompts, params) == expected
+    assert llm.engine.num_steps == sync.engine.num_steps
+    # a step ahead whose every budget was cut to 0 replays the verify graph with placeholders where the
+    # synchronous engine replays its one-token step (whose sampler is another): the steps with drafts
+    drafting = [[step for step in _steps(verified, e) if any(d >= 0 for row in step for d in row[1:])]
+                for e in (sync, llm)]  # fmt: skip
+    assert drafting[1] == drafting[0] and len(drafting[0]) > 5
+    assert any(n < 2 * (K + 1) for n in left) and min(left) > K + 1
+    assert kept  # budgets were cut on the device (which drafts survive: ``test_within_budgets``)
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "eagle3"])
@@ -308,90 +310,3 @@ def test_a_heads_committed_rows_graph_is_captured_at_the_verify_steps_sizes(
     assert not step.goes_ahead(5)  # 5 * (K + 1) rows > 16
     drafter.cache.pop_slot()
     assert step.goes_ahead(4)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    output_token_ids: list[int]
-    prompt_token_ids: list[int] = field(default_factory=lambda: [1])
-    seed: int = 0
-    temperature: float = 0.0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-
-@pytest.mark.parametrize("drafter", ["medusa", "mlp_speculator"])
-def test_head_drafters_draft_ahead_from_the_bonus_tokens_row(
-    target: str, heads: dict[str, str], drafter: str
-) -> None:
-    """A flight of three requests that accepted 0, 2 and 1 drafts: ``propose_ahead`` drafts what
-    ``propose`` drafts from the same step landed (each request's hidden state at its bonus token's row,
-    and the bonus token), for Medusa and MLPSpeculator."""
-    from spec_backend.engine import LLM
-    from spec_backend.proposers.contract import AcceptedTokens, DraftInputs
-    from spec_backend.step import TargetOutput, build_step_batch
-
-    llm = LLM(target, dtype="float64", speculative_config=_spec(drafter, "", heads))
-    head: Any = llm.engine.drafter
-    assert head.drafts_ahead
-    q, counts = K + 1, [1, 3, 2]
-    gen = torch.Generator().manual_seed(0)
-    final = torch.randn(3, q, 32, generator=gen, dtype=torch.float64)  # [B, q, H]
-    emitted = torch.randint(0, 128, (3, q), generator=gen)  # [B, q]
-    for b, c in enumerate(counts):
-        emitted[b, c:] = PLACEHOLDER_TOKEN_ID
-    before = torch.tensor([4, 9, 6])
-    flight = FlightTokens(emitted, torch.tensor(counts), before, emitted[:, 0], final=final)
-    ahead = head.propose_ahead([], flight, [K] * 3)  # [B, K]
-    requests = [
-        _Request(str(b), [7] * (int(before[b]) - 1) + emitted[b, :c].tolist()) for b, c in enumerate(counts)
-    ]
-    accepted = tuple(c - 1 for c in counts)
-    inputs = DraftInputs(
-        batch=build_step_batch(0, emitted.clamp(min=0), [q] * 3, [int(t) - 1 for t in before], [K] * 3),
-        target=TargetOutput(logits=torch.zeros(3 * q, 128), final=final.reshape(3 * q, 32)),
-        accepted=AcceptedTokens(
-            tuple(r.output_token_ids[-c:] for r, c in zip(requests, counts, strict=True)), accepted, False
-        ),
-        requests=requests,
-        budgets=(K, K, K),
-    )
-    assert ahead.tolist() == head.propose(inputs).token_ids.tolist()
-
-
-@pytest.mark.parametrize("drafter", ["ngram_gpu", "eagle"])
-def test_steps_go_ahead_near_max_tokens_with_budgets_cut_on_the_device(
-    target: str, shallow: str, heads: dict[str, str], drafter: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Within 2(K+1) tokens of ``max_tokens`` a request's draft budget depends on the step in flight's
-    count: steps still go ahead there (``room_ahead``: unless the step in flight may end the request),
-    the budget cut on the device (``within_budgets``: placeholders past it), and every verify step's
-    drafts, the tokens and the step count equal the synchronous engine's (no step launched for a
-    request already ended). Before, the last 2(K+1) tokens of each request stepped synchronously."""
-    from spec_backend.engine import stepper
-
-    spec, verified = _spec(drafter, shallow, heads), _verified(monkeypatch)
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (23, 17, 30, 11)]
-    sync = _llm(target, False, speculative_config=spec)
-    expected = _run(sync, PROMPTS, params)
-    left: list[int] = []  # the fewest tokens left to a request at each verify step launched ahead
-    launch = stepper.launch_ahead
-
-    def counted(engine: Any, requests: Any, flight: Any, speculative: bool) -> Any:
-        if speculative:
-            left.append(min(r.remaining for r in requests))
-        return launch(engine, requests, flight, speculative)
-
-    monkeypatch.setattr(stepper, "launch_ahead", counted)
-    llm = _llm(target, True, speculative_config=spec)
-    assert _run(llm, PROMPTS, params) == expected
-    assert llm.engine.num_steps == sync.engine.num_steps
-    # a step ahead whose every budget was cut to 0 replays the verify graph with placeholders where the
-    # synchronous engine replays its one-token step (whose sampler is another): the steps with drafts
-    drafting = [[step for step in _steps(verified, e) if any(d >= 0 for row in step for d in row[1:])]
-                for e in (sync, llm)]  # fmt: skip
-    assert drafting[1] == drafting[0] and len(drafting[0]) > 5
-    assert any(n < 2 * (K + 1) for n in left) and min(left) > K + 1
