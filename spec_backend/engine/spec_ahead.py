@@ -147,7 +147,7 @@ def launch_ahead(
     tokens_n = flight_tokens(flight, requests)
     first = tokens_n.before + tokens_n.counts  # [B] each request's tokens after step n: its RNG counter
     sampling = engine.sampling_state.metadata(0, first)
-    last = tokens_n.emitted.gather(1, (tokens_n.counts - 1).clamp(min=0)[:, None])  # [B, 1]
+    last = tokens_n.bonus[:, None]  # [B, 1]
     tokens = last
     if speculative:
         drafter = engine.drafter

@@ -141,6 +141,21 @@ class FlightTokens:
     final: torch.Tensor | None = None
     aux: torch.Tensor | None = None
 
+    @property
+    def accepted(self) -> torch.Tensor:  # [B] int64
+        """Each request's accepted drafts: the row of its bonus token (the last emitted)."""
+        return (self.counts - 1).clamp(min=0)
+
+    @property
+    def bonus(self) -> torch.Tensor:  # [B] int64
+        """Each request's bonus token: its last emitted token, the next step's first query token."""
+        return self.emitted.gather(1, self.accepted[:, None]).squeeze(1)
+
+    def at_bonus(self, rows: torch.Tensor) -> torch.Tensor:  # [B, q, ...] -> [B, ...]
+        """Each request's row of ``rows`` (one per query row of the step) at its bonus token's row."""
+        index = self.accepted.view(-1, *([1] * (rows.dim() - 1))).expand(-1, 1, *rows.shape[2:])
+        return rows.gather(1, index).squeeze(1)
+
 
 class Drafter(ABC):
     """Every drafting method. ``num_speculative_tokens`` is K; ``hidden_states`` what it reads."""

@@ -39,10 +39,8 @@ class DraftAhead:
     @torch.no_grad()
     def propose(self, flight: FlightTokens) -> torch.Tensor:  # [B, K] int64
         """Every request's K drafts after ``flight``'s tokens (module docstring)."""
-        batch, emitted = flight.counts.shape[0], flight.emitted  # [B, W]
-        accepted = flight.counts - 1  # [B]
-        bonus = emitted.gather(1, accepted[:, None]).squeeze(1)  # [B]
-        last_accepted = emitted.gather(1, (accepted - 1).clamp(min=0)[:, None]).squeeze(1)  # [B]
+        batch, accepted, bonus = flight.counts.shape[0], flight.accepted, flight.bonus  # [B] each
+        last_accepted = flight.emitted.gather(1, (accepted - 1).clamp(min=0)[:, None]).squeeze(1)  # [B]
         before = torch.where(accepted > 0, last_accepted, flight.fed)  # [B] the token before the bonus
         ids = torch.stack([before, bonus], dim=1).reshape(-1)  # [B * 2]
         after = flight.before + flight.counts  # [B] each request's tokens after the step, all fed now

@@ -55,8 +55,7 @@ class HeadAhead:
         rows_h = self.head.combine(features.reshape(batch * q, -1)).view(batch, q, -1)  # [B, q, H]
         ids = flight.emitted.clamp(min=0)  # [B, q] row i's next token (placeholders past the bonus: 0)
         out = self.step.committed_ahead(ids, rows_h, flight.before - 1 + q)  # [B, q, H]
-        accepted = (flight.counts - 1).view(batch, 1, 1).expand(batch, 1, out.shape[2])  # [B, 1, H]
-        last = out.gather(1, accepted).squeeze(1)  # [B, H] the bonus token's row
+        last = flight.at_bonus(out)  # [B, H] the bonus token's row
         logits, vocab = self.head.draft_vocab_logits(last, 0)  # [B, Vd], [Vd] | None
         first = logits.argmax(dim=-1)  # [B]
         first = first if vocab is None else vocab[first]

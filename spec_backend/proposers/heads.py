@@ -63,11 +63,8 @@ class HeadDrafter(Drafter):
         final = flight.final  # [B, q, H]
         if final is None or self.probabilistic:
             raise RuntimeError(f"{type(self).__name__} drafts ahead from a step's hidden states, argmax only")
-        batch, width = final.shape[0], final.shape[2]
-        accepted = flight.counts - 1  # [B] the bonus token's row
-        hidden = final.gather(1, accepted.view(batch, 1, 1).expand(batch, 1, width)).squeeze(1)  # [B, H]
-        tokens = flight.emitted.gather(1, accepted[:, None]).squeeze(1)  # [B] the bonus tokens
-        state, drafts = self.start(hidden), []
+        tokens = flight.bonus  # [B]
+        state, drafts = self.start(flight.at_bonus(final)), []  # from the hidden state [B, H] at its row
         for i in range(self.num_speculative_tokens):
             state, logits = self.head_step(i, state, tokens)
             tokens = logits.float().argmax(dim=-1)  # [B], as ``select_drafts`` draws argmax drafts
