@@ -69,6 +69,12 @@ class ChainHead(torch.nn.Module, ABC):
         the logits over the whole target vocabulary first."""
         return self.logits(out, step), None
 
+    def argmax_draft(self, out: torch.Tensor, step: int = 0) -> torch.Tensor:  # [B, H] -> [B] int64
+        """A greedy draft: the target id of the argmax of ``draft_vocab_logits``."""
+        logits, vocab = self.draft_vocab_logits(out, step)  # [B, Vd], [Vd] | None
+        ids = logits.argmax(dim=-1)  # [B]
+        return ids if vocab is None else vocab[ids]
+
 
 def run_layers(
     layers: Any,

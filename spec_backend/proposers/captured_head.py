@@ -106,12 +106,24 @@ class CapturedHeadStep:
         seq_lens: torch.Tensor,  # [N] each request's rows with this one (padding: 0)
     ) -> torch.Tensor:  # [N, H]
         """The captured callable: one row per request, every shape static."""
+        return self._rows(input_ids, hidden, seq_lens, 1)  # padding: position 0
+
+    def _rows(
+        self,
+        input_ids: torch.Tensor,  # [B * q]
+        hidden: torch.Tensor,  # [B * q, H]
+        seq_lens: torch.Tensor,  # [B] each request's rows with its q rows (padding: 0)
+        q: int,
+    ) -> torch.Tensor:  # [B * q, H]
+        """``q`` rows per request of the head over its cache, every shape static (the captured callables'
+        body)."""
         n = input_ids.shape[0]
-        batch = static_step_batch(input_ids, seq_lens, 1, self.cache.capacity)  # padding: position 0
+        b = n // q
+        batch = static_step_batch(input_ids, seq_lens, q, self.cache.capacity)
         self.cache.plan = batch
         try:
-            ids, rows_h, positions = input_ids.view(n, 1), hidden.view(n, 1, -1), batch.positions.view(n, 1)
-            out: torch.Tensor = self.head(ids, rows_h, positions, self.cache, batch.attention)  # [N, 1, H]
+            ids, positions = input_ids.view(b, q), batch.positions.view(b, q)
+            out: torch.Tensor = self.head(ids, hidden.view(b, q, -1), positions, self.cache, batch.attention)
         finally:
             self.cache.plan = None
         return out.reshape(n, -1)
@@ -127,9 +139,7 @@ class CapturedHeadStep:
         ids, out, drafts = input_ids, hidden, []
         for step in range(1, self.chain + 1):
             out = self._forward(ids, out, seq_lens + (step - 1))  # [N, H]
-            logits, vocab = self.head.draft_vocab_logits(out, step)  # [N, Vd], [Vd] | None
-            ids = logits.argmax(dim=-1)  # [N]
-            ids = ids if vocab is None else vocab[ids]
+            ids = self.head.argmax_draft(out, step)  # [N]
             drafts.append(ids)
         return torch.stack(drafts, dim=1)
 
@@ -140,16 +150,8 @@ class CapturedHeadStep:
         seq_lens: torch.Tensor,  # [N * q] each request's rows with its q rows, repeated per row
     ) -> torch.Tensor:  # [N * q, H]
         """The committed rows' captured callable: ``q`` rows per request (``rows``), every shape static."""
-        q, n = self.rows, input_ids.shape[0]
-        b = n // q
-        batch = static_step_batch(input_ids, seq_lens.view(b, q)[:, 0], q, self.cache.capacity)
-        self.cache.plan = batch
-        try:
-            ids, positions = input_ids.view(b, q), batch.positions.view(b, q)
-            out: torch.Tensor = self.head(ids, hidden.view(b, q, -1), positions, self.cache, batch.attention)
-        finally:
-            self.cache.plan = None
-        return out.reshape(n, -1)
+        q = self.rows
+        return self._rows(input_ids, hidden, seq_lens.view(-1, q)[:, 0], q)
 
     @torch.no_grad()
     def committed_ahead(

@@ -56,9 +56,7 @@ class HeadAhead:
         ids = flight.emitted.clamp(min=0)  # [B, q] row i's next token (placeholders past the bonus: 0)
         out = self.step.committed_ahead(ids, rows_h, flight.before - 1 + q)  # [B, q, H]
         last = flight.at_bonus(out)  # [B, H] the bonus token's row
-        logits, vocab = self.head.draft_vocab_logits(last, 0)  # [B, Vd], [Vd] | None
-        first = logits.argmax(dim=-1)  # [B]
-        first = first if vocab is None else vocab[first]
+        first = self.head.argmax_draft(last, 0)  # [B]
         rest = self.step.chain_ahead(first, last, flight.before + flight.counts)  # [B, K-1]
         return torch.cat([first[:, None], rest], dim=1)
 
